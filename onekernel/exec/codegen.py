@@ -1,0 +1,160 @@
+"""Generate Triton kernels from op descriptions: one per-op kernel per op variant, and the megakernel.
+
+``triton.jit`` reads a kernel's source from its file, so generated source is written to a cache folder
+(``$ONEKERNEL_CACHE`` or ``~/.cache/onekernel/gen``) under a name derived from its hash, then imported.
+The generated code only *calls* the tile functions that live in ``onekernel/ops``; it adds the launch
+shape, the PDL calls, the profiling timestamps and (for the megakernel) the task loop and events.
+
+A *variant* is an (op kind, constexpr params, pointer dtypes) triple: ops of one variant share one compiled
+tile function, so the 30 QKV ops of a 30-layer model are one variant.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from onekernel.graph.ir import Graph, Op
+from onekernel.ops.base import OP_KINDS, OpKind
+
+_TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.int32: "tl.int32", torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.int8: "tl.int8",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Key of one compiled tile function: kind name, sorted constexpr params, pointer element dtypes."""
+
+    kind: str
+    params: tuple[tuple[str, object], ...]
+    dtypes: tuple[str, ...]
+
+    @property
+    def okind(self) -> OpKind:
+        return OP_KINDS[self.kind]
+
+    def const_values(self) -> list:
+        p = dict(self.params)
+        return [p[c] for c in self.okind.consts]
+
+
+def variant_of(graph: Graph, op: Op) -> Variant:
+    kind = OP_KINDS[op.kind]
+    missing = [c for c in kind.consts if c not in op.params]
+    if missing:
+        raise ValueError(f"op {op.name!r} lacks constexpr params {missing} of kind {op.kind!r}")
+    params = tuple(sorted((c, op.params[c]) for c in kind.consts))
+    dtypes = tuple(_TL_DTYPES[graph.buffers[op.args[a]].dtype] for a in kind.args)
+    return Variant(op.kind, params, dtypes)
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("ONEKERNEL_CACHE", Path.home() / ".cache" / "onekernel" / "gen"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def load_source(src: str, stem: str):
+    """Write ``src`` to the cache folder (content-addressed) and import it as a module."""
+    h = hashlib.sha1(src.encode()).hexdigest()[:16]
+    name = f"onekernel_gen_{stem}_{h}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(src)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fn_import(fn, alias: str) -> str:
+    """``from module import name as alias`` for a JITFunction defined at module level in onekernel.ops."""
+    inner = getattr(fn, "fn", fn)
+    return f"from {inner.__module__} import {inner.__name__} as {alias}"
+
+
+HEADER = """import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait, gdc_launch_dependents, globaltimer, smid
+"""
+
+
+def eager_source(kind: OpKind) -> str:
+    """Source of the per-op kernel of ``kind``: grid = (n_tiles,), one program per tile.
+
+    PDL (constexpr): trigger dependents at entry, run the prologue, ``gdc_wait``, run the body.
+    PROFILE (constexpr): write (start, deps satisfied, end, SM id) as int64 to ``prof + (prof_base + tile) * 4``.
+    """
+    args = ", ".join(kind.args)
+    consts = "".join(f", {c}" for c in kind.consts)
+    cdecl = "".join(f", {c}: tl.constexpr" for c in kind.consts)
+    state = ", ".join(f"s{i}" for i in range(kind.n_state))
+    lines = [
+        HEADER,
+        fn_import(kind.prologue, "PROLOGUE"),
+        fn_import(kind.body, "BODY"),
+        "",
+        "",
+        "@triton.jit",
+        f"def kernel({args}, prof, prof_base{cdecl}, PDL: tl.constexpr, PROFILE: tl.constexpr):",
+        "    tile = tl.program_id(0)",
+        "    if PROFILE:",
+        "        t0 = globaltimer()",
+        "    if PDL:",
+        "        gdc_launch_dependents()",
+        f"    {state} = PROLOGUE(tile, {args}{consts})",
+        "    if PDL:",
+        "        gdc_wait()",
+        "    if PROFILE:",
+        "        t1 = globaltimer()",
+        f"    BODY(tile, {state}, {args}{consts})",
+        "    if PROFILE:",
+        "        t2 = globaltimer()",
+        "        rec = prof + (prof_base + tile) * 4",
+        "        tl.store(rec, t0)",
+        "        tl.store(rec + 1, t1)",
+        "        tl.store(rec + 2, t2)",
+        "        tl.store(rec + 3, smid().to(tl.int64))",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_EAGER: dict[str, object] = {}
+
+
+def eager_kernel(kind_name: str):
+    """The compiled-on-demand per-op kernel (a ``triton.JITFunction``) of op kind ``kind_name``."""
+    if kind_name not in _EAGER:
+        kind = OP_KINDS[kind_name]
+        _EAGER[kind_name] = load_source(eager_source(kind), f"eager_{kind_name}").kernel
+    return _EAGER[kind_name]
+
+
+def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bool = False,
+              prof: torch.Tensor | None = None, prof_base: int = 0):
+    """Launch ``op`` as one kernel with one program per tile (eager/graph/pdl modes).
+
+    tensors: buffer name -> tensor (bound by ``models.decode_graph.bind``). prof: int64 [n_tasks, 4] or None.
+    """
+    kind = OP_KINDS[op.kind]
+    ptrs = [tensors[op.args[a]] for a in kind.args]
+    consts = {c: op.params[c] for c in kind.consts}
+    profile = prof is not None
+    if prof is None:
+        prof = ptrs[0]
+    eager_kernel(op.kind)[(op.n_tiles,)](
+        *ptrs, prof, prof_base, **consts, PDL=pdl, PROFILE=profile,
+        num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))

@@ -1,0 +1,77 @@
+"""Separate-kernel executors: ``eager`` (one launch per op), ``graph`` (CUDA-graph replay), ``pdl``.
+
+All three launch the per-op kernels that ``exec.codegen`` wraps around the ops' tile functions, in program
+order, grid = the op's tiles.
+
+* eager: Triton launches from Python every step.
+* graph: the launch sequence is captured once into a ``torch.cuda.CUDAGraph`` and replayed. Graphs are
+  cached by (batch, every bound tensor's address); when the KV cache moves, the next step re-captures.
+  ``ONEKERNEL_NO_CUDA_GRAPH=1`` (or ``use_cuda_graph=False``) turns capture off: launches run eagerly.
+* pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel triggers its
+  dependents at entry, runs its prologue, then ``gdc_wait`` before its body, so the next kernel's prologue
+  (weight loads) overlaps the previous kernel's tail. Captured in a CUDA graph like ``graph``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from onekernel.exec.base import GraphRunnerBase
+from onekernel.exec.codegen import launch_op
+
+
+class EagerRunner(GraphRunnerBase):
+    mode = "eager"
+    pdl = False
+
+    def launch_all(self) -> None:
+        for op in self.graph.ops:
+            launch_op(self.graph, op, self.tensors, pdl=self.pdl, prof=self.prof,
+                      prof_base=op.task_ids[0] if op.task_ids else 0)
+
+    def _run(self, moved: bool) -> None:
+        self.launch_all()
+
+
+class CudaGraphRunner(EagerRunner):
+    mode = "graph"
+
+    def __init__(self, *args, use_cuda_graph: bool | None = None, **kw):
+        super().__init__(*args, **kw)
+        if use_cuda_graph is None:
+            use_cuda_graph = os.environ.get("ONEKERNEL_NO_CUDA_GRAPH", "0") in ("", "0")
+        self.use_cuda_graph = use_cuda_graph and self.cache.k.is_cuda
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._key: tuple | None = None
+        self.captures = 0
+
+    def address_key(self) -> tuple:
+        return (self.batch, tuple(t.data_ptr() for t in self.tensors.values()))
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        # Compile and warm up outside the capture. A decode step is idempotent (it rewrites the same KV row
+        # and recomputes every activation), so the warm-up run changes no result.
+        self.launch_all()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.launch_all()
+        self.captures += 1
+        return g
+
+    def _run(self, moved: bool) -> None:
+        if not self.use_cuda_graph:
+            self.launch_all()
+            return
+        if moved or self._key is None:
+            self._key = self.address_key()
+        g = self._graphs.get(self._key)
+        if g is None:
+            g = self._graphs[self._key] = self._capture()
+        g.replay()
+
+
+class PdlRunner(CudaGraphRunner):
+    mode = "pdl"
+    pdl = True

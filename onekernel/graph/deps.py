@@ -1,0 +1,298 @@
+"""Dependencies, events and critical paths of a decode-step task graph.
+
+``deps[c]`` lists earlier tasks (program order = task id order) task ``c`` must wait for: RAW (c reads a region
+overlapping one an earlier task writes), WAR (c writes over an earlier read), WAW (c writes over an earlier write).
+Overlap is :meth:`onekernel.graph.ir.Region.overlaps` (boxes intersect along every dimension), found per buffer
+(read-only buffers such as weights cost nothing). A decode-like graph of 19k tasks takes ~0.2 s (default) or
+~1.5 s (``full=True``, 3.2M edges) on one CPU core.
+
+Events are monotonic counters (DESIGN.md): producers add 1 after their stores; a consumer waits for
+``count >= expected * step``. :func:`derive_events` gives producers with the same consumer set one shared event;
+:func:`derive_op_events` is the coarse one-event-per-op variant, to measure what fine dependencies buy.
+"""
+from __future__ import annotations
+
+import heapq
+from math import prod
+from bisect import bisect_left
+from dataclasses import dataclass
+from itertools import accumulate, product
+from typing import Callable, Sequence, Union
+
+import numpy as np
+import torch
+
+from .ir import Graph, Task
+
+Cost = Union[None, Sequence[float], Callable[[Task], float]]
+_BLOCK_ELEMS = 1 << 22  # query x key pairs per vectorised overlap block (~4M bools of temporary memory)
+
+
+def _check_deps(n: int, deps: list[list[int]]) -> None:
+    if len(deps) != n:
+        raise ValueError(f"deps has {len(deps)} entries but the graph has {n} tasks")
+    bad = next(((c, p) for c, ds in enumerate(deps) for p in ds if not 0 <= p < n or p == c), None)
+    if bad:
+        raise ValueError(f"task {bad[0]} depends on invalid task {bad[1]} (must be another id in [0, {n}))")
+
+
+def _accesses(graph: Graph) -> dict[str, list[tuple[int, bool, tuple]]]:
+    """Buffer name -> (task id, is_write, box) in program order; buffers nobody writes are left out."""
+    acc: dict[str, list[tuple[int, bool, tuple]]] = {}
+    for t in graph.tasks:
+        for r in t.reads:
+            acc.setdefault(r.buffer, []).append((t.id, False, r.box))
+        for r in t.writes:
+            acc.setdefault(r.buffer, []).append((t.id, True, r.box))
+    for name, items in list(acc.items()):
+        if not any(it[1] for it in items):
+            del acc[name]  # read only (weights, inputs): no dependencies
+        elif len({len(it[2]) for it in items}) != 1:
+            raise ValueError(f"buffer {name!r}: regions with different numbers of dimensions")
+    return acc
+
+
+def _full_dependencies(graph: Graph) -> list[list[int]]:
+    """Every overlapping conflict, as codes ``c * n + p`` (p < c) from blocked numpy box comparisons."""
+    n, codes = len(graph.tasks), []
+    for items in _accesses(graph).values():
+        w = np.array([it[1] for it in items], dtype=bool)
+        tid = np.array([it[0] for it in items], dtype=np.int64)
+        box = np.array([it[2] for it in items], dtype=np.int64).reshape(len(items), len(items[0][2]), 2)
+        lo, hi = box[..., 0], box[..., 1]
+        # RAW + WAW: every access (q) against earlier writes (k). WAR: every write against earlier reads.
+        for q, k in ((slice(None), w), (w, ~w)):
+            qt, ql, qh, kt, kl, kh = tid[q], lo[q], hi[q], tid[k], lo[k], hi[k]
+            step = max(1, _BLOCK_ELEMS // max(len(kt), 1))
+            for b in (slice(s, s + step) for s in range(0, len(qt), step)):
+                m = kt[None] < qt[b, None]
+                for d in range(lo.shape[1]):
+                    m &= (kl[None, :, d] < qh[b, None, d]) & (ql[b, None, d] < kh[None, :, d])
+                qi, ki = np.nonzero(m)
+                codes.append(qt[b][qi] * n + kt[ki])
+    deps: list[list[int]] = [[] for _ in range(n)]
+    if codes and sum(map(len, codes)):
+        u = np.sort(np.concatenate(codes))
+        u = u[np.concatenate(([True], u[1:] != u[:-1]))]
+        for c, p in zip((u // n).tolist(), (u % n).tolist()):
+            deps[c].append(p)
+    return deps
+
+
+def derive_dependencies(graph: Graph, full: bool = False) -> list[list[int]]:
+    """For each task id, the sorted ids of earlier tasks it depends on (RAW, WAR and WAW; see module doc).
+
+    ``full=True``: every conflicting earlier task (all overlapping pairs, O(accesses x writes) box comparisons per
+    buffer; millions of edges when a buffer is reused by every layer). ``full=False`` (default): a subset with the
+    same transitive closure, by last-writer / readers-since-last-write tracking (as task runtimes such as StarPU
+    do) on *cells*, the grid of elementary intervals between all region bounds of a buffer: per cell a read
+    depends on the last writer, a write on the readers since it (if none, on the last writer). Cost ~ cells
+    touched. Empty boxes touch nothing. ValueError if one buffer's regions differ in number of dimensions.
+    """
+    if full:
+        return _full_dependencies(graph)
+    deps: list[set[int]] = [set() for _ in graph.tasks]
+    for items in _accesses(graph).values():
+        ndim = len(items[0][2])
+        cuts = [sorted({b[d][k] for _, _, b in items for k in (0, 1)}) for d in range(ndim)]
+        writer: dict[tuple, int] = {}
+        readers: dict[tuple, list[int]] = {}
+        for t, is_w, box in items:  # per task, reads come before writes
+            ranges = [range(bisect_left(cuts[d], lo), bisect_left(cuts[d], hi)) for d, (lo, hi) in enumerate(box)]
+            for cell in product(*ranges):
+                last, rs = writer.get(cell, -1), readers.setdefault(cell, [])
+                if not is_w:
+                    if last >= 0 and last != t:
+                        deps[t].add(last)
+                    if not rs or rs[-1] != t:
+                        rs.append(t)
+                    continue
+                others = [r for r in rs if r != t]
+                deps[t].update(others)
+                if not others and last >= 0 and last != t:
+                    deps[t].add(last)
+                writer[cell], readers[cell] = t, []
+    return [sorted(d) for d in deps]
+
+
+def transitive_reduction(deps: list[list[int]]) -> list[list[int]]:
+    """Drop every edge ``p -> c`` implied by a longer path (exact, reachability as Python-int bitsets; same closure,
+    fewer waits). Needs deps pointing to earlier ids. Memory ~ n^2/16 bytes (25 MB for 20k tasks), ~0.2 s."""
+    reach: list[int] = []  # reach[t]: bitset of all tasks t transitively depends on
+    out: list[list[int]] = []
+    for c, ds in enumerate(deps):
+        covered, keep = 0, []
+        for p in sorted(set(ds), reverse=True):
+            if p >= c:
+                raise ValueError(f"task {c} depends on later task {p}; transitive_reduction needs program order")
+            if not (covered >> p) & 1:
+                keep.append(p)
+                covered |= reach[p] | (1 << p)
+        reach.append(covered)
+        out.append(sorted(keep))
+    return out
+
+
+@dataclass
+class EventTable:
+    """Monotonic-counter events of one step.
+
+    signal[t]: event task t increments after its stores (-1: nobody waits on t); waits[t]: sorted event ids t
+    spins on before its body; expected[e]: arrivals per step (= len(producers[e])); producers[e]: task ids.
+    """
+
+    signal: list[int]
+    waits: list[list[int]]
+    expected: list[int]
+    producers: list[list[int]]
+
+    n_events = property(lambda self: len(self.expected))
+    n_waits = property(lambda self: sum(len(w) for w in self.waits))
+
+    def arrays(self, device="cpu") -> dict[str, torch.Tensor]:
+        """Flat int32 tensors for a kernel: ``signal [T]``, ``wait_ptr [T+1]`` and ``wait_ids [n_waits]`` (CSR:
+        task t waits on ``wait_ids[wait_ptr[t]:wait_ptr[t+1]]``), ``expected [E]``."""
+        ptr = [0] + list(accumulate(len(w) for w in self.waits))
+        ids = [e for w in self.waits for e in w]
+        return {k: torch.tensor(v, dtype=torch.int32, device=device) for k, v in
+                (("signal", self.signal), ("wait_ptr", ptr), ("wait_ids", ids), ("expected", self.expected))}
+
+
+def _consumers(n: int, deps: list[list[int]]) -> list[list[int]]:
+    cons: list[list[int]] = [[] for _ in range(n)]
+    for c, ds in enumerate(deps):
+        for p in set(ds):
+            cons[p].append(c)
+    return cons
+
+
+def derive_events(graph: Graph, deps: list[list[int]]) -> EventTable:
+    """Exact events: producers with an identical consumer set share one event (``expected`` = their number), so
+    for every consumer c the producers of ``waits[c]`` are exactly ``set(deps[c])``. Works for any DAG."""
+    n = len(graph.tasks)
+    _check_deps(n, deps)
+    cons = _consumers(n, deps)
+    by_sig: dict[tuple[int, ...], int] = {}
+    signal, producers = [-1] * n, []
+    for p in (p for p in range(n) if cons[p]):
+        signal[p] = e = by_sig.setdefault(tuple(cons[p]), len(producers))
+        if e == len(producers):
+            producers.append([])
+        producers[e].append(p)
+    waits = [sorted({signal[p] for p in ds}) for ds in deps]
+    return EventTable(signal, waits, [len(ps) for ps in producers], producers)
+
+
+def derive_op_events(graph: Graph, deps: list[list[int]]) -> EventTable:
+    """Coarse events: all tiles of a producer op signal one event; a consumer waits on every op it depends on.
+
+    When tiles of one op depend on earlier tiles of the same op, the op is cut into consecutive segments with
+    no dependency inside a segment, each its own event (otherwise a tile would wait on itself). Requires deps
+    pointing to earlier ids; every waited producer then precedes its consumer, so no wait can deadlock.
+    """
+    n = len(graph.tasks)
+    _check_deps(n, deps)
+    seg_of, segs, op_segs = [-1] * n, [], []
+    for op in graph.ops:
+        first, cur = len(segs), []
+        for t in op.task_ids:
+            if any(d > t for d in deps[t]):
+                raise ValueError(f"task {t} depends on a later task; op events need program-order deps")
+            if cur and any(seg_of[d] == len(segs) for d in deps[t]):
+                segs.append(cur)
+                cur = []
+            seg_of[t] = len(segs)
+            cur.append(t)
+        if cur:
+            segs.append(cur)
+        op_segs.append(range(first, len(segs)))
+    op_of = [t.op for t in graph.tasks]
+    seg_waits = [{s for op in {op_of[d] for d in ds if op_of[d] != op_of[c]} for s in op_segs[op]}
+                 | {seg_of[d] for d in ds if op_of[d] == op_of[c]} for c, ds in enumerate(deps)]
+    used = sorted(set().union(*seg_waits))
+    ev = {s: e for e, s in enumerate(used)}
+    signal = [-1] * n
+    for s, e in ev.items():
+        for t in segs[s]:
+            signal[t] = e
+    producers = [segs[s] for s in used]
+    return EventTable(signal, [sorted(ev[s] for s in w) for w in seg_waits], [len(p) for p in producers], producers)
+
+
+def task_costs(graph: Graph, cost: Cost = None) -> list[float]:
+    """Per-task cost: ``None`` -> ``max(task.bytes, 1)``; a sequence indexed by task id; or ``cost(task)``."""
+    if cost is None or callable(cost):
+        return [cost(t) if cost else max(t.bytes, 1) for t in graph.tasks]
+    if len(cost) != len(graph.tasks):
+        raise ValueError(f"cost has {len(cost)} entries but the graph has {len(graph.tasks)} tasks")
+    return list(cost)
+
+
+def topological_order(graph: Graph, deps: list[list[int]]) -> list[int]:
+    """Task ids with every task after its dependencies (Kahn's algorithm, smallest ready id first, so
+    program-order deps give ``0..n-1``). Raises ValueError naming the tasks left on a cycle."""
+    n = len(graph.tasks)
+    _check_deps(n, deps)
+    cons = _consumers(n, deps)
+    left = [len(set(ds)) for ds in deps]
+    ready = [t for t in range(n) if left[t] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        order.append(t := heapq.heappop(ready))
+        for c in cons[t]:
+            left[c] -= 1
+            if left[c] == 0:
+                heapq.heappush(ready, c)
+    if len(order) != n:
+        stuck = [t for t in range(n) if left[t] > 0]
+        raise ValueError(f"dependency cycle among {len(stuck)} tasks, e.g. {stuck[:8]}")
+    return order
+
+
+def critical_path(graph: Graph, deps: list[list[int]], cost: Cost = None) -> tuple[float, list[int]]:
+    """Longest chain: ``(sum of its task costs, task ids first to last)``; ``cost`` as in :func:`task_costs`
+    (``[1] * n`` gives the chain length in tasks). Empty graph: ``(0, [])``."""
+    cst = task_costs(graph, cost)
+    dist, prev = [0.0] * len(cst), [-1] * len(cst)
+    for t in topological_order(graph, deps):
+        best = max(deps[t], key=lambda d: dist[d], default=-1)
+        dist[t] = cst[t] + (dist[best] if best >= 0 else 0)
+        prev[t] = best
+    t = max(range(len(cst)), key=lambda i: dist[i], default=-1)
+    total, path = (dist[t] if t >= 0 else 0), []
+    while t >= 0:
+        path.append(t)
+        t = prev[t]
+    return total, path[::-1]
+
+
+def region_bytes(graph: Graph) -> dict[str, int]:
+    """Bytes the regions of all tasks touch per step, by buffer kind (reads + writes, e.g. ``weight``, ``kv``).
+    These are the declared boxes: a KV region that covers the whole context counts it all."""
+    esize = {b.name: torch.empty((), dtype=b.dtype).element_size() for b in graph.buffers.values()}
+    out: dict[str, int] = {}
+    for r in (r for t in graph.tasks for r in (*t.reads, *t.writes)):
+        kind = graph.buffers[r.buffer].kind
+        out[kind] = out.get(kind, 0) + esize[r.buffer] * prod(max(hi - lo, 0) for lo, hi in r.box)
+    return out
+
+
+def summary(graph: Graph, deps: list[list[int]], events: EventTable | None = None) -> str:
+    """Printable table: per op kind (ops, tasks, task bytes) and totals (edges, events, bytes per step by
+    weights / KV / activations from the regions, longest dependency chain in tasks and in bytes)."""
+    rows: dict[str, list[int]] = {}
+    for op in graph.ops:
+        r = rows.setdefault(op.kind, [0, 0, 0])
+        r[:] = r[0] + 1, r[1] + len(op.task_ids), r[2] + sum(graph.tasks[t].bytes for t in op.task_ids)
+    lines = [f"{'op kind':<20}{'ops':>8}{'tasks':>10}{'bytes':>16}"]
+    for kind, (o, t, b) in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"{kind:<20}{o:>8}{t:>10}{b:>16,}")
+    lines.append(f"{'total':<20}{len(graph.ops):>8}{len(graph.tasks):>10}{graph.bytes_per_step():>16,}")
+    rb = region_bytes(graph)
+    w, kv, act = rb.get("weight", 0), rb.get("kv", 0), sum(rb.values()) - rb.get("weight", 0) - rb.get("kv", 0)
+    chain, chain_b = critical_path(graph, deps, [1] * len(graph.tasks))[0], critical_path(graph, deps)[0]
+    ev = f"{events.n_events:,} ({events.n_waits:,} waits)" if events is not None else "-"
+    return "\n".join(lines + [f"dependency edges: {sum(len(d) for d in deps):,}   events: {ev}",
+                              f"bytes per step: weights {w:,}  KV {kv:,}  activations {act:,}",
+                              f"longest dependency chain: {int(chain)} tasks ({int(chain_b):,} bytes on the path)"])

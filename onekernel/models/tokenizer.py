@@ -1,0 +1,102 @@
+"""`Tokenizer` (docs/DESIGN.md "Tokenizer"): a Hugging Face fast tokenizer built from a GGUF file's
+`tokenizer.ggml.*` metadata or an HF folder, plus the checkpoint's chat template; or, for random-weight
+named configs without a checkpoint, a byte-level fallback."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from onekernel.errors import InputError, ModelFileError
+
+# End-of-turn tokens of the supported chat templates (SmolLM2/Qwen3 ChatML, Llama 3); added to
+# `eos_token_ids` when the vocabulary has them, so instruct models stop at the end of their turn.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|endoftext|>")
+
+
+class Tokenizer:
+    """Text <-> token ids. Build with `from_gguf`, `from_hf` or `byte_level`.
+
+    `encode(text) -> list[int]`, `decode(ids) -> str`, `chat(messages | text) -> list[int]`,
+    `eos_token_ids: set[int]`, `bos_token_id: int | None`, `vocab_size: int`."""
+
+    def __init__(self, hf=None, *, eos_token_ids=(), source: str = "byte-level"):
+        self._hf = hf
+        self.source = source
+        if hf is None:  # byte-level fallback
+            self.bos_token_id, self.eos_token_ids, self.vocab_size = None, set(), 256
+            return
+        self.bos_token_id = hf.bos_token_id
+        vocab = hf.get_vocab()
+        eos = set(eos_token_ids) | ({hf.eos_token_id} if hf.eos_token_id is not None else set())
+        self.eos_token_ids = eos | {vocab[t] for t in _END_OF_TURN if t in vocab}
+        self.vocab_size = len(hf)
+
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        """From a GGUF file's metadata via transformers' GGUF tokenizer conversion (offline; the chat
+        template comes from `tokenizer.chat_template`). Raises ModelFileError when it cannot be built."""
+        from transformers import AutoTokenizer
+        path = Path(path)
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        except Exception as e:
+            raise ModelFileError(f"cannot build the tokenizer from {path} ({type(e).__name__}: {e}); "
+                                 "re-download the file") from e
+        return cls(hf, source=str(path))
+
+    @classmethod
+    def from_hf(cls, folder) -> "Tokenizer":
+        """From an HF folder's tokenizer.json / tokenizer_config.json; EOS ids also from
+        generation_config.json (`eos_token_id`, int or list). Raises ModelFileError when absent/invalid."""
+        from transformers import AutoTokenizer
+        folder = Path(folder)
+        try:
+            hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:
+            raise ModelFileError(f"cannot load a tokenizer from {folder} ({type(e).__name__}: {e}); the folder "
+                                 "needs tokenizer.json and tokenizer_config.json") from e
+        eos: set[int] = set()
+        gen = folder / "generation_config.json"
+        if gen.is_file():
+            ids = json.loads(gen.read_text()).get("eos_token_id")
+            eos = set(ids if isinstance(ids, list) else [] if ids is None else [ids])
+        return cls(hf, eos_token_ids=eos, source=str(folder))
+
+    @classmethod
+    def byte_level(cls) -> "Tokenizer":
+        """Fallback for random weights without a checkpoint: token id = UTF-8 byte value (0..255), no
+        BOS, no EOS (generation runs to its length limit), decode maps ids >= 256 to U+FFFD.
+        `chat(text)` encodes "User: {text}\\nAssistant: "."""
+        return cls(None)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, with the special tokens the checkpoint adds (e.g. Llama 3's BOS)."""
+        if self._hf is None:
+            return list(text.encode("utf-8"))
+        return list(self._hf.encode(text, add_special_tokens=True))
+
+    def decode(self, ids) -> str:
+        """Text of `ids` (list/tensor of ints), special tokens (BOS, <|im_end|>, ...) left out."""
+        ids = [int(i) for i in ids]
+        if self._hf is None:
+            raw = b"".join(bytes([i]) if 0 <= i < 256 else "\ufffd".encode() for i in ids)
+            return raw.decode("utf-8", errors="replace")
+        return self._hf.decode(ids, skip_special_tokens=True)
+
+    def chat(self, messages) -> list[int]:
+        """Prompt ids for a chat: `messages` is a plain string (one user message) or a list of
+        {"role", "content"} dicts. Applies the checkpoint's chat template (jinja2, via transformers
+        `apply_chat_template`) with the generation prompt; without a template, the contents joined by
+        newlines are encoded. Raises InputError for a malformed message list."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                     for m in messages):
+            raise InputError("chat() takes a string or a list of {'role': ..., 'content': ...} dicts")
+        if self._hf is None:
+            turns = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+            return self.encode(turns + "Assistant: ")
+        if not self._hf.chat_template:
+            return self.encode("\n".join(m["content"] for m in messages))
+        text = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self._hf.encode(text, add_special_tokens=False))

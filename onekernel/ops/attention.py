@@ -1,0 +1,253 @@
+"""Decode attention as flash-decoding: split-KV partials, then a log-sum-exp merge.
+
+Source: Tri Dao, Daniel Haziza, Francisco Massa, Grigory Sizov, "Flash-Decoding for long-context inference"
+(2023), and the online softmax of FlashAttention (Dao et al., 2022).
+
+Layouts (layer i, model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation always fp32):
+  ``seq_lens`` int32 [B]: position of the token being decoded; row b attends to KV positions 0..seq_lens[b]
+  inclusive. Read from memory, so one compiled kernel serves every step.
+  ``q.{i}`` T [B, Hq, hd] (RoPE applied); ``layers.{i}.k_cache``/``v_cache`` T [B, Hkv, S, hd] (this step's
+  k/v already at row seq_lens[b]); ``attn.{i}`` T [B, Hq*hd]. GQA: q head h uses kv head h // (Hq // Hkv).
+  Partials: ``attn_o.{i}`` fp32 [B, Hq, NSPLIT, hd], ``attn_lse.{i}`` fp32 [B, Hq, NSPLIT].
+
+``attn_partial`` tile (b, g, s), s-th split of kv head g: positions [s*SPLIT, min((s+1)*SPLIT, len_b)),
+len_b = seq_lens[b] + 1. With x_j = scale * q . k_j for the R = Hq/Hkv heads of group g (K/V read once):
+    O_s = sum_j exp(x_j - lse_s) v_j,   lse_s = log sum_j exp(x_j)        (normalized partial output)
+An empty split (start >= len_b) reads no K/V and writes O_s = 0, lse_s = -inf.
+``attn_merge`` tile (b, h): with LSE = log sum_s exp(lse_s) (the max is subtracted first),
+    attn[b, h] = sum_s exp(lse_s - LSE) O_s
+which equals softmax(scale * q K^T) V over all positions; splits with lse_s = -inf get weight 0.
+
+The QK^T and PV products use ``tl.dot`` on fp32 operands with the group's heads padded to GP >= 16 rows
+(the tensor-core minimum; the kernel is memory bound so padding is free). For a bf16/fp16 model the dot
+runs in tf32, which represents bf16 K/V/q exactly (only P is rounded, to 2^-11); for fp32 it is "ieee".
+``seq_lens`` is an "input" buffer (host-written before the step), so the prologue reads it and does the
+split/address math; q and the cache are activations and are read in the body with ``cache_modifier=".cg"``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from onekernel.graph.ir import Graph, Op, Region, Task
+from onekernel.ops.base import OpKind, register
+
+BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64 needs 78 KiB and was slower)
+SPLITS = (64, 128, 256)
+
+
+@triton.jit
+def attn_partial_prologue(tile, q, k_cache, v_cache, seq_lens, o_part, lse_part,
+                          HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
+                          SPLIT: tl.constexpr, NSPLIT: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+                          SM_SCALE: tl.constexpr):
+    b = tile // (HKV * NSPLIT)
+    g = (tile // NSPLIT) % HKV
+    s = tile % NSPLIT
+    length = tl.load(seq_lens + b) + 1
+    end = tl.minimum(tl.minimum(length, s * SPLIT + SPLIT), S)  # never past the cache
+    return b, g, s, end
+
+
+@triton.jit
+def attn_partial_body(tile, b, g, s, end, q, k_cache, v_cache, seq_lens, o_part, lse_part,
+                      HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, S: tl.constexpr,
+                      SPLIT: tl.constexpr, NSPLIT: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SM_SCALE: tl.constexpr):
+    R: tl.constexpr = HQ // HKV
+    rows = tl.arange(0, GP)
+    d = tl.arange(0, HD)
+    hmask = rows < R
+    heads = g * R + rows
+    qv = tl.load(q + (b * HQ + heads)[:, None] * HD + d[None, :], mask=hmask[:, None], other=0.0,
+                 cache_modifier=".cg").to(tl.float32)
+    qk_scale = SM_SCALE * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    kv_off = (b * HKV + g).to(tl.int64) * (S * HD)
+    kb = k_cache + kv_off
+    vb = v_cache + kv_off
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, HD], tl.float32)
+    for n0 in range(s * SPLIT, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        kv_ptr = n[:, None] * HD + d[None, :]
+        k = tl.load(kb + kv_ptr, mask=nmask[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        v = tl.load(vb + kv_ptr, mask=nmask[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        if q.dtype.element_ty == tl.float32:
+            x = tl.dot(qv, tl.trans(k), input_precision="ieee")
+        else:
+            x = tl.dot(qv, tl.trans(k), input_precision="tf32")
+        x = tl.where(nmask[None, :], x * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, 1))  # finite: n0 < end, so one column is valid
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(x - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if q.dtype.element_ty == tl.float32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p, v, input_precision="tf32")
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    nonempty = l > 0.0
+    o = acc / tl.where(nonempty, l, 1.0)[:, None]
+    lse = tl.where(nonempty, (m + tl.log2(tl.where(nonempty, l, 1.0))) * 0.6931471805599453, float("-inf"))
+    slot = (b * HQ + heads) * NSPLIT + s
+    tl.store(o_part + slot[:, None] * HD + d[None, :], o, mask=hmask[:, None])
+    tl.store(lse_part + slot, lse, mask=hmask)
+
+
+@triton.jit
+def attn_merge_prologue(tile, o_part, lse_part, out, HQ: tl.constexpr, HD: tl.constexpr,
+                        NSPLIT: tl.constexpr, NSP2: tl.constexpr, CH: tl.constexpr):
+    return tile // HQ, tile % HQ
+
+
+@triton.jit
+def attn_merge_body(tile, b, h, o_part, lse_part, out, HQ: tl.constexpr, HD: tl.constexpr,
+                    NSPLIT: tl.constexpr, NSP2: tl.constexpr, CH: tl.constexpr):
+    row = b * HQ + h
+    sp = tl.arange(0, NSP2)
+    lse = tl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    tot = tl.sum(tl.exp(lse - mx), 0)
+    n_live = tl.sum((lse > float("-inf")).to(tl.int32), 0)  # live splits are a prefix: skip the rest
+    d = tl.arange(0, HD)
+    acc = tl.zeros([HD], tl.float32)
+    for c in range(0, n_live, CH):
+        idx = c + tl.arange(0, CH)
+        lc = tl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+        live = lc > float("-inf")  # skip the O of empty splits: no memory traffic, no 0 * garbage
+        oc = tl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
+                     cache_modifier=".cg")
+        acc += tl.sum(oc * tl.exp(lc - mx)[:, None], 0)
+    res = acc / tl.where(tot > 0.0, tot, 1.0)
+    tl.store(out + row * HD + d, res.to(out.dtype.element_ty))
+
+
+def _partial_reference(op: Op, t: dict) -> None:
+    p = op.params
+    a = op.args
+    q, k, v, sl = t[a["q"]].float(), t[a["k_cache"]].float(), t[a["v_cache"]].float(), t[a["seq_lens"]]
+    o, lse = t[a["o_part"]], t[a["lse_part"]]
+    R, SPLIT = p["HQ"] // p["HKV"], p["SPLIT"]
+    o.zero_()
+    lse.fill_(float("-inf"))
+    for b in range(q.shape[0]):
+        n = min(int(sl[b]) + 1, p["S"])
+        for s in range(p["NSPLIT"]):
+            lo, hi = s * SPLIT, min(n, (s + 1) * SPLIT)
+            if lo >= hi:
+                continue
+            kk = k[b, :, lo:hi].repeat_interleave(R, 0)  # [Hq, n, hd]
+            vv = v[b, :, lo:hi].repeat_interleave(R, 0)
+            x = torch.einsum("hd,hnd->hn", q[b], kk) * p["SM_SCALE"]
+            lse[b, :, s] = torch.logsumexp(x, -1)
+            o[b, :, s] = torch.einsum("hn,hnd->hd", torch.softmax(x, -1), vv)
+
+
+def _merge_reference(op: Op, t: dict) -> None:
+    o, lse, out = t[op.args["o_part"]], t[op.args["lse_part"]], t[op.args["out"]]
+    total = torch.logsumexp(lse, -1, keepdim=True)  # [B, Hq, 1]
+    w = torch.nan_to_num(torch.exp(lse - total), nan=0.0)
+    out.copy_((w[..., None] * o).sum(2).reshape(out.shape).to(out.dtype))
+
+
+PARTIAL = register(OpKind(
+    "attn_partial", attn_partial_prologue, attn_partial_body,
+    ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part"),
+    ("HQ", "HKV", "HD", "S", "SPLIT", "NSPLIT", "GP", "BLOCK_N", "SM_SCALE"), 4, _partial_reference))
+MERGE = register(OpKind(
+    "attn_merge", attn_merge_prologue, attn_merge_body, ("o_part", "lse_part", "out"),
+    ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference))
+
+
+def choose_split(batch: int, n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[int, int]:
+    """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose tile count B*Hkv*NSPLIT at full context
+    is <= 4 waves of ``n_sms`` (else 256). Small splits keep SMs busy at short context, big ones cut the
+    per-tile latency chain at long context. H200, bf16, Hq/Hkv/hd = 32/8/128, S = 8192, partial+merge in a
+    CUDA graph, us at L = 512/2048/8192: B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
+    B=8 SPLIT 64: 33/47/100, 128: 24/36/84, 256: 22/32/76 (PyTorch SDPA: B=1 7.7/7.3/11.2, B=8 7.8/22/67)."""
+    for split in SPLITS:
+        nsplit = -(-max_seq_len // split)
+        if batch * n_kv_heads * nsplit <= 4 * n_sms:
+            return split, nsplit
+    return SPLITS[-1], -(-max_seq_len // SPLITS[-1])
+
+
+def _ensure(graph: Graph, name: str, shape, dtype, kind: str):
+    buf = graph.buffers.get(name)
+    if buf is None:
+        return graph.add_buffer(name, shape, dtype, kind)
+    if buf.shape != tuple(shape):
+        raise ValueError(f"buffer {name!r} has shape {buf.shape}, attention expects {tuple(shape)}")
+    return buf
+
+
+def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, dtype: torch.dtype,
+                  split: int | None = None) -> list[Op]:
+    """Add layer ``layer``'s decode attention (``attn_partial`` then ``attn_merge``) to ``graph``.
+
+    Uses (creating any that are missing) ``q.{i}``, ``layers.{i}.k_cache``/``v_cache``, ``seq_lens`` and
+    ``attn.{i}``; always adds the scratch buffers ``attn_o.{i}``/``attn_lse.{i}``. cfg needs ``n_heads``,
+    ``n_kv_heads``, ``head_dim`` (a power of two). ``split`` overrides :func:`choose_split` (a multiple of 16).
+    Task costs are at full context (every split full, S = max_seq_len):
+    partial: bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) + R*(hd+1)*4 (partials), flops =
+    4*R*rows*hd (QK^T and PV) + 5*R*rows (softmax), rows = KV rows in the split, e = element size;
+    merge: bytes = NSPLIT*(hd+1)*4 + hd*e, flops = 2*NSPLIT*hd + 3*NSPLIT.
+    """
+    i, B, S = layer, batch, max_seq_len
+    HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    if HQ % HKV or HD & (HD - 1) or HD < 16:
+        raise ValueError(f"attention needs Hq % Hkv == 0 and a power-of-two head_dim >= 16 "
+                         f"(got Hq={HQ}, Hkv={HKV}, head_dim={HD})")
+    R = HQ // HKV
+    SPLIT, NSPLIT = choose_split(B, HKV, S) if split is None else (split, -(-S // split))
+    e = torch.empty((), dtype=dtype).element_size()
+    qn, kn, vn, on, ln, outn = f"q.{i}", f"layers.{i}.k_cache", f"layers.{i}.v_cache", \
+        f"attn_o.{i}", f"attn_lse.{i}", f"attn.{i}"
+    _ensure(graph, qn, (B, HQ, HD), dtype, "activation")
+    _ensure(graph, kn, (B, HKV, S, HD), dtype, "kv")
+    _ensure(graph, vn, (B, HKV, S, HD), dtype, "kv")
+    _ensure(graph, "seq_lens", (B,), torch.int32, "input")
+    _ensure(graph, outn, (B, HQ * HD), dtype, "activation")
+    graph.add_buffer(on, (B, HQ, NSPLIT, HD), torch.float32, "scratch")
+    graph.add_buffer(ln, (B, HQ, NSPLIT), torch.float32, "scratch")
+
+    GP = max(16, triton.next_power_of_2(R))
+    partial = Op(f"attn_partial.{i}", "attn_partial",
+                 {"q": qn, "k_cache": kn, "v_cache": vn, "seq_lens": "seq_lens", "o_part": on, "lse_part": ln},
+                 {"HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "SPLIT": SPLIT, "NSPLIT": NSPLIT, "GP": GP,
+                  "BLOCK_N": min(BLOCK_N, SPLIT), "SM_SCALE": 1.0 / math.sqrt(HD)})
+    tasks = []
+    for b in range(B):
+        for g in range(HKV):
+            hs = (g * R, g * R + R)
+            for s in range(NSPLIT):
+                lo, hi = s * SPLIT, min(S, (s + 1) * SPLIT)
+                kv = ((b, b + 1), (g, g + 1), (lo, hi), (0, HD))
+                tasks.append(Task(
+                    0, len(tasks),
+                    reads=(Region(qn, ((b, b + 1), hs, (0, HD))), Region(kn, kv), Region(vn, kv),
+                           Region("seq_lens", ((b, b + 1),))),
+                    writes=(Region(on, ((b, b + 1), hs, (s, s + 1), (0, HD))),
+                            Region(ln, ((b, b + 1), hs, (s, s + 1)))),
+                    bytes=R * HD * e + 2 * (hi - lo) * HD * e + 4 + R * (HD + 1) * 4,
+                    flops=4 * R * (hi - lo) * HD + 5 * R * (hi - lo)))
+    graph.add_op(partial, tasks)
+
+    NSP2 = triton.next_power_of_2(NSPLIT)
+    merge = Op(f"attn_merge.{i}", "attn_merge", {"o_part": on, "lse_part": ln, "out": outn},
+               {"HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": NSP2, "CH": min(NSP2, max(1, 4096 // HD))})
+    tasks = [Task(0, b * HQ + h,
+                  reads=(Region(on, ((b, b + 1), (h, h + 1), (0, NSPLIT), (0, HD))),
+                         Region(ln, ((b, b + 1), (h, h + 1), (0, NSPLIT)))),
+                  writes=(Region(outn, ((b, b + 1), (h * HD, h * HD + HD))),),
+                  bytes=NSPLIT * (HD + 1) * 4 + HD * e, flops=2 * NSPLIT * HD + 3 * NSPLIT)
+             for b in range(B) for h in range(HQ)]
+    graph.add_op(merge, tasks)
+    return [partial, merge]

@@ -1,0 +1,258 @@
+"""Row-tiled GEMV ops: ``gemv_residual`` (O- and down-projection + residual) and ``gate_up`` (RMSNorm +
+gate/up projection + SiLU*mul), and the Triton helpers every GEMV-shaped op shares (qkv.py, lm_head.py).
+
+Numerics mirror HF transformers (modeling_llama.py) in the model dtype ``dt`` (bf16/fp16/fp32):
+* ``F.linear`` = fp32 accumulation of dt products, rounded to dt;
+* LlamaRMSNorm(x) = ``w * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(dt)`` -> the product rounded to dt;
+* residual ``x + y`` = fp32 sum of two dt values rounded to dt;
+* LlamaMLP: ``silu(x Wg^T) * (x Wu^T)``, each step rounded to dt (silu computed in fp32).
+Kernels never do dt arithmetic: load, ``.to(tl.float32)``, compute, round with ``rnd(x, dt)`` where HF rounds.
+
+Tile = BLOCK_N output rows for all B batch rows (see ops/tiling.py). The prologue loads the tile's first
+weight chunk (weights are ready before the step); the body reads activations (``.cg``) and streams the rest.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from onekernel.graph.ir import Op
+from onekernel.ops.base import OpKind, register
+from onekernel.ops.tiling import gemv_blocks, gemv_cost, region, row_tiled_tasks
+
+
+# ----------------------------------------------------------------------------------------- shared helpers
+# GPU: libdevice exp/cos/sin (as accurate as PyTorch's CUDA math); the interpreter has no libdevice.
+PRECISE_MATH = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def rnd(x, dt: tl.constexpr):
+    """fp32 x rounded to the nearest (ties to even) value of dtype dt, returned as fp32.
+
+    Done with integer bit operations because the compiler folds ``x.to(bf16).to(fp32)`` back to ``x``
+    (seen on an H200 with Triton 3.6: RoPE outputs lost their intermediate rounding). fp16: normal range
+    by bits, the subnormal range by adding and subtracting 0.75 (fp32 ulp 2^-24 = the fp16 subnormal step),
+    |x| > 65504 -> inf. fp32: x unchanged."""
+    if dt == tl.bfloat16:
+        u = x.to(tl.int32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & -65536
+        return u.to(tl.float32, bitcast=True)
+    elif dt == tl.float16:
+        u = x.to(tl.int32, bitcast=True)
+        u = (u + 0xFFF + ((u >> 13) & 1)) & -8192
+        y = u.to(tl.float32, bitcast=True)
+        y = tl.where(tl.abs(x) < 6.103515625e-05, (x + 0.75) - 0.75, y)
+        return tl.where(tl.abs(y) > 65504.0, x * float("inf"), y)
+    else:
+        return x
+
+
+@triton.jit
+def silu(x):
+    """x / (1 + exp(-x)) in fp32 with IEEE division (PyTorch's CUDA silu formula)."""
+    if PRECISE_MATH:
+        e = libdevice.exp(-x)
+    else:
+        e = tl.exp(-x)
+    return tl.math.div_rn(x, 1.0 + e)
+
+@triton.jit
+def load_w_chunk(w, rows, rmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Weight chunk ``W[rows, k0:k0+BLOCK_K]`` (model dtype, 0 outside); rows int64 [R], rmask bool [R]."""
+    ok = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w + rows[:, None] * K + ok[None, :], mask=rmask[:, None] & (ok[None, :] < K), other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+             EPS: tl.constexpr):
+    """fp32 [BLOCK_B]: ``rsqrt(mean_k(x[b, k]^2) + eps)`` of activation x [B, K] (fp32 sum, HF LlamaRMSNorm)."""
+    ob = tl.arange(0, BLOCK_B)
+    ok = tl.arange(0, BLOCK_K)
+    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m = (ob[:, None] < B) & (k0 + ok[None, :] < K)
+        v = tl.load(x + ob[:, None] * K + k0 + ok[None, :], mask=m, other=0.0, cache_modifier=".cg")
+        v = v.to(tl.float32)
+        ss += v * v
+    return tl.math.rsqrt(tl.sum(ss, axis=1) / K + EPS)
+
+
+@triton.jit
+def load_x_chunk(x, nw, rstd, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """Activation chunk ``x[:, k0:k0+BLOCK_K]`` [BLOCK_B, BLOCK_K] in the model dtype (0 outside).
+    NORM: HF RMSNorm applied: ``(w * (x * rstd).to(dt)).to(dt)`` with norm weight nw [K]."""
+    ob = tl.arange(0, BLOCK_B)
+    ok = k0 + tl.arange(0, BLOCK_K)
+    m = (ob[:, None] < B) & (ok[None, :] < K)
+    v = tl.load(x + ob[:, None] * K + ok[None, :], mask=m, other=0.0, cache_modifier=".cg")
+    if NORM:
+        g = tl.load(nw + ok, mask=ok < K, other=0.0).to(tl.float32)
+        h = rnd(v.to(tl.float32) * rstd[:, None], v.dtype)
+        v = rnd(h * g[None, :], v.dtype).to(v.dtype)
+    return v
+
+
+@triton.jit
+def mac(acc, xv, wv, MMA: tl.constexpr, BLOCK_B: tl.constexpr):
+    """acc[BLOCK_B, R] (fp32) += xv[BLOCK_B, BK] @ wv[R, BK]^T. MMA: tensor cores (dt inputs, fp32 acc)."""
+    if MMA:
+        acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
+    elif BLOCK_B == 1:
+        acc += tl.sum(xv.to(tl.float32) * wv.to(tl.float32), axis=1)[None, :]
+    else:
+        acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def gemv_rows(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+              R: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr, NORM: tl.constexpr):
+    """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T, given the prefetched first chunk w0 = W[rows, :BLOCK_K]."""
+    acc = tl.zeros([BLOCK_B, R], tl.float32)
+    acc = mac(acc, load_x_chunk(x, nw, rstd, 0, B, K, BLOCK_B, BLOCK_K, NORM), w0, MMA, BLOCK_B)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mac(acc, load_x_chunk(x, nw, rstd, k0, B, K, BLOCK_B, BLOCK_K, NORM), wv, MMA, BLOCK_B)
+    return acc
+
+
+@triton.jit
+def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, rows < N
+
+
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm over the last dim (fp32 normalise, cast to x.dtype, multiply by w)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------- gemv_residual
+@triton.jit
+def gemv_residual_prologue(tile, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           MMA: tl.constexpr):
+    rows, rmask = tile_rows(tile, N, BLOCK_N)
+    return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
+
+
+@triton.jit
+def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       MMA: tl.constexpr):
+    """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n."""
+    rows, rmask = tile_rows(tile, N, BLOCK_N)
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    acc = gemv_rows(w0, x, w, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, MMA, False)
+    ob = tl.arange(0, BLOCK_B)
+    m = (ob[:, None] < B) & rmask[None, :]
+    offs = ob[:, None] * N + rows[None, :]
+    r = tl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    y = rnd(acc, out.dtype.element_ty)
+    tl.store(out + offs, (r + y).to(out.dtype.element_ty), mask=m)
+
+
+def gemv_residual_reference(op: Op, t: dict) -> None:
+    a = op.args
+    t[a["out"]].copy_(t[a["res"]] + F.linear(t[a["x"]], t[a["w"]]))
+
+
+GEMV_RESIDUAL = register(OpKind(
+    "gemv_residual", gemv_residual_prologue, gemv_residual_body, ("x", "w", "res", "out"),
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA"), 1, gemv_residual_reference))
+
+
+def add_gemv_residual(graph, name: str, x: str, w: str, res: str, out: str, n_sm: int = 132,
+                      blocks: dict | None = None) -> Op:
+    """Append ``out[B, N] = res + x[B, K] @ w[N, K]^T`` (all model dtype) tiled over N.
+    blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
+    B, K = graph.buffers[x].shape
+    N = graph.buffers[w].shape[0]
+    es = graph.buffers[w].nbytes // (N * K)
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm), **(blocks or {})}
+
+    def make(t, n0, n1):
+        nbytes, flops = gemv_cost(n1 - n0, K, B, es, 2 * B * (n1 - n0) * es)
+        return ([region(x, (0, B), (0, K)), region(w, (n0, n1), (0, K)), region(res, (0, B), (n0, n1))],
+                [region(out, (0, B), (n0, n1))], nbytes, flops)
+
+    return graph.add_op(Op(name, "gemv_residual", {"x": x, "w": w, "res": res, "out": out}, p),
+                        row_tiled_tasks(N, p["BLOCK_N"], make))
+
+
+# ----------------------------------------------------------------------------------------- gate_up
+@triton.jit
+def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
+                     EPS: tl.constexpr):
+    rows, rmask = tile_rows(tile, N, BLOCK_N)
+    return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
+
+
+@triton.jit
+def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
+                 EPS: tl.constexpr):
+    """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
+    w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n."""
+    rows, rmask = tile_rows(tile, N, BLOCK_N)
+    rstd = rms_rstd(x, B, K, BLOCK_B, BLOCK_K, EPS)
+    ag = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    au = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    xv = load_x_chunk(x, nw, rstd, 0, B, K, BLOCK_B, BLOCK_K, True)
+    ag = mac(ag, xv, wg0, MMA, BLOCK_B)
+    au = mac(au, xv, wu0, MMA, BLOCK_B)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
+        xv = load_x_chunk(x, nw, rstd, k0, B, K, BLOCK_B, BLOCK_K, True)
+        ag = mac(ag, xv, wg, MMA, BLOCK_B)
+        au = mac(au, xv, wu, MMA, BLOCK_B)
+    dt = out.dtype.element_ty
+    g = rnd(ag, dt)
+    u = rnd(au, dt)
+    s = rnd(silu(g), dt)
+    ob = tl.arange(0, BLOCK_B)
+    m = (ob[:, None] < B) & rmask[None, :]
+    tl.store(out + ob[:, None] * N + rows[None, :], (s * u).to(dt), mask=m)
+
+
+def gate_up_reference(op: Op, t: dict) -> None:
+    a, N = op.args, op.params["N"]
+    h = rms_norm_ref(t[a["x"]], t[a["nw"]], op.params["EPS"])
+    w = t[a["w"]]
+    t[a["out"]].copy_(F.silu(F.linear(h, w[:N])) * F.linear(h, w[N:]))
+
+
+GATE_UP = register(OpKind(
+    "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA", "EPS"), 2, gate_up_reference))
+
+
+def add_gate_up(graph, name: str, x: str, nw: str, w: str, out: str, eps: float, n_sm: int = 132,
+                blocks: dict | None = None) -> Op:
+    """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)``; w = cat(w_gate, w_up) [2F, D]."""
+    B, K = graph.buffers[x].shape
+    N = graph.buffers[out].shape[1]
+    es = graph.buffers[w].nbytes // (2 * N * K)
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm), "EPS": float(eps), **(blocks or {})}
+
+    def make(t, n0, n1):
+        nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)
+        return ([region(x, (0, B), (0, K)), region(nw, (0, K)), region(w, (n0, n1), (0, K)),
+                 region(w, (N + n0, N + n1), (0, K))],
+                [region(out, (0, B), (n0, n1))], nbytes, flops + 8 * B * (n1 - n0))
+
+    return graph.add_op(Op(name, "gate_up", {"x": x, "nw": nw, "w": w, "out": out}, p),
+                        row_tiled_tasks(N, p["BLOCK_N"], make))

@@ -1,0 +1,175 @@
+"""``qkv_rope``: RMSNorm + fused QKV GEMV + (Qwen3) per-head q/k RMSNorm + RoPE + KV-cache append.
+
+Shapes (model dtype dt, layer i): x ``x.{i}`` [B, D]; attn_norm [D]; ``wqkv`` = cat(wq, wk, wv)
+[(Hq + 2 Hkv) * hd, D]; rope_inv_freq fp32 [hd/2]; seq_lens int32 [B]; q_norm/k_norm [hd] (Qwen3);
+outputs q ``q.{i}`` [B, Hq, hd], ``k_cache``/``v_cache`` [B, Hkv, S, hd] written at row seq_lens[b].
+
+Math (HF modeling_llama.py / modeling_qwen3.py, every step rounded to dt where HF rounds):
+    h = LlamaRMSNorm(x);  y = (h @ wqkv^T).to(dt) viewed as heads [B, Hq + 2 Hkv, hd]
+    Qwen3: q, k heads = RMSNorm_hd(q) * q_norm, RMSNorm_hd(k) * k_norm         (Qwen3Attention q_norm)
+    RoPE (apply_rotary_pos_emb, rotate_half form), pos = seq_lens[b], f = pos * inv_freq  (fp32):
+        cos = cat(cos f, cos f).to(dt), sin likewise;  q' = (q*cos).to(dt) + (rotate_half(q)*sin).to(dt)
+        rotate_half(q) = cat(-q[hd/2:], q[:hd/2])
+Tile = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
+(P = hd/2, i.e. the whole head, when QK_NORM). Tiles are numbered t = h * (hd / 2P) + c, q heads first,
+then k heads, then v heads (no RoPE/norm on v). cos/sin use libdevice (exact range reduction, positions up
+to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from onekernel.graph.ir import Op, Task
+from onekernel.ops.base import OpKind, register
+from onekernel.ops.gemv import PRECISE_MATH, gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd
+from onekernel.ops.tiling import batch_block, block_k_for, region
+
+@triton.jit
+def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
+    """(head h, chunk c, head-local rows [2P], global weight rows int64 [2P]) of a tile."""
+    CH: tl.constexpr = HD // (2 * P)
+    h = tile // CH
+    c = tile % CH
+    r = tl.arange(0, 2 * P)
+    hr = (r // P) * (HD // 2) + c * P + (r % P)
+    return h, c, hr, h.to(tl.int64) * HD + hr
+
+
+@triton.jit
+def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
+                      B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                      S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+                      MMA: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr):
+    h, c, hr, rows = _qkv_rows(tile, HD, P)
+    return load_w_chunk(w, rows, rows < (HQ + 2 * HKV) * HD, 0, D, BLOCK_K)
+
+
+@triton.jit
+def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
+                  B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                  S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+                  MMA: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr):
+    h, c, hr, rows = _qkv_rows(tile, HD, P)
+    dt = q.dtype.element_ty
+    rstd = rms_rstd(x, B, D, BLOCK_B, BLOCK_K, EPS)
+    acc = gemv_rows(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
+                    MMA, True)
+    y = rnd(acc, dt)  # [BLOCK_B, 2P]
+    is_q = h < HQ
+    is_k = (h >= HQ) & (h < HQ + HKV)
+    is_v = h >= HQ + HKV
+    if QK_NORM:  # the tile holds the whole head (P == HD // 2)
+        r = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
+        g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
+        yn = rnd(rnd(y * r[:, None], dt) * g[None, :], dt)
+        y = tl.where(is_v, y, yn)
+    ob = tl.arange(0, BLOCK_B)
+    bm = ob < B
+    pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")
+    fi = c * P + (tl.arange(0, 2 * P) % P)
+    ang = pos.to(tl.float32)[:, None] * tl.load(inv_freq + fi)[None, :]
+    if PRECISE_MATH:
+        cs = rnd(libdevice.cos(ang), dt)
+        sn = rnd(libdevice.sin(ang), dt)
+    else:
+        cs = rnd(tl.cos(ang), dt)
+        sn = rnd(tl.sin(ang), dt)
+    y3 = tl.reshape(y, [BLOCK_B, 2, P])
+    half = tl.arange(0, 2)[None, :, None]
+    lo = tl.sum(tl.where(half == 0, y3, 0.0), axis=1)
+    hi = tl.sum(tl.where(half == 1, y3, 0.0), axis=1)
+    rot = tl.reshape(tl.where(half == 0, -hi[:, None, :], lo[:, None, :]), [BLOCK_B, 2 * P])
+    yr = (rnd(y * cs, dt) + rnd(rot * sn, dt)).to(dt)
+    out = tl.where(is_v, y.to(dt), yr)
+    b64 = ob.to(tl.int64)[:, None]
+    tl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], out, mask=bm[:, None] & is_q)
+    pm = (bm & (pos >= 0) & (pos < S))[:, None]
+    hk = tl.minimum(tl.maximum(h - HQ, 0), HKV - 1)
+    tl.store(k_cache + ((b64 * HKV + hk) * S + pos[:, None]) * HD + hr[None, :], out, mask=pm & is_k)
+    hv = tl.minimum(tl.maximum(h - HQ - HKV, 0), HKV - 1)
+    tl.store(v_cache + ((b64 * HKV + hv) * S + pos[:, None]) * HD + hr[None, :], out, mask=pm & is_v)
+
+
+def rope_ref(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """HF apply_rotary_pos_emb for x [B, H, hd] at positions pos [B] (cos/sin fp32 -> x.dtype)."""
+    f = pos.float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((f, f), dim=-1)[:, None, :]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def qkv_rope_reference(op: Op, t: dict) -> None:
+    a, p = op.args, op.params
+    B, HQ, HKV, HD = p["B"], p["HQ"], p["HKV"], p["HD"]
+    y = F.linear(rms_norm_ref(t[a["x"]], t[a["nw"]], p["EPS"]), t[a["w"]]).view(B, HQ + 2 * HKV, HD)
+    qh, kh, vh = y[:, :HQ], y[:, HQ:HQ + HKV], y[:, HQ + HKV:]
+    if p["QK_NORM"]:
+        qh, kh = rms_norm_ref(qh, t[a["qn"]], p["EPS"]), rms_norm_ref(kh, t[a["kn"]], p["EPS"])
+    pos = t[a["seq_lens"]].long()
+    bidx = torch.arange(B, device=pos.device)
+    t[a["q"]].copy_(rope_ref(qh, pos, t[a["inv_freq"]]))
+    t[a["k_cache"]][bidx, :, pos] = rope_ref(kh, pos, t[a["inv_freq"]])
+    t[a["v_cache"]][bidx, :, pos] = vh
+
+
+QKV_ROPE = register(OpKind(
+    "qkv_rope", qkv_rope_prologue, qkv_rope_body,
+    ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "MMA", "EPS", "QK_NORM"), 1,
+    qkv_rope_reference))
+
+
+def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, n_sm: int) -> int:
+    """P, rotation pairs per tile: hd/2 with QK_NORM (whole head); else the largest P (power of two,
+    2P >= 16) whose tile count n_heads_total * hd / (2P) reaches n_sm."""
+    if qk_norm:
+        return head_dim // 2
+    ch = 1
+    while n_heads_total * ch < n_sm and head_dim // (2 * ch) >= 16:
+        ch *= 2
+    return head_dim // (2 * ch)
+
+
+def add_qkv_rope(graph, name: str, *, x: str, nw: str, w: str, inv_freq: str, seq_lens: str, qn: str,
+                 kn: str, q: str, k_cache: str, v_cache: str, eps: float, qk_norm: bool,
+                 n_sm: int = 132, blocks: dict | None = None) -> Op:
+    """Append a qkv_rope op (module doc). Without qk_norm, pass any model-dtype buffer as qn/kn (unread).
+    blocks: overrides of the tiling (P, BLOCK_K; tests and tuning)."""
+    B, HQ, HD = graph.buffers[q].shape
+    _, HKV, S, _ = graph.buffers[k_cache].shape
+    D = graph.buffers[x].shape[1]
+    NH = HQ + 2 * HKV
+    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, n_sm))
+    bb, mma = batch_block(B)
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": bb,
+         "BLOCK_K": block_k_for(D, max(2 * P, bb)), "MMA": mma, "EPS": float(eps), "QK_NORM": bool(qk_norm),
+         **(blocks or {})}
+    if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * P < 16):
+        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= 16 with MMA)")
+    es = graph.buffers[x].nbytes // (B * D)
+    ch = HD // (2 * P)
+    tasks = []
+    for t in range(NH * ch):
+        h, c = divmod(t, ch)
+        halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
+        reads = [region(x, (0, B), (0, D)), region(nw, (0, D)), region(inv_freq, (c * P, c * P + P)),
+                 region(seq_lens, (0, B))]
+        reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
+        if qk_norm and h < HQ + HKV:
+            reads.append(region(qn if h < HQ else kn, (0, HD)))
+        if h < HQ:
+            writes = [region(q, (0, B), (h, h + 1), hv) for hv in halves]
+        else:
+            cache, hh = (k_cache, h - HQ) if h < HQ + HKV else (v_cache, h - HQ - HKV)
+            writes = [region(cache, (0, B), (hh, hh + 1), (0, S), hv) for hv in halves]
+        nbytes = 2 * P * D * es + B * D * es + D * es + B * 2 * P * es + B * 4 + P * 4
+        tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * 2 * P * D + 12 * B * 2 * P))
+    args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "q": q,
+            "k_cache": k_cache, "v_cache": v_cache}
+    return graph.add_op(Op(name, "qkv_rope", args, p), tasks)
+

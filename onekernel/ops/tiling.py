@@ -1,0 +1,86 @@
+"""Host-side tiling helpers shared by the GEMV-shaped ops (embed, qkv_rope, gemv_residual, gate_up, lm_head).
+
+A row-tiled GEMV ``y[B, N] = x[B, K] @ W[N, K]^T`` is split into tiles of ``BLOCK_N`` output rows; each tile
+streams its ``BLOCK_N x K`` weight slab in chunks of ``BLOCK_K`` columns and keeps a ``[BLOCK_B, BLOCK_N]``
+fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
+
+* ``BLOCK_K``: 256..512 columns, so a warp reads whole 512..1024-byte row segments with 16-byte loads
+  (8 bf16 per thread per load); smaller only when K itself is smaller; capped so the weight chunk of one
+  tile stays <= 8192 elements (16 KB in bf16) per pipeline stage.
+* ``BLOCK_N``: power of two in [lo, 64], the largest that still gives >= n_sm tiles (every SM streams),
+  the smallest (lo) when N is too small for that.
+* Batch: ``BLOCK_B = next_pow2(B)`` rows; for B <= 2 the tile multiplies with broadcast-and-reduce (CUDA
+  cores), for B >= 3 with ``tl.dot`` (tensor cores, batch padded to >= 16 rows, needs BLOCK_N >= 16).
+"""
+from __future__ import annotations
+
+from onekernel.graph.ir import Region, Task
+
+MAX_BATCH = 64
+MAX_TILE_ELEMS = 8192
+
+
+def pow2_ceil(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def pow2_floor(n: int) -> int:
+    """Largest power of two <= n (n >= 1)."""
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def batch_block(batch: int) -> tuple[int, bool]:
+    """(BLOCK_B, MMA): MMA=True selects the tl.dot path (batch padded to >= 16 rows)."""
+    if batch <= 2:
+        return pow2_ceil(batch), False
+    return max(16, pow2_ceil(batch)), True
+
+
+def block_n_for(n: int, n_sm: int, lo: int = 4, hi: int = 64) -> int:
+    """Largest power of two BLOCK_N in [lo, hi] with ceil(n / BLOCK_N) >= n_sm; ``lo`` if none."""
+    bn = pow2_floor(max(1, n // max(1, n_sm)))
+    return max(lo, min(hi, bn))
+
+
+def block_k_for(k: int, block_n: int) -> int:
+    """Columns per chunk: 512 for thin tiles, 256 otherwise, <= next_pow2(K), chunk <= 8192 elems.
+    ``block_n``: the larger of the weight rows and the batch rows held per chunk."""
+    bk = min(pow2_ceil(k), 512 if block_n <= 16 else 256)
+    while bk > 16 and block_n * bk > MAX_TILE_ELEMS:
+        bk //= 2
+    return max(16, bk)
+
+
+def gemv_blocks(n: int, k: int, batch: int, n_sm: int, lo: int = 4, hi: int = 64) -> dict:
+    """The constexpr tile params of a row-tiled GEMV: BLOCK_B, MMA, BLOCK_N, BLOCK_K (see module doc)."""
+    bb, mma = batch_block(batch)
+    bn = block_n_for(n, n_sm, max(lo, 16) if mma else lo, hi)
+    return {"BLOCK_B": bb, "MMA": mma, "BLOCK_N": bn, "BLOCK_K": block_k_for(k, max(bn, bb))}
+
+
+def region(buffer: str, *box) -> Region:
+    """Region(buffer, ((lo, hi), ...)) with ints."""
+    return Region(buffer, tuple((int(lo), int(hi)) for lo, hi in box))
+
+
+def gemv_cost(rows: int, k: int, batch: int, elem: int, extra_bytes: int = 0) -> tuple[int, int]:
+    """(bytes, flops) of one GEMV tile: ``rows x k`` weights + the ``[batch, k]`` input + extra_bytes;
+    2 * batch * rows * k FLOPs."""
+    return rows * k * elem + batch * k * elem + extra_bytes, 2 * batch * rows * k
+
+
+def row_tiled_tasks(n: int, block_n: int, make) -> list[Task]:
+    """One Task per BLOCK_N rows of an N-row output: ``make(tile, n0, n1) -> (reads, writes, bytes, flops)``
+    with n1 clipped to N."""
+    tasks = []
+    for t in range(cdiv(n, block_n)):
+        n0, n1 = t * block_n, min(n, (t + 1) * block_n)
+        reads, writes, nbytes, flops = make(t, n0, n1)
+        tasks.append(Task(op=-1, tile=t, reads=tuple(reads), writes=tuple(writes), bytes=int(nbytes),
+                          flops=int(flops)))
+    return tasks

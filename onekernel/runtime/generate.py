@@ -1,0 +1,202 @@
+"""Generation loop: tokenize, check limits, prefill, decode step by step, sample, stream, stop at EOS.
+
+Every mode shares this loop and the KV cache; only the decode step differs. Prefill always runs the PyTorch
+reference (``runtime.reference.prefill``); the decode step comes from ``ReferenceRunner`` (mode "reference")
+or ``onekernel.exec.make_runner(mode, model, cache, batch)`` (every other mode). After each step the loop
+does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step").
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from onekernel.errors import DeviceError, InputError
+from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.reference import ReferenceRunner, prefill
+from onekernel.runtime.sampling import SamplingParams, make_generator, sample
+
+MAX_BATCH = 16
+MODES = ("reference", "eager", "graph", "pdl", "megakernel")
+GPU_MODES = ("eager", "graph", "pdl", "megakernel")
+
+
+@dataclass
+class SequenceResult:
+    """One sequence: prompt ids, generated ids (an EOS token, if produced, is the last id), decoded text
+    (without EOS), and why it stopped ("eos" or "length")."""
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class Timings:
+    """Milliseconds (host wall clock, device synchronized). A decode step is ``runner.step`` plus
+    ``seq_lens += 1``; sampling and detokenizing are not in it. decode_ms_per_step is the median over
+    the steps (0.0 when there were none); prefill_ms includes the first logits, not tokenization."""
+    prefill_ms: float
+    decode_ms_per_step: float
+    total_ms: float
+    decode_steps: int
+    decode_ms_all: list[float] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class GenerationResult:
+    sequences: list[SequenceResult]
+    timings: Timings
+    mode: str
+    device: str
+    dtype: str
+
+
+def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
+    t = model.weights["tok_embeddings"]
+    return t.device, t.dtype
+
+
+def _make_runner(mode: str, model, cache, batch: int, interpret: bool):
+    if mode == "reference":
+        return ReferenceRunner(model, cache)
+    if interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # only works if triton is not imported yet
+    try:
+        from onekernel.exec import make_runner
+    except ImportError as e:
+        raise InputError(f"mode {mode!r} is not available in this build (onekernel.exec.make_runner is "
+                         f"missing: {e}); use --mode reference") from None
+    return make_runner(mode, model, cache, batch, interpret=interpret)
+
+
+class _Stream:
+    """Incremental detokenizer: decodes the whole generated list and emits the new suffix; holds back while
+    the text ends in an incomplete UTF-8 sequence (U+FFFD)."""
+
+    def __init__(self, tokenizer, eos: set[int]):
+        self.tok, self.eos, self.ids, self.text = tokenizer, eos, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        if token in self.eos:
+            return ""
+        new = self.tok.decode([t for t in self.ids if t not in self.eos])
+        if new.endswith("\ufffd") or not new.startswith(self.text):
+            return ""
+        piece, self.text = new[len(self.text):], new
+        return piece
+
+    def finish(self) -> str:
+        new = self.tok.decode([t for t in self.ids if t not in self.eos])
+        piece = new[len(self.text):] if new.startswith(self.text) else ""
+        self.text = new
+        return piece
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int = 32, mode: str = "reference",
+             sampling: SamplingParams | None = None, chat: bool = False,
+             on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
+             interpret: bool = False, ignore_eos: bool = False) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens for each of 1..16 prompts of any lengths.
+
+    Args:
+        model: LoadedModel (config, weights, tokenizer, source).
+        prompts: texts (tokenized; with ``chat`` the chat template is applied) or lists of token ids.
+        mode: "reference" | "eager" | "graph" | "pdl" | "megakernel".
+        sampling: SamplingParams (default greedy).
+        on_token: called as on_token(seq_index, token_id, text_piece) for every new token; the pieces of a
+            sequence concatenate to its final text.
+        max_seq_len: context limit (default and maximum: cfg.max_seq_len); also the KV-cache length when given.
+        interpret: allow GPU-only modes on the CPU through the Triton interpreter (sets TRITON_INTERPRET=1).
+        ignore_eos: keep generating past EOS (for benchmarks).
+    Raises (all before anything runs):
+        InputError: no prompts, more than 16, an empty prompt, max_new_tokens < 1, an unknown mode,
+            or prompt + max_new_tokens longer than the context.
+        DeviceError: a GPU-only mode with the model not on a CUDA device and ``interpret`` False.
+    """
+    t_start = time.perf_counter()
+    cfg, tok = model.config, model.tokenizer
+    sampling = sampling or SamplingParams()
+    if not prompts:
+        raise InputError("no prompt given; pass at least one prompt")
+    if len(prompts) > MAX_BATCH:
+        raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; "
+                         f"split them into runs of at most {MAX_BATCH}")
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if mode not in MODES:
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    device, dtype = _model_device_dtype(model)
+    if mode in GPU_MODES and device.type != "cuda" and not interpret:
+        raise DeviceError(f"mode {mode!r} runs Triton kernels on a CUDA GPU, but the model is on {device.type} "
+                          f"(GPU available: {torch.cuda.is_available()}); use --mode reference, or --interpret "
+                          f"to run the kernels in the Triton interpreter on the CPU (slow; use fp32)")
+    ctx = cfg.max_seq_len
+    if max_seq_len is not None:
+        if not 1 <= max_seq_len <= cfg.max_seq_len:
+            raise InputError(f"max_seq_len must be between 1 and the model's context of {cfg.max_seq_len}, "
+                             f"got {max_seq_len}")
+        ctx = max_seq_len
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            p = tok.chat(p) if chat else tok.encode(p)
+        p = [int(t) for t in p]
+        if not p:
+            raise InputError(f"prompt {i} is empty; every prompt needs at least one token")
+        if len(p) + max_new_tokens > ctx:
+            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                             f"{len(p) + max_new_tokens} positions, over the context of {ctx}; shorten the "
+                             f"prompt or lower --max-new-tokens")
+        ids.append(p)
+
+    B = len(ids)
+    cache = KVCache(cfg, B, max_seq_len or max(map(len, ids)) + max_new_tokens, dtype, device)
+    runner = _make_runner(mode, model, cache, B, interpret)
+    eos = set() if ignore_eos else set(tok.eos_token_ids)
+    streams = [_Stream(tok, eos) for _ in range(B)]
+    done = [False] * B
+    gen = make_generator(sampling, device)
+
+    def emit(tokens: torch.Tensor) -> None:
+        for b, t in enumerate(tokens.tolist()):
+            if done[b]:
+                continue
+            piece = streams[b].push(t)
+            if t in eos or len(streams[b].ids) >= max_new_tokens:
+                done[b] = True
+                piece += streams[b].finish()  # flush any held-back partial UTF-8 text
+            if on_token is not None:
+                on_token(b, t, piece)
+
+    t0 = time.perf_counter()
+    logits = prefill(model, cache, ids)
+    _sync(device)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    tokens = sample(logits, sampling, gen)
+    emit(tokens)
+    step_ms = []
+    while not all(done):
+        t0 = time.perf_counter()
+        logits, greedy = runner.step(tokens)
+        cache.seq_lens += 1
+        _sync(device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        tokens = greedy if sampling.greedy else sample(logits, sampling, gen)
+        emit(tokens)
+
+    seqs = [SequenceResult(p, s.ids, s.text, "eos" if s.ids and s.ids[-1] in eos else "length")
+            for p, s in zip(ids, streams)]
+    timings = Timings(prefill_ms, statistics.median(step_ms) if step_ms else 0.0,
+                      (time.perf_counter() - t_start) * 1e3, len(step_ms), step_ms)
+    return GenerationResult(seqs, timings, mode, str(device), str(dtype).removeprefix("torch."))

@@ -1,0 +1,66 @@
+"""Static KV cache shared by every executor (docs/DESIGN.md, "KV cache and the step").
+
+Layout (gpt-fast style, one tensor for all layers so kernels index it with a layer stride):
+    k, v:      [n_layers, B, Hkv, S, head_dim]  in the model dtype
+    seq_lens:  int32 [B]  tokens already in the cache per sequence = position of the next token
+
+A decode step writes K/V at position ``seq_lens[b]`` and attends over ``[0, seq_lens[b]]`` inclusive; the
+generation loop then does ``seq_lens += 1`` on the device.
+"""
+from __future__ import annotations
+
+import torch
+
+from onekernel.errors import InputError
+
+
+class KVCache:
+    """Preallocated K/V for ``batch`` sequences of up to ``max_seq_len`` tokens.
+
+    Args:
+        cfg: a ``ModelConfig`` (uses n_layers, n_kv_heads, head_dim).
+        batch: number of sequences B (>= 1).
+        max_seq_len: S, tokens per sequence the cache can hold (>= 1).
+        dtype: dtype of k and v (the model dtype).
+        device: torch device for all tensors.
+    Raises:
+        InputError: batch or max_seq_len < 1.
+    """
+
+    def __init__(self, cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        if batch < 1 or max_seq_len < 1:
+            raise InputError(f"KV cache needs batch >= 1 and max_seq_len >= 1, got batch={batch}, "
+                             f"max_seq_len={max_seq_len}")
+        self.cfg = cfg
+        self.batch = batch
+        self.max_seq_len = max_seq_len
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
+        self._allocate()
+
+    def _allocate(self) -> None:
+        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.seq_lens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
+
+    def reset(self) -> None:
+        """Empty the cache in place (same addresses, so captured CUDA graphs stay valid)."""
+        self.k.zero_()
+        self.v.zero_()
+        self.seq_lens.zero_()
+
+    def reallocate(self) -> None:
+        """Allocate fresh, zeroed k, v and seq_lens at new addresses (the old tensors are kept alive until
+        replaced, so the new ones cannot reuse their memory). Any captured graph must be re-captured."""
+        old = (self.k, self.v, self.seq_lens)
+        self._allocate()
+        del old
+
+    def nbytes(self) -> int:
+        """Bytes held by k and v."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def __repr__(self) -> str:
+        return f"KVCache(shape={self.shape}, dtype={self.dtype}, device={self.device})"

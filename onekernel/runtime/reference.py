@@ -1,0 +1,177 @@
+"""PyTorch reference decoder: the numerics every executor is tested against.
+
+Plain functions in the gpt-fast style over the canonical weight dict of docs/DESIGN.md. The math follows
+HF transformers' ``modeling_llama.py`` / ``modeling_qwen3.py`` op for op so greedy tokens agree with HF:
+
+    x = embed[tokens]                                   (model dtype; residual stream stays in it)
+    per layer:  h = rmsnorm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T
+                (Qwen3) q,k = rmsnorm_per_head(q), rmsnorm_per_head(k)
+                q,k = rope(q), rope(k)        cos/sin from rope_inv_freq(cfg) in fp32, cast to model dtype
+                x = x + sdpa(q, repeat_interleave(k), repeat_interleave(v)) Wo^T
+                h = rmsnorm(x) ; x = x + (silu(h Wg^T) * (h Wu^T)) Wd^T
+    logits = (rmsnorm(x) lm_head^T).float()
+    rmsnorm(x) = w * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)   (HF LlamaRMSNorm)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from onekernel.errors import InputError
+from onekernel.models.config import rope_inv_freq
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm over the last dim: normalise in fp32, cast back to x.dtype, then multiply by weight."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rope_cos_sin(cfg, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [B, T, head_dim] in ``dtype`` for integer ``positions`` [B, T] (HF LlamaRotaryEmbedding)."""
+    inv_freq = rope_inv_freq(cfg).to(device=positions.device, dtype=torch.float32)
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Non-interleaved ("rotate_half") RoPE. x: [B, H, T, hd]; cos, sin: [B, T, hd]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _qkv(cfg, w: dict, i: int, h: torch.Tensor, cos, sin):
+    """Project, (Qwen3) per-head norm, RoPE. h: [B, T, D] -> q [B, Hq, T, hd], k, v [B, Hkv, T, hd]."""
+    B, T, _ = h.shape
+    p = f"layers.{i}."
+    q = F.linear(h, w[p + "wq"]).view(B, T, cfg.n_heads, cfg.head_dim)
+    k = F.linear(h, w[p + "wk"]).view(B, T, cfg.n_kv_heads, cfg.head_dim)
+    v = F.linear(h, w[p + "wv"]).view(B, T, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
+        k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _attend(cfg, q, k, v, mask) -> torch.Tensor:
+    """SDPA with GQA by repeat_interleave of the KV heads. mask: bool, True = may attend. -> [B, T, Hq*hd]."""
+    rep = cfg.n_heads // cfg.n_kv_heads
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.head_dim ** -0.5)
+    B, _, T, _ = q.shape
+    return o.transpose(1, 2).reshape(B, T, cfg.n_heads * cfg.head_dim)
+
+
+def _mlp(w: dict, i: int, h: torch.Tensor) -> torch.Tensor:
+    p = f"layers.{i}."
+    return F.linear(F.silu(F.linear(h, w[p + "w_gate"])) * F.linear(h, w[p + "w_up"]), w[p + "w_down"])
+
+
+def _logits(model, x: torch.Tensor) -> torch.Tensor:
+    """x: [B, D] model dtype -> float32 logits [B, V] (lm_head matmul in the model dtype, as HF)."""
+    w, cfg = model.weights, model.config
+    return F.linear(rms_norm(x, w["norm"], cfg.norm_eps), w["lm_head"]).float()
+
+
+@torch.no_grad()
+def prefill(model, cache, prompts: list[list[int]]) -> torch.Tensor:
+    """One batched forward pass over right-padded prompts; fills the cache and returns next-token logits.
+
+    Args:
+        model: LoadedModel (config, weights).
+        cache: KVCache with batch == len(prompts) and max_seq_len >= the longest prompt.
+        prompts: B lists of token ids, lengths L_b >= 1, may differ.
+    Returns:
+        logits float32 [B, V] at position L_b - 1 of each prompt.
+    Side effects: K/V of positions 0..T-1 written (padding positions hold junk that decode overwrites before
+    it is ever read), ``cache.seq_lens[b] = L_b``.
+    Raises:
+        InputError: batch mismatch, an empty prompt, or a prompt longer than the cache.
+    """
+    cfg, w = model.config, model.weights
+    B = len(prompts)
+    lens = [len(p) for p in prompts]
+    if B != cache.batch:
+        raise InputError(f"prefill got {B} prompts for a KV cache of batch {cache.batch}")
+    if min(lens) < 1:
+        raise InputError("an empty prompt was given; every prompt needs at least one token")
+    T = max(lens)
+    if T > cache.max_seq_len:
+        raise InputError(f"a prompt of {T} tokens does not fit the KV cache of {cache.max_seq_len} positions")
+    dev = cache.k.device
+    tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
+    for b, p in enumerate(prompts):
+        tokens[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    lens_t = torch.tensor(lens, dtype=torch.long, device=dev)
+    pos = torch.arange(T, device=dev)
+    # causal and key inside the prompt: [B, 1, T, T]; padded query rows still see key 0, so no NaN
+    mask = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens_t[:, None, None])
+    mask = mask[:, None]
+    cos, sin = rope_cos_sin(cfg, pos[None].expand(B, T), cache.dtype)
+
+    x = F.embedding(tokens, w["tok_embeddings"])
+    for i in range(cfg.n_layers):
+        q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)
+        cache.k[i, :, :, :T] = k
+        cache.v[i, :, :, :T] = v
+        x = x + F.linear(_attend(cfg, q, k, v, mask), w[f"layers.{i}.wo"])
+        x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
+    cache.seq_lens.copy_(lens_t.to(torch.int32))
+    return _logits(model, x[torch.arange(B, device=dev), lens_t - 1])
+
+
+@torch.no_grad()
+def decode_step(model, cache, tokens: torch.Tensor) -> torch.Tensor:
+    """One decode step for B sequences.
+
+    Args:
+        tokens: int32 (or int64) [B], the token at position ``cache.seq_lens[b]`` of each sequence.
+    Returns:
+        logits float32 [B, V].
+    Writes K/V at position seq_lens[b] and attends over keys 0..seq_lens[b] inclusive. Does NOT increment
+    seq_lens (the generation loop does). Reads ``seq_lens.max()`` on the host to bound the attention span.
+    """
+    cfg, w = model.config, model.weights
+    B = cache.batch
+    dev = cache.k.device
+    pos = cache.seq_lens.long()
+    span = int(pos.max().item()) + 1
+    if span > cache.max_seq_len:
+        raise InputError(f"decode past the end of the KV cache ({cache.max_seq_len} positions)")
+    bidx = torch.arange(B, device=dev)
+    mask = (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, span]
+    cos, sin = rope_cos_sin(cfg, pos[:, None], cache.dtype)
+
+    x = F.embedding(tokens.long()[:, None], w["tok_embeddings"])  # [B, 1, D]
+    for i in range(cfg.n_layers):
+        q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)
+        cache.k[i, bidx, :, pos] = k[:, :, 0]
+        cache.v[i, bidx, :, pos] = v[:, :, 0]
+        o = _attend(cfg, q, cache.k[i, :, :, :span], cache.v[i, :, :, :span], mask)
+        x = x + F.linear(o, w[f"layers.{i}.wo"])
+        x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
+    return _logits(model, x[:, 0])
+
+
+class ReferenceRunner:
+    """StepRunner over the reference decoder: ``step(tokens int32 [B]) -> (logits fp32 [B, V], next int32 [B])``
+    where next is the greedy argmax. Uses the same KVCache tensors every executor uses."""
+
+    mode = "reference"
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        return prefill(self.model, self.cache, prompts)
+
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = decode_step(self.model, self.cache, tokens)
+        return logits, logits.argmax(dim=-1).to(torch.int32)

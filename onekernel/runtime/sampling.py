@@ -1,0 +1,80 @@
+"""Token sampling: greedy, temperature, top-k, top-p (nucleus), with a seeded generator for reproducibility.
+
+Semantics and order follow HF transformers' logits warpers: temperature, then TopKLogitsWarper, then
+TopPLogitsWarper (sort ascending, drop tokens while the cumulative probability is <= 1 - top_p, always keep
+the most likely token), then softmax and ``torch.multinomial``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from onekernel.errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 -> greedy (argmax). top_k 0/None -> off. top_p 1.0 -> off. seed seeds the generator."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise InputError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise InputError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch.Generator on ``device`` seeded with ``params.seed``."""
+    g = torch.Generator(device=torch.device(device))
+    g.manual_seed(params.seed)
+    return g
+
+
+def top_k_filter(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """HF TopKLogitsWarper: scores below the k-th largest of each row -> -inf. scores: float [B, V]."""
+    k = min(k, scores.shape[-1])
+    kth = torch.topk(scores, k, dim=-1).values[..., -1, None]
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def top_p_filter(scores: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """HF TopPLogitsWarper: keep the smallest set of most likely tokens whose probability sum is >= top_p."""
+    sorted_logits, sorted_idx = torch.sort(scores, descending=False, dim=-1)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cum <= (1 - top_p)
+    remove_sorted[..., -min_tokens_to_keep:] = False
+    remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick one token per row.
+
+    Args:
+        logits: float32 [B, V].
+        params: SamplingParams.
+        generator: torch.Generator on logits.device (make_generator); None uses the global RNG.
+    Returns:
+        int32 [B] token ids on logits.device.
+    """
+    if params.greedy:
+        return logits.argmax(dim=-1).to(torch.int32)
+    scores = logits.float() / params.temperature
+    if params.top_k:
+        scores = top_k_filter(scores, params.top_k)
+    if params.top_p < 1.0:
+        scores = top_p_filter(scores, params.top_p)
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0].to(torch.int32)

