@@ -54,7 +54,8 @@ class MegakernelRunner(GraphRunnerBase):
 
     def __init__(self, model, cache, batch, *, n_workers: int | None = None, policy: str = "critical_path",
                  events: str = "tile", prefetch: bool = True, profile: bool = False, interpret: bool = False,
-                 spin_limit: int | None = None, use_cuda_graph: bool | None = None, n_sm: int | None = None):
+                 spin_limit: int | None = None, use_cuda_graph: bool | None = None, n_sm: int | None = None,
+                 schedule=None):
         super().__init__(model, cache, batch, profile=profile, n_sm=n_sm)
         dev = cache.k.device
         self.interpret = interpret
@@ -67,7 +68,8 @@ class MegakernelRunner(GraphRunnerBase):
         g = self.graph
         self.deps = transitive_reduction(derive_dependencies(g))
         self.events = (derive_events if events == "tile" else derive_op_events)(g, self.deps)
-        self.schedule = POLICIES[policy](g, self.deps, n_workers)
+        self.schedule = schedule if schedule is not None else POLICIES[policy](g, self.deps, n_workers)
+        n_workers = self.schedule.n_workers
         validate(self.schedule, g, self.deps)
         self.n_workers, self.prefetch, self.policy, self.event_mode = n_workers, prefetch, policy, events
         self.spin_limit = spin_limit or (1 << 16 if interpret else 1 << 26)

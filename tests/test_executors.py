@@ -1,0 +1,75 @@
+"""Executors under the Triton interpreter (fp32, CPU): every Triton mode on the `tiny` models equals the
+reference mode; the megakernel rejects an invalid schedule and turns an unsatisfiable wait into an error."""
+import pytest
+import torch
+
+from onekernel.errors import DeviceError, KernelTimeoutError, ScheduleError
+from onekernel.exec import make_runner
+from onekernel.graph.schedule import Schedule
+from onekernel.models.load import load_model
+from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.reference import ReferenceRunner
+
+
+def _setup(name, batch, seed):
+    model = load_model(name, random_weights=True, seed=seed)
+    cache = KVCache(model.config, batch, 40, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.seq_lens.copy_(torch.randint(0, 30, (batch,), generator=g, dtype=torch.int32))
+    return model, cache
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "pdl", "megakernel"])
+@pytest.mark.parametrize("name,batch", [("tiny", 1), ("tiny", 3), ("tiny-qwen3", 2)])
+def test_mode_matches_reference(mode, name, batch):
+    seed = torch.randint(0, 10_000, ()).item()
+    model, cache = _setup(name, batch, seed)
+    snap = (cache.k.clone(), cache.v.clone(), cache.seq_lens.clone())
+    tokens = torch.randint(0, model.config.vocab_size, (3, batch), dtype=torch.int32)
+    ref = ReferenceRunner(model, cache)
+    want = []
+    for t in tokens:
+        lg, nt = ref.step(t)
+        want.append((lg.clone(), nt.clone(), cache.k.clone(), cache.v.clone()))
+        cache.seq_lens += 1
+    cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
+    r = make_runner(mode, model, cache, batch, interpret=True)
+    for t, (lg_w, nt_w, k_w, v_w) in zip(tokens, want):
+        r.tensors["logits"].fill_(float("nan"))
+        r.tensors["next_tokens"].fill_(-1)
+        lg, nt = r.step(t)
+        torch.testing.assert_close(lg, lg_w, rtol=1e-4, atol=1e-4)
+        assert torch.equal(nt, nt_w)
+        torch.testing.assert_close(cache.k, k_w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cache.v, v_w, rtol=1e-5, atol=1e-5)
+        cache.seq_lens += 1
+
+
+def test_gpu_mode_without_gpu_is_refused():
+    model, cache = _setup("tiny", 1, 0)
+    with pytest.raises(DeviceError, match="--interpret"):
+        make_runner("megakernel", model, cache, 1)
+
+
+def test_invalid_schedule_is_rejected_before_launch():
+    model, cache = _setup("tiny", 1, 0)
+    r = make_runner("megakernel", model, cache, 1, interpret=True)
+    queue = list(r.schedule.queues[0])
+    t = next(i for i, d in enumerate(r.deps) if d)  # a task with a dependency, placed before it
+    queue.remove(t)
+    queue.insert(queue.index(r.deps[t][0]), t)
+    with pytest.raises(ScheduleError):
+        make_runner("megakernel", model, cache, 1, interpret=True, schedule=Schedule([queue], 1, "manual"))
+
+
+def test_unsatisfiable_event_times_out_with_named_task():
+    model, cache = _setup("tiny", 1, 0)
+    r = make_runner("megakernel", model, cache, 1, interpret=True, spin_limit=50)
+    t = next(i for i, w in enumerate(r.events.waits) if w)
+    ev = r.events.waits[t][0]
+    r.ev_exp[ev] = 1_000_000  # no producer can ever reach this count
+    op = r.graph.ops[r.graph.tasks[t].op]
+    with pytest.raises(KernelTimeoutError, match=f"task {t} \\({op.name}"):
+        r.step(torch.tensor([1], dtype=torch.int32))
