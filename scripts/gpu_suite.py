@@ -118,7 +118,8 @@ def smoke():
 def main():
     what = sys.argv[1]
     env()
-    smoke()
+    if what == "smoke":
+        smoke()
     if what == "full":
         from gpu_full import run_full
         run_full(sys.argv[2], section, R)
