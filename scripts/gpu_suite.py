@@ -92,8 +92,13 @@ def step_all(model, batch, context, modes, steps=4, **opts):
         cache.seq_lens += 1
     for mode in modes:
         cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
-        r = make_runner(mode, model, cache, batch, **opts.get(mode, {}))
         errs, agree = [], 0
+        try:
+            r = make_runner(mode, model, cache, batch, **opts.get(mode, {}))
+        except Exception as e:  # noqa: BLE001
+            out[mode] = {"error": repr(e)[:1500]}
+            traceback.print_exc()
+            continue
         for s in range(steps):
             lg, nt = r.step(toks[s])
             rl, rn = ref_logits[s]

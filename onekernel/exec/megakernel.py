@@ -141,6 +141,7 @@ class MegakernelRunner(GraphRunnerBase):
     def _check_residency(self) -> None:
         dev = self.cache.k.device
         self.compiled = self.kernel.warmup(*self._args(), grid=(self.n_workers,), **self._kw())
+        self.compiled._init_handles()  # loads the binary: fills n_regs / n_spills
         p = torch.cuda.get_device_properties(dev)
         meta = {"n_regs": self.compiled.n_regs, "num_warps": self.num_warps,
                 "shared": self.compiled.metadata.shared}
