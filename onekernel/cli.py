@@ -1,4 +1,4 @@
-"""Command line: ``onekernel generate ...`` (more subcommands — graph, bench, profile — plug into SUBCOMMANDS).
+"""Command line: ``onekernel generate | graph | profile | bench`` (the last three live in cli_tools.py).
 
 Each subcommand is a pair (add_arguments(parser), run(args) -> exit code). ``main`` turns any
 ``OneKernelError`` into one line on stderr and exit code 2, without a traceback.
@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
 
 DEFAULT_GPU_MODE = "reference"  # becomes "megakernel" once that executor lands
@@ -115,9 +116,10 @@ def _run_generate(args) -> int:
     return 0
 
 
-# name -> (help, add_arguments, run). Add `graph`, `bench`, `profile` here.
+# name -> (help, add_arguments, run).
 SUBCOMMANDS = {
     "generate": ("generate text from one or more prompts", _add_generate, _run_generate),
+    **TOOLS,
 }
 
 

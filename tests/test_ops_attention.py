@@ -106,9 +106,9 @@ def test_regions_and_costs():
 
 
 def test_choose_split():
-    assert choose_split(1, 8, 8192) == (128, 64)      # 512 tiles <= 4 waves of 132
-    assert choose_split(4, 8, 8192) == (256, 32)      # capped at 256
-    assert choose_split(1, 2, 512) == (64, 8)
+    assert choose_split(8, 8192) == (128, 64)      # 512 tiles <= 4 waves of 132
+    assert choose_split(8, 65536) == (256, 256)    # capped at 256
+    assert choose_split(2, 512) == (64, 8)
     with pytest.raises(ValueError):
         add_attention(Graph(), SimpleNamespace(n_heads=6, n_kv_heads=4, head_dim=64), 0, 1, 64, torch.float32)
 

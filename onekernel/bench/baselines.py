@@ -9,7 +9,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from onekernel.runtime.reference import _attend, _logits, _mlp, _qkv, rms_norm, rope_cos_sin
+from onekernel.models.config import rope_inv_freq
+from onekernel.runtime.reference import _attend, _logits, _mlp, _qkv, rms_norm
+
+_INV_FREQ: dict = {}
+
+
+def _cos_sin(cfg, pos: torch.Tensor, dtype):
+    """``runtime.reference.rope_cos_sin`` with the inverse frequencies cached on the device (a host-to-device
+    copy inside the step could not be captured). pos: int64 [B, 1] -> cos, sin [B, 1, hd] in ``dtype``."""
+    key = (cfg.name, cfg.head_dim, cfg.rope_theta, pos.device)
+    if key not in _INV_FREQ:
+        _INV_FREQ[key] = rope_inv_freq(cfg).to(device=pos.device, dtype=torch.float32)
+    freqs = pos[..., None].float() * _INV_FREQ[key]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 @torch.no_grad()
@@ -20,7 +34,7 @@ def static_decode_step(model, cache, tokens: torch.Tensor) -> torch.Tensor:
     pos = cache.seq_lens.long()
     bidx = torch.arange(cache.batch, device=dev)
     mask = (torch.arange(cache.max_seq_len, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
-    cos, sin = rope_cos_sin(cfg, pos[:, None], cache.dtype)
+    cos, sin = _cos_sin(cfg, pos[:, None], cache.dtype)
     x = F.embedding(tokens.long()[:, None], w["tok_embeddings"])
     for i in range(cfg.n_layers):
         q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)

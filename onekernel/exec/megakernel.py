@@ -99,6 +99,8 @@ class MegakernelRunner(GraphRunnerBase):
         self.done = torch.zeros(1, **i32)
         self.err = torch.zeros(5, **i32)
         self.argtab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64, device=dev)
+        self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
+                      (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)}
         self.pf_tab = torch.zeros(len(g.tasks), 2, dtype=torch.int64, device=dev)
         self._write_addresses()
         self.kernel = load_source(megakernel_source(variants, self.maxa), "megakernel").megakernel
@@ -115,12 +117,18 @@ class MegakernelRunner(GraphRunnerBase):
 
     # -- tables ----------------------------------------------------------------------------------------
     def _write_addresses(self) -> None:
-        """Fill the pointer table and the next-task prefetch table from the bound tensors (host -> device)."""
+        """Fill the pointer table (element offsets from the per-dtype base pointer; every address must be
+        16-byte aligned) and the next-task prefetch table from the bound tensors (host -> device)."""
         g = self.graph
         tab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64)
         for op in g.ops:
             for j, a in enumerate(OP_KINDS[op.kind].args):
-                tab[op.index, j] = self.tensors[op.args[a]].data_ptr()
+                t = self.tensors[op.args[a]]
+                base = self.bases[t.dtype]
+                delta = t.data_ptr() - base.data_ptr()
+                if t.data_ptr() % 16 or delta % 16:
+                    raise ValueError(f"buffer {op.args[a]!r} of op {op.name!r} is not 16-byte aligned")
+                tab[op.index, j] = delta // t.element_size()
         self.argtab.copy_(tab)
         pf = torch.zeros(len(g.tasks), 2, dtype=torch.int64)
         pos = 0
@@ -133,7 +141,8 @@ class MegakernelRunner(GraphRunnerBase):
 
     def _args(self):
         return (self.queue, self.qoff, self.ttab, self.argtab, self.wptr, self.wids, self.ev_cnt, self.ev_exp,
-                self.epoch, self.done, self.err, self.prof_buf, self.pf_tab, self.n_workers, self.spin_limit)
+                self.epoch, self.done, self.err, self.prof_buf, self.pf_tab, *self.bases.values(), self.n_workers,
+                self.spin_limit)
 
     def _kw(self):
         return dict(PROFILE=self.profile, PREFETCH=self.prefetch, num_warps=self.num_warps)

@@ -23,14 +23,18 @@ RUNTIME = '''
 
 @triton.jit
 def _spin(t, ev, want, ev_cnt, err, SPIN_LIMIT):
-    """Bounded acquire spin until ev_cnt[ev] >= want; on timeout record the first failure in err[0:5]."""
-    seen = tl.atomic_add(ev_cnt + ev, 0, sem="acquire", scope="gpu")
+    """Bounded spin until ev_cnt[ev] >= want; on timeout record the first failure in err[0:5].
+
+    Spins with volatile loads (served by L2, no read-modify-write traffic competing with the producers'
+    atomics), then one acquire read-modify-write orders this CTA's later loads after the producers' stores."""
+    seen = tl.load(ev_cnt + ev, volatile=True)
     n = 0
     bad = tl.load(err, volatile=True)
     while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
-        seen = tl.atomic_add(ev_cnt + ev, 0, sem="acquire", scope="gpu")
+        seen = tl.load(ev_cnt + ev, volatile=True)
         bad = tl.load(err, volatile=True)
         n += 1
+    seen = tl.atomic_add(ev_cnt + ev, 0, sem="acquire", scope="gpu")
     if (seen < want) & (bad == 0):
         if tl.atomic_cas(err, 0, 1) == 0:
             tl.store(err + 1, t)
@@ -66,6 +70,14 @@ def _stamp(prof, t, k, value):
 '''
 
 
+# One kernel argument per element type: every buffer pointer is rebuilt as base + element offset, so the
+# compiler keeps the base's 16-byte alignment (known from argument specialization) and emits 16-byte vector
+# loads; a pointer cast from an int64 would carry no alignment and every load would be scalar.
+BASE = {"tl.bfloat16": "base_bf16", "tl.float16": "base_f16", "tl.float32": "base_f32", "tl.int32": "base_i32",
+        "tl.int64": "base_i64"}
+ALIGN = {"tl.bfloat16": 8, "tl.float16": 8, "tl.float32": 4, "tl.int32": 4, "tl.int64": 2}  # 16 bytes
+
+
 def _branch(idx: int, v: Variant, maxa: int) -> str:
     kind = v.okind
     consts = "".join(f", {val!r}" for val in v.const_values())
@@ -73,7 +85,7 @@ def _branch(idx: int, v: Variant, maxa: int) -> str:
     state = ", ".join(f"s{i}" for i in range(kind.n_state))
     out = [f"        {'if' if idx == 0 else 'elif'} var == {idx}:  # {v.kind}"]
     for j, dt in enumerate(v.dtypes):
-        out.append(f"            a{j} = tl.load(argtab + op * {maxa} + {j}).to(tl.pointer_type({dt}))")
+        out.append(f"            a{j} = {BASE[dt]} + tl.multiple_of(tl.load(argtab + op * {maxa} + {j}), {ALIGN[dt]})")
     out += [
         f"            {state} = P{idx}(tile, {args}{consts})",
         "            if PREFETCH:",
@@ -100,7 +112,8 @@ def megakernel_source(variants: list[Variant], maxa: int) -> str:
 
 @triton.jit
 def megakernel(queue, qoff, ttab, argtab, wptr, wids, ev_cnt, ev_exp, epoch_ptr, done_ptr, err, prof,
-               pf_tab, n_workers, SPIN_LIMIT, PROFILE: tl.constexpr, PREFETCH: tl.constexpr):
+               pf_tab, base_bf16, base_f16, base_f32, base_i32, base_i64, n_workers, SPIN_LIMIT,
+               PROFILE: tl.constexpr, PREFETCH: tl.constexpr):
     wid = tl.program_id(0)
     epoch = tl.load(epoch_ptr, volatile=True)
     q0 = tl.load(qoff + wid)

@@ -14,6 +14,8 @@ Layouts (layer i, model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation a
 len_b = seq_lens[b] + 1. With x_j = scale * q . k_j for the R = Hq/Hkv heads of group g (K/V read once):
     O_s = sum_j exp(x_j - lse_s) v_j,   lse_s = log sum_j exp(x_j)        (normalized partial output)
 An empty split (start >= len_b) reads no K/V and writes O_s = 0, lse_s = -inf.
+Batch invariance: SPLIT/NSPLIT come from Hkv and the cache length only (``choose_split``), and every tile
+works on one sequence b, so row b's result never depends on B.
 ``attn_merge`` tile (b, h): with LSE = log sum_s exp(lse_s) (the max is subtracted first),
     attn[b, h] = sum_s exp(lse_s - LSE) O_s
 which equals softmax(scale * q K^T) V over all positions; splits with lse_s = -inf get weight 0.
@@ -166,15 +168,20 @@ MERGE = register(OpKind(
     ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference))
 
 
-def choose_split(batch: int, n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[int, int]:
-    """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose tile count B*Hkv*NSPLIT at full context
-    is <= 4 waves of ``n_sms`` (else 256). Small splits keep SMs busy at short context, big ones cut the
-    per-tile latency chain at long context. H200, bf16, Hq/Hkv/hd = 32/8/128, S = 8192, partial+merge in a
-    CUDA graph, us at L = 512/2048/8192: B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
+def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[int, int]:
+    """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose per-sequence tile count Hkv*NSPLIT at full
+    context is <= 4 waves of ``n_sms`` (else 256). Small splits keep SMs busy at short context, big ones cut
+    the per-tile latency chain at long context.
+
+    Never depends on the batch size: the split fixes the flash-decoding merge order, so a B-dependent split
+    would make a sequence's output depend on how many other sequences share the step (batch invariance).
+    The choice is the one that is best for B=1 (the latency-critical case); at B=8 it costs ~10%.
+    H200, bf16, Hq/Hkv/hd = 32/8/128, S = 8192, partial+merge in a CUDA graph, us at L = 512/2048/8192:
+    B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
     B=8 SPLIT 64: 33/47/100, 128: 24/36/84, 256: 22/32/76 (PyTorch SDPA: B=1 7.7/7.3/11.2, B=8 7.8/22/67)."""
     for split in SPLITS:
         nsplit = -(-max_seq_len // split)
-        if batch * n_kv_heads * nsplit <= 4 * n_sms:
+        if n_kv_heads * nsplit <= 4 * n_sms:
             return split, nsplit
     return SPLITS[-1], -(-max_seq_len // SPLITS[-1])
 
@@ -206,7 +213,7 @@ def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, d
         raise ValueError(f"attention needs Hq % Hkv == 0 and a power-of-two head_dim >= 16 "
                          f"(got Hq={HQ}, Hkv={HKV}, head_dim={HD})")
     R = HQ // HKV
-    SPLIT, NSPLIT = choose_split(B, HKV, S) if split is None else (split, -(-S // split))
+    SPLIT, NSPLIT = choose_split(HKV, S) if split is None else (split, -(-S // split))
     e = torch.empty((), dtype=dtype).element_size()
     qn, kn, vn, on, ln, outn = f"q.{i}", f"layers.{i}.k_cache", f"layers.{i}.v_cache", \
         f"attn_o.{i}", f"attn_lse.{i}", f"attn.{i}"

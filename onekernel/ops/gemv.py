@@ -10,6 +10,16 @@ Kernels never do dt arithmetic: load, ``.to(tl.float32)``, compute, round with `
 
 Tile = BLOCK_N output rows for all B batch rows (see ops/tiling.py). The prologue loads the tile's first
 weight chunk (weights are ready before the step); the body reads activations (``.cg``) and streams the rest.
+
+Batch invariance: row b's outputs are bitwise the same for every batch size B (1..16) given row b's inputs.
+Tile shapes (BLOCK_N, BLOCK_K) never depend on B, and every per-row reduction is written once per row,
+unrolled over b (``tl.static_range(B)``, per-row accumulators in a tuple), with operands whose shape and
+layout do not depend on B: the dot product of row b is ``tl.sum(x_b[None, :] * W_chunk, axis=1)`` over the
+[R, BLOCK_K] weight chunk (``row_dot``), added chunk by chunk in k order to its fp32 accumulator; RMSNorm's
+sum of squares is a [BLOCK_K] vector per row (``rms_rstd``). Rows are only combined into [BLOCK_B, R]
+tensors by selects (``stack_rows``) for the elementwise epilogue. No tensor cores: B=1 is the
+latency-critical case and keeps its 16-byte weight loads; the B-times CUDA-core FMA work of B > 1 is
+still cheap next to the weight stream for B <= 16.
 """
 from __future__ import annotations
 
@@ -71,58 +81,111 @@ def load_w_chunk(w, rows, rmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-             EPS: tl.constexpr):
-    """fp32 [BLOCK_B]: ``rsqrt(mean_k(x[b, k]^2) + eps)`` of activation x [B, K] (fp32 sum, HF LlamaRMSNorm)."""
-    ob = tl.arange(0, BLOCK_B)
+def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
+    """Tuple of B fp32 scalars ``rsqrt(mean_k(x[b, k]^2) + eps)`` of activation x [B, K] (HF LlamaRMSNorm).
+
+    Batch-invariant: row b is loaded as its own [BLOCK_K] vector, squares accumulate elementwise over the
+    chunks and one 1-D ``tl.sum`` finishes the row, so the layout and summation order never depend on B."""
     ok = tl.arange(0, BLOCK_K)
-    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    ss = ()
+    for b in tl.static_range(B):
+        ss = ss + (tl.zeros([BLOCK_K], tl.float32),)
     for k0 in range(0, K, BLOCK_K):
-        m = (ob[:, None] < B) & (k0 + ok[None, :] < K)
-        v = tl.load(x + ob[:, None] * K + k0 + ok[None, :], mask=m, other=0.0, cache_modifier=".cg")
-        v = v.to(tl.float32)
-        ss += v * v
-    return tl.math.rsqrt(tl.sum(ss, axis=1) / K + EPS)
+        m = k0 + ok < K
+        nss = ()
+        for b in tl.static_range(B):
+            v = tl.load(x + b * K + k0 + ok, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+            nss = nss + (ss[b] + v * v,)
+        ss = nss
+    rstd = ()
+    for b in tl.static_range(B):
+        rstd = rstd + (tl.math.rsqrt(tl.sum(ss[b], axis=0) / K + EPS),)
+    return rstd
 
 
 @triton.jit
-def load_x_chunk(x, nw, rstd, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    """Activation chunk ``x[:, k0:k0+BLOCK_K]`` [BLOCK_B, BLOCK_K] in the model dtype (0 outside).
-    NORM: HF RMSNorm applied: ``(w * (x * rstd).to(dt)).to(dt)`` with norm weight nw [K]."""
-    ob = tl.arange(0, BLOCK_B)
-    ok = k0 + tl.arange(0, BLOCK_K)
-    m = (ob[:, None] < B) & (ok[None, :] < K)
-    v = tl.load(x + ob[:, None] * K + ok[None, :], mask=m, other=0.0, cache_modifier=".cg")
+def load_nw_chunk(nw, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """RMSNorm weight chunk ``nw[k0:k0+BLOCK_K]`` as fp32 (0 outside); a placeholder 0.0 when not NORM."""
     if NORM:
+        ok = k0 + tl.arange(0, BLOCK_K)
         g = tl.load(nw + ok, mask=ok < K, other=0.0).to(tl.float32)
-        h = rnd(v.to(tl.float32) * rstd[:, None], v.dtype)
-        v = rnd(h * g[None, :], v.dtype).to(v.dtype)
+    else:
+        g = 0.0
+    return g
+
+
+@triton.jit
+def load_x_row(x, g, rstd_b, b, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """Activation chunk ``x[b, k0:k0+BLOCK_K]`` [BLOCK_K] in the model dtype (0 outside).
+    NORM: HF RMSNorm applied: ``(w * (x * rstd).to(dt)).to(dt)``, norm weight chunk g (fp32), rstd_b scalar."""
+    ok = k0 + tl.arange(0, BLOCK_K)
+    v = tl.load(x + b * K + ok, mask=ok < K, other=0.0, cache_modifier=".cg")
+    if NORM:
+        h = rnd(v.to(tl.float32) * rstd_b, v.dtype)
+        v = rnd(h * g, v.dtype).to(v.dtype)
     return v
 
 
 @triton.jit
-def mac(acc, xv, wv, MMA: tl.constexpr, BLOCK_B: tl.constexpr):
-    """acc[BLOCK_B, R] (fp32) += xv[BLOCK_B, BK] @ wv[R, BK]^T. MMA: tensor cores (dt inputs, fp32 acc)."""
-    if MMA:
-        acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
-    elif BLOCK_B == 1:
-        acc += tl.sum(xv.to(tl.float32) * wv.to(tl.float32), axis=1)[None, :]
-    else:
-        acc += tl.sum(xv.to(tl.float32)[:, None, :] * wv.to(tl.float32)[None, :, :], axis=2)
+def row_dot(xb, wv):
+    """fp32 [R]: ``wv[R, BK] @ xb[BK]``, one 2-D reduce over the [R, BK] product tile. Its shape and layout
+    (that of the weight chunk) are the same for every batch row and every B: the batch-invariant core."""
+    return tl.sum(xb.to(tl.float32)[None, :] * wv.to(tl.float32), axis=1)
+
+
+@triton.jit
+def zero_rows(B: tl.constexpr, R: tl.constexpr):
+    """Tuple of B fp32 [R] zero accumulators (one per batch row)."""
+    acc = ()
+    for b in tl.static_range(B):
+        acc = acc + (tl.zeros([R], tl.float32),)
+    return acc
+
+
+@triton.jit
+def stack_rows(rows_t, B: tl.constexpr, BLOCK_B: tl.constexpr, R: tl.constexpr):
+    """[BLOCK_B, R] from a tuple of B [R] vectors (rows >= B are 0); selects only, no arithmetic."""
+    ob = tl.arange(0, BLOCK_B)
+    out = tl.zeros([BLOCK_B, R], tl.float32)
+    for b in tl.static_range(B):
+        out = tl.where(ob[:, None] == b, rows_t[b][None, :], out)
+    return out
+
+
+@triton.jit
+def mac_rows(acc, x, nw, rstd, wv, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+             NORM: tl.constexpr):
+    """acc[b] (fp32 [R]) += (norm?)x[b, k0:k0+BK] . wv[R, BK] for every batch row b (tuple in, tuple out)."""
+    g = load_nw_chunk(nw, k0, K, BLOCK_K, NORM)
+    new = ()
+    for b in tl.static_range(B):
+        if NORM:
+            xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, NORM)
+        else:
+            xb = load_x_row(x, g, 1.0, b, k0, K, BLOCK_K, NORM)
+        new = new + (acc[b] + row_dot(xb, wv),)
+    return new
+
+
+@triton.jit
+def gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """Tuple of B fp32 [R]: row b = (norm?)x[b, :] @ W[rows, :]^T, given the prefetched first chunk
+    w0 = W[rows, :BLOCK_K]. Per row: chunk sums ``row_dot`` added in k order to an fp32 accumulator, the
+    same operations for every b and every B (rstd: tuple from ``rms_rstd``, unused unless NORM)."""
+    acc = mac_rows(zero_rows(B, R), x, nw, rstd, w0, 0, B, K, BLOCK_K, NORM)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mac_rows(acc, x, nw, rstd, wv, k0, B, K, BLOCK_K, NORM)
     return acc
 
 
 @triton.jit
 def gemv_rows(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-              R: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr, NORM: tl.constexpr):
-    """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T, given the prefetched first chunk w0 = W[rows, :BLOCK_K]."""
-    acc = tl.zeros([BLOCK_B, R], tl.float32)
-    acc = mac(acc, load_x_chunk(x, nw, rstd, 0, B, K, BLOCK_B, BLOCK_K, NORM), w0, MMA, BLOCK_B)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = mac(acc, load_x_chunk(x, nw, rstd, k0, B, K, BLOCK_B, BLOCK_K, NORM), wv, MMA, BLOCK_B)
-    return acc
+              R: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T (rows >= B are 0); see ``gemv_rows_t``."""
+    acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B, K, R, BLOCK_K, NORM)
+    return stack_rows(acc, B, BLOCK_B, R)
 
 
 @triton.jit
@@ -141,20 +204,17 @@ def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------- gemv_residual
 @triton.jit
 def gemv_residual_prologue(tile, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           MMA: tl.constexpr):
+                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       MMA: tl.constexpr):
+                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = tl.zeros([BLOCK_B], tl.float32)
-    acc = gemv_rows(w0, x, w, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, MMA, False)
+    acc = gemv_rows(w0, x, w, (), w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
@@ -170,7 +230,7 @@ def gemv_residual_reference(op: Op, t: dict) -> None:
 
 GEMV_RESIDUAL = register(OpKind(
     "gemv_residual", gemv_residual_prologue, gemv_residual_body, ("x", "w", "res", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA"), 1, gemv_residual_reference))
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, gemv_residual_reference))
 
 
 def add_gemv_residual(graph, name: str, x: str, w: str, res: str, out: str, n_sm: int = 132,
@@ -193,35 +253,40 @@ def add_gemv_residual(graph, name: str, x: str, w: str, res: str, out: str, n_sm
 
 # ----------------------------------------------------------------------------------------- gate_up
 @triton.jit
+def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``mac_rows`` for the gate and up chunks at once (each normalized x row loaded once)."""
+    g = load_nw_chunk(nw, k0, K, BLOCK_K, True)
+    ng = ()
+    nu = ()
+    for b in tl.static_range(B):
+        xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, True)
+        ng = ng + (ag[b] + row_dot(xb, wg),)
+        nu = nu + (au[b] + row_dot(xb, wu),)
+    return ng, nu
+
+
+@triton.jit
 def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
-                     EPS: tl.constexpr):
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
-                 EPS: tl.constexpr):
+                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = rms_rstd(x, B, K, BLOCK_B, BLOCK_K, EPS)
-    ag = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    au = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    xv = load_x_chunk(x, nw, rstd, 0, B, K, BLOCK_B, BLOCK_K, True)
-    ag = mac(ag, xv, wg0, MMA, BLOCK_B)
-    au = mac(au, xv, wu0, MMA, BLOCK_B)
+    rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
+    ag, au = gate_up_mac(zero_rows(B, BLOCK_N), zero_rows(B, BLOCK_N), x, nw, rstd, wg0, wu0, 0, B, K, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
         wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-        xv = load_x_chunk(x, nw, rstd, k0, B, K, BLOCK_B, BLOCK_K, True)
-        ag = mac(ag, xv, wg, MMA, BLOCK_B)
-        au = mac(au, xv, wu, MMA, BLOCK_B)
+        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B, K, BLOCK_K)
     dt = out.dtype.element_ty
-    g = rnd(ag, dt)
-    u = rnd(au, dt)
+    g = rnd(stack_rows(ag, B, BLOCK_B, BLOCK_N), dt)
+    u = rnd(stack_rows(au, B, BLOCK_B, BLOCK_N), dt)
     s = rnd(silu(g), dt)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
@@ -237,7 +302,7 @@ def gate_up_reference(op: Op, t: dict) -> None:
 
 GATE_UP = register(OpKind(
     "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA", "EPS"), 2, gate_up_reference))
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 2, gate_up_reference))
 
 
 def add_gate_up(graph, name: str, x: str, nw: str, w: str, out: str, eps: float, n_sm: int = 132,

@@ -6,6 +6,8 @@ lm_head, tile t = BLOCK_N vocab rows [t*BLOCK_N, ...) for all B rows (model dtyp
     pmax[b, t] = max_n logits[b, n],   pidx[b, t] = smallest n reaching it          (fp32 / int32 [B, T])
 argmax, one task: next_tokens[b] = pidx[b, t*] with t* the smallest t maximising pmax[b, t]; that is the
 smallest index of the row maximum, exactly ``torch.argmax`` (NaN logits are not handled).
+Batch invariance: the logits use the per-row GEMV of ops/gemv.py (tiles independent of B); max/argmax are
+exact (order-free, ties to the smallest index), so argmax's B-dependent BLOCK_T cannot change a result.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from onekernel.ops.tiling import cdiv, gemv_blocks, gemv_cost, pow2_ceil, region
 @triton.jit
 def lm_head_prologue(tile, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     MMA: tl.constexpr, EPS: tl.constexpr):
+                     EPS: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
@@ -31,10 +33,10 @@ def lm_head_prologue(tile, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.
 @triton.jit
 def lm_head_body(tile, w0, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 MMA: tl.constexpr, EPS: tl.constexpr):
+                 EPS: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = rms_rstd(x, B, K, BLOCK_B, BLOCK_K, EPS)
-    acc = gemv_rows(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, MMA, True)
+    rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
+    acc = gemv_rows(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, True)
     lg = rnd(acc, x.dtype.element_ty)
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
@@ -60,7 +62,7 @@ def lm_head_reference(op: Op, t: dict) -> None:
 
 LM_HEAD = register(OpKind(
     "lm_head", lm_head_prologue, lm_head_body, ("x", "nw", "w", "logits", "pmax", "pidx"),
-    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA", "EPS"), 1, lm_head_reference))
+    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 1, lm_head_reference))
 
 
 @triton.jit

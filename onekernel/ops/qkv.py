@@ -12,7 +12,8 @@ Math (HF modeling_llama.py / modeling_qwen3.py, every step rounded to dt where H
         rotate_half(q) = cat(-q[hd/2:], q[:hd/2])
 Tile = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
 (P = hd/2, i.e. the whole head, when QK_NORM). Tiles are numbered t = h * (hd / 2P) + c, q heads first,
-then k heads, then v heads (no RoPE/norm on v). cos/sin use libdevice (exact range reduction, positions up
+then k heads, then v heads (no RoPE/norm on v). P and BLOCK_K never depend on B and the QKV dot products
+and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv.py). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from triton.language.extra import libdevice
 
 from onekernel.graph.ir import Op, Task
 from onekernel.ops.base import OpKind, register
-from onekernel.ops.gemv import PRECISE_MATH, gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd
+from onekernel.ops.gemv import PRECISE_MATH, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
 from onekernel.ops.tiling import batch_block, block_k_for, region
 
 @triton.jit
@@ -43,7 +44,7 @@ def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
 def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                      MMA: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr):
+                      EPS: tl.constexpr, QK_NORM: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     return load_w_chunk(w, rows, rows < (HQ + 2 * HKV) * HD, 0, D, BLOCK_K)
 
@@ -52,21 +53,24 @@ def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
 def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                  MMA: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr):
+                  EPS: tl.constexpr, QK_NORM: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     dt = q.dtype.element_ty
-    rstd = rms_rstd(x, B, D, BLOCK_B, BLOCK_K, EPS)
-    acc = gemv_rows(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
-                    MMA, True)
-    y = rnd(acc, dt)  # [BLOCK_B, 2P]
+    rstd = rms_rstd(x, B, D, BLOCK_K, EPS)
+    acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
-    if QK_NORM:  # the tile holds the whole head (P == HD // 2)
-        r = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
+    if QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
-        yn = rnd(rnd(y * r[:, None], dt) * g[None, :], dt)
-        y = tl.where(is_v, y, yn)
+        ys = ()
+        for b in tl.static_range(B):
+            yb = rnd(acc[b], dt)
+            rb = tl.math.rsqrt(tl.sum(yb * yb, axis=0) / HD + EPS)
+            ys = ys + (tl.where(is_v, yb, rnd(rnd(yb * rb, dt) * g, dt)),)
+        y = stack_rows(ys, B, BLOCK_B, 2 * P)
+    else:
+        y = rnd(stack_rows(acc, B, BLOCK_B, 2 * P), dt)  # [BLOCK_B, 2P]
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
     pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")
@@ -120,7 +124,7 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = register(OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "MMA", "EPS", "QK_NORM"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM"), 1,
     qkv_rope_reference))
 
 
@@ -145,12 +149,10 @@ def add_qkv_rope(graph, name: str, *, x: str, nw: str, w: str, inv_freq: str, se
     D = graph.buffers[x].shape[1]
     NH = HQ + 2 * HKV
     P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, n_sm))
-    bb, mma = batch_block(B)
-    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": bb,
-         "BLOCK_K": block_k_for(D, max(2 * P, bb)), "MMA": mma, "EPS": float(eps), "QK_NORM": bool(qk_norm),
-         **(blocks or {})}
-    if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * P < 16):
-        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= 16 with MMA)")
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": batch_block(B),
+         "BLOCK_K": block_k_for(D, 2 * P), "EPS": float(eps), "QK_NORM": bool(qk_norm), **(blocks or {})}
+    if HD % (2 * P) or (qk_norm and 2 * P != HD):
+        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm)")
     es = graph.buffers[x].nbytes // (B * D)
     ch = HD // (2 * P)
     tasks = []

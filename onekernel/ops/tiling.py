@@ -9,8 +9,9 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
   tile stays <= 8192 elements (16 KB in bf16) per pipeline stage.
 * ``BLOCK_N``: power of two in [lo, 64], the largest that still gives >= n_sm tiles (every SM streams),
   the smallest (lo) when N is too small for that.
-* Batch: ``BLOCK_B = next_pow2(B)`` rows; for B <= 2 the tile multiplies with broadcast-and-reduce (CUDA
-  cores), for B >= 3 with ``tl.dot`` (tensor cores, batch padded to >= 16 rows, needs BLOCK_N >= 16).
+* Batch: ``BLOCK_B = next_pow2(B)`` rows of accumulator; BLOCK_N and BLOCK_K do NOT depend on B (they are
+  the B=1 choices), so that each batch row's arithmetic is the same for every B (batch invariance, see
+  ops/gemv.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row.
 """
 from __future__ import annotations
 
@@ -34,11 +35,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def batch_block(batch: int) -> tuple[int, bool]:
-    """(BLOCK_B, MMA): MMA=True selects the tl.dot path (batch padded to >= 16 rows)."""
-    if batch <= 2:
-        return pow2_ceil(batch), False
-    return max(16, pow2_ceil(batch)), True
+def batch_block(batch: int) -> int:
+    """BLOCK_B: accumulator rows for a batch of ``batch`` (next power of two)."""
+    return pow2_ceil(batch)
 
 
 def block_n_for(n: int, n_sm: int, lo: int = 4, hi: int = 64) -> int:
@@ -49,7 +48,7 @@ def block_n_for(n: int, n_sm: int, lo: int = 4, hi: int = 64) -> int:
 
 def block_k_for(k: int, block_n: int) -> int:
     """Columns per chunk: 512 for thin tiles, 256 otherwise, <= next_pow2(K), chunk <= 8192 elems.
-    ``block_n``: the larger of the weight rows and the batch rows held per chunk."""
+    ``block_n``: the weight rows per chunk (never the batch: tiles must not depend on B)."""
     bk = min(pow2_ceil(k), 512 if block_n <= 16 else 256)
     while bk > 16 and block_n * bk > MAX_TILE_ELEMS:
         bk //= 2
@@ -57,10 +56,10 @@ def block_k_for(k: int, block_n: int) -> int:
 
 
 def gemv_blocks(n: int, k: int, batch: int, n_sm: int, lo: int = 4, hi: int = 64) -> dict:
-    """The constexpr tile params of a row-tiled GEMV: BLOCK_B, MMA, BLOCK_N, BLOCK_K (see module doc)."""
-    bb, mma = batch_block(batch)
-    bn = block_n_for(n, n_sm, max(lo, 16) if mma else lo, hi)
-    return {"BLOCK_B": bb, "MMA": mma, "BLOCK_N": bn, "BLOCK_K": block_k_for(k, max(bn, bb))}
+    """The constexpr tile params of a row-tiled GEMV: BLOCK_B, BLOCK_N, BLOCK_K (see module doc).
+    Only BLOCK_B depends on ``batch``."""
+    bn = block_n_for(n, n_sm, lo, hi)
+    return {"BLOCK_B": batch_block(batch), "BLOCK_N": bn, "BLOCK_K": block_k_for(k, bn)}
 
 
 def region(buffer: str, *box) -> Region:

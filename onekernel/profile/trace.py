@@ -77,10 +77,13 @@ def timeline_png(graph: Graph, prof: torch.Tensor, path: str | Path, title: str 
     cmap = plt.get_cmap("tab10")
     colour = {k: cmap(i % 10) for i, k in enumerate(kinds)}
     fig, ax = plt.subplots(figsize=(14, 7), dpi=120)
+    bars = defaultdict(list)  # (sm, colour key) -> [(start, width)]: one broken_barh call per group
     for t, op, s, r, e, sm in rows:
         if r > s:
-            ax.barh(sm, r - s, left=s, height=0.9, color="0.85", linewidth=0)
-        ax.barh(sm, max(e - r, 0.01), left=r, height=0.9, color=colour[op.kind], linewidth=0)
+            bars[(sm, "wait")].append((s, r - s))
+        bars[(sm, op.kind)].append((r, max(e - r, 0.01)))
+    for (sm, key), spans in bars.items():
+        ax.broken_barh(spans, (sm - 0.45, 0.9), color="0.85" if key == "wait" else colour[key], linewidth=0)
     for k in kinds:
         ax.barh(-10, 0, color=colour[k], label=k)
     ax.barh(-10, 0, color="0.85", label="waiting")

@@ -1,0 +1,148 @@
+"""``onekernel graph | profile | bench``: inspect the decode-step graph, profile one step, time every mode."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from onekernel.errors import DeviceError, InputError
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="PATH|NAME", help="a .gguf, an HF folder or a config name")
+    p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
+    p.add_argument("--batch", default="1", help="batch size (bench: a comma-separated list)")
+    p.add_argument("--context", type=int, default=512, help="KV positions every sequence attends over")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_graph(p):
+    _add_model(p)
+    p.add_argument("--workers", type=int, default=132, help="megakernel workers for the schedule summary")
+    p.add_argument("--events", choices=("tile", "op"), default="tile")
+
+
+def _run_graph(args) -> int:
+    import torch
+
+    from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, summary
+    from onekernel.graph.deps import transitive_reduction
+    from onekernel.graph.schedule import critical_path_list, validate
+    from onekernel.models.config import get_config
+    from onekernel.models.decode_graph import build_decode_graph
+    from onekernel.models.load import load_model
+
+    if args.model is None or args.model.endswith(".gguf") or Path(args.model).is_dir():
+        cfg = load_model(args.model, random_weights=True).config  # config + tokenizer; weights are not used
+    else:
+        cfg = get_config(args.model)
+    g = build_decode_graph(cfg, int(args.batch), args.context, torch.bfloat16, n_sm=args.workers)
+    deps = transitive_reduction(derive_dependencies(g))
+    ev = (derive_events if args.events == "tile" else derive_op_events)(g, deps)
+    print(summary(g, deps, ev))
+    s = critical_path_list(g, deps, args.workers)
+    validate(s, g, deps)
+    lens = [len(q) for q in s.queues]
+    print(f"schedule (critical_path, {args.workers} workers): valid; tasks per worker min {min(lens)} "
+          f"max {max(lens)}")
+    return 0
+
+
+def _add_profile(p):
+    _add_model(p)
+    p.add_argument("--mode", choices=("eager", "graph", "pdl", "megakernel"), default="megakernel")
+    p.add_argument("--out", default="profile_out", help="folder for trace.json and timeline.png")
+
+
+def _load(args):
+    import torch
+
+    from onekernel.models.load import load_model
+    if not torch.cuda.is_available():
+        raise DeviceError("profiling and benchmarking time GPU kernels and need a CUDA GPU")
+    return load_model(args.model, random_weights=args.random_weights, dtype=torch.bfloat16, device="cuda",
+                      seed=args.seed)
+
+
+def _run_profile(args) -> int:
+    import torch
+
+    from onekernel.exec import make_runner
+    from onekernel.profile.trace import breakdown, perfetto, timeline_png
+    from onekernel.runtime.kv_cache import KVCache
+
+    model = _load(args)
+    b = int(args.batch)
+    cache = KVCache(model.config, b, args.context, torch.bfloat16, "cuda")
+    cache.seq_lens.fill_(args.context - 1)
+    r = make_runner(args.mode, model, cache, b, profile=True)
+    tok = torch.zeros(b, dtype=torch.int32, device="cuda")
+    for _ in range(5):
+        r.step(tok)
+    torch.cuda.synchronize()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    perfetto(r.graph, r.prof, out / "trace.json", args.mode)
+    timeline_png(r.graph, r.prof, out / "timeline.png", f"{model.config.name} {args.mode} batch {b}")
+    bd = breakdown(r.graph, r.prof, torch.cuda.get_device_properties(0).multi_processor_count)
+    print(f"step span {bd['span_us']:.1f} us over {bd['n_sm']} SMs: computing {bd['computing_pct']:.1f}%, "
+          f"waiting on dependencies {bd['waiting_pct']:.1f}%, idle {bd['idle_pct']:.1f}%; "
+          f"gaps between ops {bd['launch_gaps_us']:.1f} us")
+    for k, v in sorted(bd["computing_by_kind_us"].items(), key=lambda kv: -kv[1]):
+        print(f"  {k:14s} {v / bd['n_sm']:8.1f} us per SM")
+    print(f"wrote {out / 'trace.json'} (open in ui.perfetto.dev) and {out / 'timeline.png'}")
+    return 0
+
+
+def _add_bench(p):
+    _add_model(p)
+    p.add_argument("--modes", default="torch,torch+graph,eager,graph,pdl,megakernel")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (median reported)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and markdown results")
+
+
+def _run_bench(args) -> int:
+    import torch
+    import triton
+
+    from onekernel.bench.modes import bench_modes
+    from onekernel.bench.timing import copy_bandwidth_gbs
+
+    if args.steps < 1:
+        raise InputError("--steps must be >= 1")
+    model = _load(args)
+    bw = copy_bandwidth_gbs()
+    gpu = torch.cuda.get_device_properties(0).name
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
+            "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
+    records = []
+    for b in [int(x) for x in args.batch.split(",")]:
+        records += bench_modes(model, model.config.name, b, args.context, args.modes.split(","), bw,
+                               steps=args.steps, progress=lambda r: print(
+                                   f"  {r['mode']:12s} b={r['batch']}: " + (f"{r['ms_per_step']:.3f} ms"
+                                                                           if "ms_per_step" in r else r["error"])))
+    records = [{**meta, **r} for r in records]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{meta['date']}-{model.config.name}-{commit or 'nocommit'}"
+    (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
+    lines = ["| model | batch | mode | ms/step | % of floor | vs torch+graph |", "|---|---|---|---|---|---|"]
+    for r in records:
+        if "ms_per_step" in r:
+            ratio = f"{r['ratio_to_torch_graph']:.2f}x" if "ratio_to_torch_graph" in r else "-"
+            lines.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['ms_per_step']:.3f} | "
+                         f"{r['pct_of_floor']:.1f} | {ratio} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+TOOLS = {
+    "graph": ("print the decode-step task graph: ops, tasks, dependencies, bytes per step", _add_graph, _run_graph),
+    "profile": ("per-task timestamps of one decode step: Perfetto trace, timeline PNG, breakdown",
+                _add_profile, _run_profile),
+    "bench": ("per-step latency of every mode and the PyTorch baselines in one run", _add_bench, _run_bench),
+}
