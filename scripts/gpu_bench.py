@@ -20,10 +20,24 @@ OUT = Path(os.environ.get("OUT", "/tmp/out"))
 ALL = ["torch", "torch+graph", "eager", "graph", "pdl", "megakernel"]
 
 
-def run_bench(real_model, section, R):
+STEPS = 100
+
+
+def _modes(section, R, cases, bw):
+    out = []
+    for label, m, batches in cases:
+        for b in batches:
+            recs = bench_modes(m, label, b, 512, ALL, bw, steps=STEPS,
+                               progress=lambda r: print("   ", json.dumps(r, default=str)[:300], flush=True))
+            R["records"] += recs
+            out += [{k: r.get(k) for k in ("model", "batch", "mode", "ms_per_step", "pct_of_floor",
+                                           "ratio_to_torch_graph", "error")} for r in recs]
+    return out
+
+
+def run_random_bench(section, R):
     bw = R["copy_gbs"]
     R.setdefault("records", [])
-
     @section("bench: GEMV bandwidth per op kind (all layers of a kind in one CUDA graph)")
     def gemv_bench():
         out = {}
@@ -50,42 +64,22 @@ def run_bench(real_model, section, R):
             torch.cuda.empty_cache()
         return out
 
-    @section("bench: every mode, per-step latency (context 512)")
+    @section("bench: every mode, per-step latency, random weights (context 512)")
     def modes_bench():
         out = []
-        cases = [("smollm2-135m (real Q4_1 -> bf16)", real_model, [1, 8])]
         for name in ["llama-3.2-1b", "llama-3.1-8b"]:
-            cases.append((name + " (random)", name, [1, 8]))
-        for label, m, batches in cases:
-            if isinstance(m, str):
-                m = load_model(m, random_weights=True, dtype=torch.bfloat16, device="cuda")
-            for b in batches:
-                recs = bench_modes(m, label, b, 512, ALL, bw, steps=200,
-                                   progress=lambda r: print("   ", json.dumps(r, default=str)[:400], flush=True))
-                R["records"] += recs
-                out += [{k: r.get(k) for k in ("model", "batch", "mode", "ms_per_step", "pct_of_floor",
-                                               "ratio_to_torch_graph", "error")} for r in recs]
-            if m is not real_model:
-                del m
-                torch.cuda.empty_cache()
+            m = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda")
+            out += _modes(section, R, [(name + " (random)", m, [1, 8])], bw)
+            del m
+            torch.cuda.empty_cache()
         return out
 
-    @section("bench: megakernel variants (prefetch, events, workers, policy)")
-    def variants():
-        out = []
-        for label, m in [("smollm2-135m", real_model),
-                         ("llama-3.2-1b", load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16,
-                                                     device="cuda"))]:
-            opts = {"mk default": {}, "no prefetch": {"prefetch": False}, "op events": {"events": "op"},
-                    "round robin": {"policy": "round_robin"}, "128 workers": {"n_workers": 128},
-                    "96 workers": {"n_workers": 96}, "66 workers": {"n_workers": 66}}
-            for k, o in opts.items():
-                rec = bench_modes(m, label, 1, 512, ["megakernel"], bw, steps=200, options={"megakernel": o})[0]
-                rec["variant"] = k
-                R["records"].append(rec)
-                out.append({"model": label, "variant": k, "ms": rec.get("ms_per_step"), "error": rec.get("error")})
-        return out
+    gemv_bench(); modes_bench()
 
+
+def run_real_bench(real_model, section, R):
+    bw = R["copy_gbs"]
+    R.setdefault("records", [])
     @section("profile: one SmolLM2-135M step, megakernel and graph mode")
     def profile():
         out = {}
@@ -106,4 +100,21 @@ def run_bench(real_model, section, R):
                 "by_kind": {k: round(v, 1) for k, v in b["computing_by_kind_us"].items()}}
         return out
 
-    profile(); modes_bench(); variants(); gemv_bench()
+    @section("bench: every mode, SmolLM2-135M real weights (context 512)")
+    def modes_bench():
+        return _modes(section, R, [("smollm2-135m (real Q4_1 -> bf16)", real_model, [1, 8])], bw)
+
+    @section("bench: megakernel variants on SmolLM2-135M (prefetch, events, policy, workers)")
+    def variants():
+        out = []
+        opts = {"mk default": {}, "no prefetch": {"prefetch": False}, "op events": {"events": "op"},
+                "round robin": {"policy": "round_robin"}, "66 workers": {"n_workers": 66}}
+        for k, o in opts.items():
+            rec = bench_modes(real_model, "smollm2-135m", 1, 512, ["megakernel"], bw, steps=STEPS,
+                              options={"megakernel": o})[0]
+            rec["variant"] = k
+            R["records"].append(rec)
+            out.append({"variant": k, "ms": rec.get("ms_per_step"), "error": rec.get("error")})
+        return out
+
+    profile(); modes_bench(); variants()

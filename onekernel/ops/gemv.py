@@ -13,11 +13,11 @@ weight chunk (weights are ready before the step); the body reads activations (``
 
 Batch invariance: row b's outputs are bitwise the same for every batch size B (1..16) given row b's inputs.
 Tile shapes (BLOCK_N, BLOCK_K) never depend on B, and every per-row reduction is written once per row,
-unrolled over b (``tl.static_range(B)``, per-row accumulators in a tuple), with operands whose shape and
-layout do not depend on B: the dot product of row b is ``tl.sum(x_b[None, :] * W_chunk, axis=1)`` over the
-[R, BLOCK_K] weight chunk (``row_dot``), added chunk by chunk in k order to its fp32 accumulator; RMSNorm's
-sum of squares is a [BLOCK_K] vector per row (``rms_rstd``). Rows are only combined into [BLOCK_B, R]
-tensors by selects (``stack_rows``) for the elementwise epilogue. No tensor cores: B=1 is the
+unrolled over b (``tl.static_range(B)``), with operands whose shape and layout do not depend on B: the dot product of row b is ``tl.sum(x_b[None, :] * W_chunk, axis=1)`` over the
+[R, BLOCK_K] weight chunk (``row_dot``), selected into row b of a [BLOCK_B, R] chunk tile and added to the fp32
+accumulator chunk by chunk in k order (``mac_rows2d``: selects and elementwise adds only, so the
+accumulator's layout cannot change a value); RMSNorm's sum of squares is a [BLOCK_K] vector per row
+(``rms_rstd``); qkv's q/k norm keeps per-row [2P] accumulators (``gemv_rows_t``) for its per-row sums. No tensor cores: B=1 is the
 latency-critical case and keeps its 16-byte weight loads; the B-times CUDA-core FMA work of B > 1 is
 still cheap next to the weight stream for B <= 16.
 """
@@ -181,11 +181,34 @@ def gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexp
 
 
 @triton.jit
+def mac_rows2d(acc, x, nw, rstd, wv, k0, B: tl.constexpr, BLOCK_B: tl.constexpr, K: tl.constexpr,
+               BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """acc [BLOCK_B, R] += (norm?)x[b, k0:k0+BK] . wv[R, BK] row by row: each row's chunk sum (``row_dot``)
+    is selected into a [BLOCK_B, R] chunk tile, added once; row b gets exactly ``acc_b + row_dot_b`` for any B.
+    (Uses far fewer registers at B = 8..16 than a tuple of per-row accumulators: those sit in the replicated
+    slice layout of the weight chunk.)"""
+    g = load_nw_chunk(nw, k0, K, BLOCK_K, NORM)
+    ob = tl.arange(0, BLOCK_B)
+    cs = tl.zeros_like(acc)
+    for b in tl.static_range(B):
+        if NORM:
+            xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, NORM)
+        else:
+            xb = load_x_row(x, g, 1.0, b, k0, K, BLOCK_K, NORM)
+        cs = tl.where(ob[:, None] == b, row_dot(xb, wv)[None, :], cs)
+    return acc + cs
+
+
+@triton.jit
 def gemv_rows(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               R: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T (rows >= B are 0); see ``gemv_rows_t``."""
-    acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B, K, R, BLOCK_K, NORM)
-    return stack_rows(acc, B, BLOCK_B, R)
+    """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T (rows >= B are 0), given the prefetched first chunk
+    w0 = W[rows, :BLOCK_K]; the same per-row operations as ``gemv_rows_t``, bitwise."""
+    acc = mac_rows2d(tl.zeros([BLOCK_B, R], tl.float32), x, nw, rstd, w0, 0, B, BLOCK_B, K, BLOCK_K, NORM)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mac_rows2d(acc, x, nw, rstd, wv, k0, B, BLOCK_B, K, BLOCK_K, NORM)
+    return acc
 
 
 @triton.jit
@@ -253,16 +276,18 @@ def add_gemv_residual(graph, name: str, x: str, w: str, res: str, out: str, n_sm
 
 # ----------------------------------------------------------------------------------------- gate_up
 @triton.jit
-def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``mac_rows`` for the gate and up chunks at once (each normalized x row loaded once)."""
+def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, BLOCK_B: tl.constexpr, K: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """``mac_rows2d`` for the gate and up chunks at once (each normalized x row loaded once)."""
     g = load_nw_chunk(nw, k0, K, BLOCK_K, True)
-    ng = ()
-    nu = ()
+    ob = tl.arange(0, BLOCK_B)
+    cg = tl.zeros_like(ag)
+    cu = tl.zeros_like(au)
     for b in tl.static_range(B):
         xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, True)
-        ng = ng + (ag[b] + row_dot(xb, wg),)
-        nu = nu + (au[b] + row_dot(xb, wu),)
-    return ng, nu
+        cg = tl.where(ob[:, None] == b, row_dot(xb, wg)[None, :], cg)
+        cu = tl.where(ob[:, None] == b, row_dot(xb, wu)[None, :], cu)
+    return ag + cg, au + cu
 
 
 @triton.jit
@@ -279,14 +304,15 @@ def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
-    ag, au = gate_up_mac(zero_rows(B, BLOCK_N), zero_rows(B, BLOCK_N), x, nw, rstd, wg0, wu0, 0, B, K, BLOCK_K)
+    z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    ag, au = gate_up_mac(z, z, x, nw, rstd, wg0, wu0, 0, B, BLOCK_B, K, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
         wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B, K, BLOCK_K)
+        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B, BLOCK_B, K, BLOCK_K)
     dt = out.dtype.element_ty
-    g = rnd(stack_rows(ag, B, BLOCK_B, BLOCK_N), dt)
-    u = rnd(stack_rows(au, B, BLOCK_B, BLOCK_N), dt)
+    g = rnd(ag, dt)
+    u = rnd(au, dt)
     s = rnd(silu(g), dt)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]

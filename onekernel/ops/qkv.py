@@ -26,7 +26,7 @@ from triton.language.extra import libdevice
 
 from onekernel.graph.ir import Op, Task
 from onekernel.ops.base import OpKind, register
-from onekernel.ops.gemv import PRECISE_MATH, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
+from onekernel.ops.gemv import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
 from onekernel.ops.tiling import batch_block, block_k_for, region
 
 @triton.jit
@@ -57,11 +57,11 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     dt = q.dtype.element_ty
     rstd = rms_rstd(x, B, D, BLOCK_K, EPS)
-    acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
     if QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
+        acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True)
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
         ys = ()
         for b in tl.static_range(B):
@@ -70,7 +70,8 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
             ys = ys + (tl.where(is_v, yb, rnd(rnd(yb * rb, dt) * g, dt)),)
         y = stack_rows(ys, B, BLOCK_B, 2 * P)
     else:
-        y = rnd(stack_rows(acc, B, BLOCK_B, 2 * P), dt)  # [BLOCK_B, 2P]
+        acc = gemv_rows(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K, True)
+        y = rnd(acc, dt)  # [BLOCK_B, 2P]
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
     pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")
