@@ -120,6 +120,6 @@ def run_full(gguf: str, section, R):
     def batch8():
         return {mode: batch_invariance_check(model, mode) for mode in ("megakernel", "graph")}
 
-    modes_check(); replays(); recapture(); batch8()
+    modes_check(); replays(); batch8(); recapture()
     from gpu_bench import run_real_bench
     run_real_bench(model, section, R)
