@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from onekernel.bench.modes import bench_modes
-from onekernel.bench.timing import graph_median_ms
+from onekernel.bench.ops import gemv_bandwidth
 from onekernel.exec import make_runner
-from onekernel.exec.codegen import launch_op
 from onekernel.models.load import load_model
 from onekernel.profile.trace import breakdown, perfetto, timeline_png
 from onekernel.runtime.kv_cache import KVCache
@@ -38,31 +37,16 @@ def _modes(section, R, cases, bw):
 def run_random_bench(section, R):
     bw = R["copy_gbs"]
     R.setdefault("records", [])
-    @section("bench: GEMV bandwidth per op kind (all layers of a kind in one CUDA graph)")
+    @section("bench: GEMV bandwidth per op kind and shape (all layers of a kind in one CUDA graph, L2 flushed)")
     def gemv_bench():
-        out = {}
+        out = []
         for name in ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"]:
             m = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda")
-            cache = KVCache(m.config, 1, 512, torch.bfloat16, "cuda")
-            cache.seq_lens.fill_(511)
-            r = make_runner("eager", m, cache, 1)
-            r.step(torch.zeros(1, dtype=torch.int32, device="cuda"))
-            kinds = {}
-            for op in r.graph.ops:
-                kinds.setdefault(op.kind, []).append(op)
-            for kind, ops in kinds.items():
-                if kind not in ("qkv_rope", "gemv_residual", "gate_up", "lm_head"):
-                    continue
-                for label, sel in (("all", ops),):
-                    ms = graph_median_ms(lambda: [launch_op(r.graph, o, r.tensors) for o in sel], inner=5)
-                    nbytes = sum(r.graph.tasks[t].bytes for o in sel for t in o.task_ids)
-                    out[f"{name} {kind}"] = {"us_per_op": 1e3 * ms / len(sel), "GBps": nbytes / (ms * 1e-3) / 1e9,
-                                             "pct_of_copy": 100 * nbytes / (ms * 1e-3) / 1e9 / bw,
-                                             "bytes_per_op": nbytes // len(sel), "ops": len(sel),
-                                             "tiles": ops[0].n_tiles}
-            del r, m, cache
+            out += gemv_bandwidth(m, name, bw)
+            del m
             torch.cuda.empty_cache()
-        return out
+        R["gemv"] = out
+        return [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()} for r in out]
 
     @section("bench: every mode, per-step latency, random weights (context 512)")
     def modes_bench():

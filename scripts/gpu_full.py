@@ -61,6 +61,30 @@ def ref_margins(model, ids, n):
     return out
 
 
+def teacher_forced(model, mode, ids, n=32):
+    """Feed the reference's greedy tokens to both the reference and ``mode`` for n steps (same KV contents:
+    each runner has its own cache filled by the same prefill). Returns the steps where the argmaxes differ,
+    with the reference's top-2 margin there: a difference at a margin of 0 or one bf16 ulp of the logit is a
+    tie that any other summation order may break differently; a larger margin would be a bug."""
+    w = model.weights["tok_embeddings"]
+    caches = [KVCache(model.config, 1, len(ids) + n + 1, w.dtype, w.device) for _ in range(2)]
+    lg = [prefill(model, c, [ids]) for c in caches]
+    ref = ReferenceRunner(model, caches[0])
+    other = make_runner(mode, model, caches[1], 1, interpret=not w.is_cuda)
+    diffs = []
+    tok = lg[0].argmax(-1).to(torch.int32)
+    for step in range(n):
+        a, na = ref.step(tok)
+        b, nb = other.step(tok)
+        if not torch.equal(na, nb):
+            top = a[0].topk(2).values
+            diffs.append({"step": step, "margin": (top[0] - top[1]).item(), "ref_logit": top[0].item()})
+        tok = na
+        for c in caches:
+            c.seq_lens += 1
+    return diffs
+
+
 def run_full(gguf: str, section, R):
     model = load_model(gguf, dtype=torch.bfloat16, device="cuda")
 
@@ -83,6 +107,13 @@ def run_full(gguf: str, section, R):
                     rec[key].append(True if d is None else
                                     f"differs at token {d}: reference top-2 margin there {margins[i][d]:.4f}")
             out[mode] = rec
+        return out
+
+    @section("real: teacher-forced argmax agreement with the reference (3 chat prompts x 32 steps)")
+    def forced():
+        out = {}
+        for mode in MODES:
+            out[mode] = [teacher_forced(model, mode, model.tokenizer.chat(p)) for p in PROMPTS]
         return out
 
     @section("real: 1000 replays give bitwise identical logits")
@@ -120,6 +151,6 @@ def run_full(gguf: str, section, R):
     def batch8():
         return {mode: batch_invariance_check(model, mode) for mode in ("megakernel", "graph")}
 
-    modes_check(); replays(); batch8(); recapture()
+    forced(); modes_check(); replays(); batch8(); recapture()
     from gpu_bench import run_real_bench
     run_real_bench(model, section, R)

@@ -12,9 +12,11 @@ from typing import Callable
 import torch
 
 
-def median_ms(fn: Callable[[], object], *, steps: int = 200, warmup: int = 20) -> dict:
+def median_ms(fn: Callable[[], object], *, steps: int = 200, warmup: int = 20,
+              between: Callable[[], object] | None = None) -> dict:
     """Run ``fn`` ``warmup`` times, then ``steps`` times with a CUDA-event pair around each call.
 
+    between: run before each timed call, outside the events (e.g. an L2 flush).
     Returns {"median_ms", "p10_ms", "p90_ms", "steps"} (milliseconds of GPU time per call).
     """
     for _ in range(warmup):
@@ -23,6 +25,8 @@ def median_ms(fn: Callable[[], object], *, steps: int = 200, warmup: int = 20) -
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
     for s, e in zip(starts, ends):
+        if between is not None:
+            between()
         s.record()
         fn()
         e.record()
@@ -32,16 +36,19 @@ def median_ms(fn: Callable[[], object], *, steps: int = 200, warmup: int = 20) -
             "steps": steps}
 
 
-def graph_median_ms(fn: Callable[[], object], *, inner: int = 20, steps: int = 50) -> float:
+def graph_median_ms(fn: Callable[[], object], *, inner: int = 20, steps: int = 50, flush_l2: bool = False) -> float:
     """Median ms of one ``fn`` call, measured by replaying a CUDA graph of ``inner`` back-to-back calls
-    (removes host launch overhead; use for single-kernel microbenchmarks)."""
+    (removes host launch overhead; use for single-kernel microbenchmarks). flush_l2: overwrite a 256 MB
+    buffer (over 4x the H200's 60 MB L2) before each timed replay, so weights come from HBM."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(inner):
             fn()
-    return median_ms(g.replay, steps=steps, warmup=3)["median_ms"] / inner
+    scratch = torch.empty(64 << 20, dtype=torch.int32, device="cuda") if flush_l2 else None
+    between = (lambda: scratch.fill_(1)) if flush_l2 else None
+    return median_ms(g.replay, steps=steps, warmup=3, between=between)["median_ms"] / inner
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
