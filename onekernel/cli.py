@@ -13,7 +13,7 @@ import sys
 from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
 
-DEFAULT_GPU_MODE = "reference"  # becomes "megakernel" once that executor lands
+DEFAULT_GPU_MODE = "graph"  # fastest measured mode (benchmarks/README.md); "megakernel" once it is faster
 MODES = ("reference", "eager", "graph", "pdl", "megakernel")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

@@ -34,7 +34,7 @@ def _modes(section, R, cases, bw):
     return out
 
 
-def run_random_bench(section, R):
+def run_random_bench(section, R, only_ops=False):
     bw = R["copy_gbs"]
     R.setdefault("records", [])
     @section("bench: GEMV bandwidth per op kind and shape (all layers of a kind in one CUDA graph, L2 flushed)")
@@ -58,6 +58,9 @@ def run_random_bench(section, R):
             torch.cuda.empty_cache()
         return out
 
+    if only_ops:
+        gemv_bench()
+        return
     modes_bench(); gemv_bench()
 
 
