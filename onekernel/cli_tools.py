@@ -96,47 +96,77 @@ def _run_profile(args) -> int:
     return 0
 
 
+BENCH_MODES = ("torch", "torch+graph", "torch+compile", "eager", "graph", "pdl", "megakernel")
+
+
 def _add_bench(p):
     _add_model(p)
-    p.add_argument("--modes", default="torch,torch+graph,eager,graph,pdl,megakernel")
-    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (median reported)")
-    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and markdown results")
+    p.add_argument("--modes", default=",".join(BENCH_MODES), help=f"comma-separated, of {', '.join(BENCH_MODES)}")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (median reported; at least 200 "
+                                                           "for published numbers)")
+    p.add_argument("--study", action="store_true",
+                   help="instead of the modes: the causes study (startup overlap, prefetch, event granularity, "
+                        "workers, launch gaps) on graph/pdl/megakernel variants, with a markdown report")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
+
+
+def _bench_args(args) -> tuple[list[int], list[str]]:
+    """Parse and check --batch, --modes, --steps, --context before anything runs."""
+    try:
+        batches = [int(x) for x in args.batch.split(",")]
+    except ValueError:
+        raise InputError(f"--batch must be comma-separated integers, got {args.batch!r}") from None
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in BENCH_MODES]
+    if bad or not modes:
+        raise InputError(f"unknown mode(s) {bad} in --modes; choose from {', '.join(BENCH_MODES)}")
+    if args.steps < 1 or min(batches) < 1 or args.context < 2:
+        raise InputError("--steps and --batch must be >= 1 and --context >= 2")
+    return batches, modes
 
 
 def _run_bench(args) -> int:
     import torch
     import triton
 
+    from onekernel.bench.chart import bench_chart
     from onekernel.bench.modes import bench_modes
+    from onekernel.bench.progress import progress
+    from onekernel.bench.report import bench_table, study_report
+    from onekernel.bench.study import GAP_VARIANTS, run_study, study_variants
     from onekernel.bench.timing import copy_bandwidth_gbs
 
-    if args.steps < 1:
-        raise InputError("--steps must be >= 1")
+    batches, modes = _bench_args(args)
     model = _load(args)
     bw = copy_bandwidth_gbs()
-    gpu = torch.cuda.get_device_properties(0).name
+    props = torch.cuda.get_device_properties(0)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
+    meta = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
-    records = []
-    for b in [int(x) for x in args.batch.split(",")]:
-        records += bench_modes(model, model.config.name, b, args.context, args.modes.split(","), bw,
-                               steps=args.steps, progress=lambda r: print(
-                                   f"  {r['mode']:12s} b={r['batch']}: " + (f"{r['ms_per_step']:.3f} ms"
-                                                                           if "ms_per_step" in r else r["error"])))
-    records = [{**meta, **r} for r in records]
+    name = model.config.name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{meta['date']}-{model.config.name}-{commit or 'nocommit'}"
+    stem = f"{'study' if args.study else 'bench'}-{meta['date']}-{name}-{commit or 'nocommit'}"
+    if args.study:
+        n_sm = props.multi_processor_count
+        total = len(batches) * (len(study_variants(n_sm)) + len(GAP_VARIANTS))
+        with progress(total, f"study {name}") as (started, done):
+            records = run_study(model, name, batches, args.context, bw, steps=args.steps, n_sm=n_sm,
+                                started=started, progress=done)
+    else:
+        records = []
+        with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
+            for b in batches:
+                records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps, progress=done,
+                                       started=lambda m, b=b: started(f"batch {b}: {m}"))
+    records = [{**meta, **r} for r in records]
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
-    lines = ["| model | batch | mode | ms/step | % of floor | vs torch+graph |", "|---|---|---|---|---|---|"]
-    for r in records:
-        if "ms_per_step" in r:
-            ratio = f"{r['ratio_to_torch_graph']:.2f}x" if "ratio_to_torch_graph" in r else "-"
-            lines.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['ms_per_step']:.3f} | "
-                         f"{r['pct_of_floor']:.1f} | {ratio} |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    timed = [r for r in records if not r.get("profiled")]
+    bench_chart(timed, out / f"{stem}.png", key="variant" if args.study else "mode")
+    table = bench_table([{**r, "mode": r.get("variant", r["mode"])} for r in timed])
+    (out / f"{stem}.md").write_text((study_report(records) if args.study else table) + "\n")
+    print(table)
+    print(f"wrote {out / stem}.json, .md and .png")
     return 0
 
 
@@ -144,5 +174,6 @@ TOOLS = {
     "graph": ("print the decode-step task graph: ops, tasks, dependencies, bytes per step", _add_graph, _run_graph),
     "profile": ("per-task timestamps of one decode step: Perfetto trace, timeline PNG, breakdown",
                 _add_profile, _run_profile),
-    "bench": ("per-step latency of every mode and the PyTorch baselines in one run", _add_bench, _run_bench),
+    "bench": ("per-step latency of every mode and the PyTorch baselines in one run (--study: the causes)",
+              _add_bench, _run_bench),
 }

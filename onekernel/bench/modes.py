@@ -2,7 +2,8 @@
 
 Each record: model, batch, context, mode, ms_per_step (median of ``steps`` CUDA-event-timed steps after
 warm-up), p10/p90, tokens_per_s, floor_ms (weight + KV bytes / copy bandwidth measured in the same run),
-pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph).
+pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph). The timing keys
+are always present: None when the mode failed (then "error" says why) or torch+graph was not measured.
 The cache holds random K/V and every sequence sits at position ``context - 1``; steps do not advance it, so
 every timed step reads the same ``context`` positions.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from onekernel.bench.baselines import TorchGraphRunner
+from onekernel.bench.baselines import TorchCompileRunner, TorchGraphRunner
 from onekernel.bench.timing import floor_ms, median_ms, step_bytes
 from onekernel.exec import make_runner
 from onekernel.runtime.kv_cache import KVCache
@@ -22,13 +23,17 @@ def make_bench_runner(mode, model, cache, batch, **opts):
         return ReferenceRunner(model, cache)
     if mode == "torch+graph":
         return TorchGraphRunner(model, cache)
+    if mode == "torch+compile":
+        return TorchCompileRunner(model, cache, **opts)
     return make_runner(mode, model, cache, batch, **opts)
 
 
 def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
-                steps: int = 200, options: dict | None = None, progress=None) -> list[dict]:
-    """Time ``modes`` (plus any of "torch", "torch+graph") on one shared cache. Returns one record per mode;
-    a mode that fails gets {"error": message} instead of timings."""
+                steps: int = 200, options: dict | None = None, progress=None, started=None) -> list[dict]:
+    """Time ``modes`` (plus any of "torch", "torch+graph", "torch+compile") on one shared cache. Returns one
+    record per mode; a mode that fails gets {"error": message} and None timings.
+    options: mode -> keyword options of its runner. started(mode) / progress(record): called before / after
+    each mode."""
     cfg = model.config
     cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -41,7 +46,10 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
     records = []
     for mode in modes:
         rec = {"model": name, "batch": batch, "context": context, "mode": mode, "floor_ms": floor,
-               "weight_bytes": wb, "kv_bytes": kvb}
+               "weight_bytes": wb, "kv_bytes": kvb, "ms_per_step": None, "tokens_per_s": None,
+               "pct_of_floor": None, "ratio_to_torch_graph": None}
+        if started:
+            started(mode)
         try:
             opts = dict((options or {}).get(mode, {}))
             r = make_bench_runner(mode, model, cache, batch, **opts)
@@ -57,8 +65,8 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
         records.append(rec)
         if progress:
             progress(rec)
-    base = next((r["ms_per_step"] for r in records if r["mode"] == "torch+graph" and "ms_per_step" in r), None)
+    base = next((r["ms_per_step"] for r in records if r["mode"] == "torch+graph" and r["ms_per_step"]), None)
     for r in records:
-        if base and "ms_per_step" in r:
+        if base and r["ms_per_step"]:
             r["ratio_to_torch_graph"] = r["ms_per_step"] / base
     return records

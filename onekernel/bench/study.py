@@ -1,0 +1,111 @@
+"""``onekernel bench --study``: measure what each cause contributes to the differences between graph, pdl and
+megakernel mode, on one model, batch and context, in one process.
+
+Variants (each a runner option of one mode, timed by ``bench_modes`` like every mode; one record each, with a
+``variant`` field and the ``study`` letters it answers):
+
+(a) startup overlap: ``graph``, ``pdl`` (prologue split: wait after the prologue), ``pdl-nosplit`` (wait
+    before the prologue);
+(b) prefetch: ``megakernel`` (next-task weight prefetch into L2) against ``megakernel-noprefetch``;
+(c) dependency granularity: ``megakernel`` (tile-level events) against ``megakernel-opevents`` (one per op);
+(d) workers: ``megakernel-w132``, ``-w128``, ``-w96``, ``-w66`` (the default ``megakernel`` runs one worker
+    per SM and stands for the entry equal to the SM count);
+(e) launch gaps: one profiled step (``profile=True``) in graph, pdl and pdl-nosplit mode; from the per-task
+    timestamps: the time between one op's last tile end and the next op's first tile start (launch gaps,
+    ``profile.trace.breakdown``) and its first tile's body start (ready gaps), summed over the boundaries.
+
+Every number is measured in this run; ``bench.report.study_report`` turns the records into the report.
+"""
+from __future__ import annotations
+
+from onekernel.bench.modes import bench_modes
+
+WORKERS = (132, 128, 96, 66)
+GAP_VARIANTS = (("gaps-graph", "graph", {}), ("gaps-pdl", "pdl", {}),
+                ("gaps-pdl-nosplit", "pdl", {"prologue_split": False}))
+
+
+def study_variants(n_sm: int) -> list[tuple[str, str, dict, str]]:
+    """(variant, mode, runner options, study letters) of every timed variant."""
+    v = [("graph", "graph", {}, "a"), ("pdl", "pdl", {}, "a"),
+         ("pdl-nosplit", "pdl", {"prologue_split": False}, "a"),
+         ("megakernel", "megakernel", {}, "bcd"),
+         ("megakernel-noprefetch", "megakernel", {"prefetch": False}, "b"),
+         ("megakernel-opevents", "megakernel", {"events": "op"}, "c")]
+    v += [(f"megakernel-w{w}", "megakernel", {"n_workers": w}, "d") for w in WORKERS if w != n_sm]
+    return v
+
+
+def boundary_gaps(graph, prof) -> dict:
+    """From per-task timestamps (ns, ``prof[task] = (start, ready, end, sm)``), summed over consecutive ops
+    of ``graph.ops``: launch gaps (next op's first start - this op's last end, clipped at 0, as
+    ``profile.trace.breakdown``) and ready gaps (next op's first ready - this op's last end, clipped at 0)."""
+    p = prof.detach().cpu().tolist()
+    first_start, first_ready, last_end = {}, {}, {}
+    for task, (s, r, e, _) in zip(graph.tasks, p):
+        i = task.op
+        first_start[i] = min(first_start.get(i, s), s)
+        first_ready[i] = min(first_ready.get(i, r), r)
+        last_end[i] = max(last_end.get(i, e), e)
+    ops = sorted(first_start)
+    launch = sum(max(first_start[b] - last_end[a], 0) for a, b in zip(ops, ops[1:])) / 1e3
+    ready = sum(max(first_ready[b] - last_end[a], 0) for a, b in zip(ops, ops[1:])) / 1e3
+    return {"launch_gaps_us": launch, "ready_gaps_us": ready, "boundaries": max(len(ops) - 1, 0)}
+
+
+def profile_gaps(model, batch: int, context: int, mode: str, options: dict, steps: int = 5) -> dict:
+    """One profiled runner of ``mode`` on a random cache at position ``context - 1``: the last of ``steps``
+    steps' span, time shares (``profile.trace.breakdown``) and boundary gaps."""
+    import torch
+
+    from onekernel.exec import make_runner
+    from onekernel.profile.trace import breakdown
+    from onekernel.runtime.kv_cache import KVCache
+
+    cfg = model.config
+    cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.seq_lens.fill_(context - 1)
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda", dtype=torch.int32, generator=g)
+    r = make_runner(mode, model, cache, batch, profile=True, **options)
+    for _ in range(steps):
+        r.step(tokens)
+    torch.cuda.synchronize()
+    bd = breakdown(r.graph, r.prof, torch.cuda.get_device_properties(0).multi_processor_count)
+    out = {k: bd[k] for k in ("span_us", "computing_pct", "waiting_pct", "idle_pct")}
+    out.update(boundary_gaps(r.graph, r.prof))
+    out["breakdown_launch_gaps_us"] = bd["launch_gaps_us"]
+    return out
+
+
+def run_study(model, name: str, batches: list[int], context: int, bw_gbs: float, *, steps: int = 200,
+              n_sm: int = 132, started=None, progress=None) -> list[dict]:
+    """Every variant of (a)-(d) timed, and (e) profiled, for each batch size. Returns the records (without
+    the run's metadata; the caller adds gpu, versions, commit and date). started(label) / progress(record)
+    are called around each case."""
+    records = []
+    for b in batches:
+        for variant, mode, opts, letters in study_variants(n_sm):
+            rec, = bench_modes(model, name, b, context, [mode], bw_gbs, steps=steps, options={mode: opts},
+                               started=lambda m, v=variant: started and started(f"batch {b}: {v}"))
+            rec.update(variant=variant, study=letters, options=opts)
+            if mode == "megakernel":
+                rec["workers"] = opts.get("n_workers", n_sm)
+            records.append(rec)
+            if progress:
+                progress(rec)
+        for variant, mode, opts in GAP_VARIANTS:
+            if started:
+                started(f"batch {b}: {variant} (profiled)")
+            rec = {"model": name, "batch": b, "context": context, "mode": mode, "variant": variant, "study": "e",
+                   "options": opts, "profiled": True, "ms_per_step": None}
+            try:
+                rec.update(profile_gaps(model, b, context, mode, opts))
+            except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others
+                rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+            records.append(rec)
+            if progress:
+                progress(rec)
+    return records

@@ -1,0 +1,212 @@
+"""Benchmark outputs from records, without a GPU: the study report's arithmetic (against fabricated but
+plausible records), the bench table, the PNG chart, the boundary-gap sums, the variant list, the progress
+display and the CLI's argument checks."""
+import random
+import types
+
+import pytest
+import torch
+
+from onekernel.bench.chart import bench_chart
+from onekernel.bench.progress import progress
+from onekernel.bench.report import attribution, bench_table, study_report, us
+from onekernel.bench.study import GAP_VARIANTS, WORKERS, boundary_gaps, study_variants
+from onekernel.cli import main
+
+META = {"gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "commit": "abc1234", "date": "2026-12-01"}
+
+
+def _records(seed, batches=(1, 8), fail=()):
+    rnd = random.Random(seed)
+    recs = []
+    for b in batches:
+        graph = rnd.uniform(0.5, 2.0) * b ** 0.5
+        ms = {"graph": graph, "pdl": graph * rnd.uniform(0.85, 1.2), "pdl-nosplit": graph * rnd.uniform(0.9, 1.3),
+              "megakernel": graph * rnd.uniform(1.2, 2.0)}
+        ms["megakernel-noprefetch"] = ms["megakernel"] * rnd.uniform(0.95, 1.1)
+        ms["megakernel-opevents"] = ms["megakernel"] * rnd.uniform(0.9, 1.3)
+        for w in WORKERS:
+            ms[f"megakernel-w{w}"] = ms["megakernel"] * rnd.uniform(0.95, 1.6)
+        for variant, mode, opts, letters in study_variants(132):
+            r = {**META, "model": "llama-3.2-1b", "batch": b, "context": 512, "mode": mode, "variant": variant,
+                 "study": letters, "options": opts, "floor_ms": 0.586, "steps": 200, "ms_per_step": ms[variant]}
+            if mode == "megakernel":
+                r["workers"] = opts.get("n_workers", 132)
+            if variant in fail:
+                r.update(ms_per_step=None, error="KernelTimeoutError: boom")
+            recs.append(r)
+        for variant, mode, opts in GAP_VARIANTS:
+            n = rnd.randint(100, 200)
+            lg = rnd.uniform(50, 200) if mode == "graph" else rnd.uniform(0, 20)
+            recs.append({**META, "model": "llama-3.2-1b", "batch": b, "context": 512, "mode": mode,
+                         "variant": variant, "study": "e", "options": opts, "profiled": True, "ms_per_step": None,
+                         "launch_gaps_us": lg, "ready_gaps_us": lg + rnd.uniform(0, 100), "boundaries": n,
+                         "span_us": graph * 1e3 * rnd.uniform(1.0, 1.1)})
+    return recs
+
+
+def _section(report, b):
+    part = report.split(f"## llama-3.2-1b, batch {b}\n")[1]
+    return part.split("\n## ")[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_study_report_arithmetic_matches_records(seed):
+    recs = _records(seed)
+    rep = study_report(recs)
+    att = attribution(recs)
+    for b in (1, 8):
+        ms = {r["variant"]: r["ms_per_step"] for r in recs if r["batch"] == b and not r.get("profiled")}
+        gaps = {r["variant"]: r for r in recs if r["batch"] == b and r.get("profiled")}
+        a = att[("llama-3.2-1b", b)]
+        d = lambda x, y: (ms[x] - ms[y]) * 1e3  # noqa: E731
+        assert a["pdl_vs_graph"] == pytest.approx(d("pdl", "graph"))
+        assert a["split"] + a["overlap_rest"] == pytest.approx(a["pdl_vs_graph"])  # the parts sum to the whole
+        assert a["prefetch"] == pytest.approx(d("megakernel", "megakernel-noprefetch"))
+        assert a["tile_vs_op_events"] == pytest.approx(d("megakernel", "megakernel-opevents"))
+        sec = _section(rep, b)
+        for x, y in [("pdl", "graph"), ("pdl", "pdl-nosplit"), ("pdl-nosplit", "graph"),
+                     ("megakernel", "megakernel-noprefetch"), ("megakernel", "megakernel-opevents"),
+                     ("megakernel", "graph"), ("megakernel", "pdl")]:
+            assert us(d(x, y)) in sec, (x, y)
+        # workers table: 132 is the default megakernel, the others their own variant
+        assert set(a["workers"]) == set(WORKERS)
+        for w in WORKERS:
+            t = ms["megakernel" if w == 132 else f"megakernel-w{w}"]
+            assert f"| {w} | {t:.3f} | {us((t - ms['megakernel']) * 1e3)} |" in sec
+        wt = {w: ms["megakernel" if w == 132 else f"megakernel-w{w}"] for w in WORKERS}
+        best = min(wt, key=wt.get)
+        assert f"best worker count {best} ({us((wt[best] - ms['megakernel']) * 1e3)} vs the default)" in sec
+        g, p = gaps["gaps-graph"], gaps["gaps-pdl"]
+        assert (f"graph {g['launch_gaps_us']:.1f} us total over {g['boundaries']} boundaries "
+                f"({g['launch_gaps_us'] / g['boundaries']:.2f} us each), pdl {p['launch_gaps_us']:.1f} us") in sec
+        rest = ms["graph"] * 1e3 - g["launch_gaps_us"]
+        assert f"{rest:.1f} us, which the megakernel exceeds by {us(ms['megakernel'] * 1e3 - rest)}" in sec
+    assert "abc1234" in rep and "median of 200" in rep
+
+
+def test_study_report_with_failed_variants():
+    recs = _records(5, batches=(1,), fail=("pdl-nosplit", "megakernel-opevents"))
+    recs[-1] = {**recs[-1], "error": "RuntimeError: no profile", "launch_gaps_us": None}
+    rep = study_report(recs)
+    assert "of which prologue split: not measured" in rep
+    assert "tile-level events vs one event per op: not measured" in rep
+    assert "pdl-nosplit failed: KernelTimeoutError: boom" in rep
+    assert "gaps-pdl-nosplit failed: RuntimeError" in rep
+    a = attribution(recs)[("llama-3.2-1b", 1)]
+    assert a["split"] is None and a["pdl_vs_graph"] is not None
+
+
+def _bench_records():
+    recs = []
+    for b, base in [(1, 2.5), (8, 3.3)]:
+        for m, f in [("torch", 4.5), ("torch+graph", 1.0), ("torch+compile", 0.8), ("graph", 0.41),
+                     ("megakernel", None)]:
+            t = None if f is None else base * f
+            recs.append({**META, "model": "llama-3.2-1b", "batch": b, "context": 512, "mode": m, "floor_ms": 0.6,
+                         "ms_per_step": t, "tokens_per_s": None if t is None else b * 1e3 / t,
+                         "pct_of_floor": None if t is None else 60 / t, "ratio_to_torch_graph": f,
+                         **({"error": "DeviceError: x|y"} if t is None else {})})
+    return recs
+
+
+def test_bench_table_and_chart(tmp_path):
+    recs = _bench_records()
+    table = bench_table(recs)
+    assert f"| llama-3.2-1b | 8 | torch+compile | {3.3 * 0.8:.3f} | {8e3 / (3.3 * 0.8):,.0f} | 0.600 |" in table
+    assert "0.80x |" in table and "error: DeviceError: x/y" in table
+    for key, rs in [("mode", recs), ("variant", _records(3))]:
+        path = bench_chart([r for r in rs if not r.get("profiled")], tmp_path / f"{key}.png", key=key)
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert bench_chart([], tmp_path / "empty.png").exists()
+
+
+def test_boundary_gaps_from_timestamps():
+    graph = types.SimpleNamespace(tasks=[types.SimpleNamespace(op=o) for o in (0, 0, 1, 2, 2)])
+    # (start, ready, end, sm) in ns: op 1 starts 1 us after op 0 ends, ready 3 us after; op 2 overlaps op 1
+    prof = torch.tensor([[0, 0, 5000, 0], [100, 200, 4000, 1], [6000, 8000, 9000, 0],
+                         [8500, 9500, 12000, 1], [9200, 9600, 11000, 2]])
+    g = boundary_gaps(graph, prof)
+    assert g == {"launch_gaps_us": pytest.approx(1.0), "ready_gaps_us": pytest.approx(3.0 + 0.5), "boundaries": 2}
+
+
+def test_study_variants_cover_every_question():
+    v = {name: (mode, opts, letters) for name, mode, opts, letters in study_variants(132)}
+    assert v["pdl-nosplit"] == ("pdl", {"prologue_split": False}, "a")
+    assert v["megakernel-noprefetch"][1] == {"prefetch": False} and v["megakernel-opevents"][1] == {"events": "op"}
+    assert {k for k in v if k.startswith("megakernel-w")} == {"megakernel-w128", "megakernel-w96", "megakernel-w66"}
+    assert "megakernel-w132" in {n for n, *_ in study_variants(114)}
+    assert [m for _, m, _ in GAP_VARIANTS] == ["graph", "pdl", "pdl"]
+
+
+def test_progress_display(capsys):
+    with progress(3, "bench tiny") as (started, done):
+        for r in _bench_records()[:2] + [_bench_records()[4]]:
+            started(f"batch 1: {r['mode']}")
+            done(r)
+    err = capsys.readouterr().err
+    assert "torch+graph" in err and "DeviceError" in err and "3/3" in err
+
+
+def test_bench_rejects_bad_arguments_before_loading(capsys):
+    assert main(["bench", "--model", "tiny", "--random-weights", "--modes", "graph,bogus"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1,x"]) == 2
+    assert "--batch" in capsys.readouterr().err
+
+
+def _fake_bench_modes(model, name, batch, context, modes, bw, steps=200, options=None, progress=None,
+                      started=None):
+    recs = []
+    for m in modes:
+        if started:
+            started(m)
+        t = 1.0 + 0.1 * len(m) + 0.01 * batch + 0.001 * len(str(options))
+        recs.append({"model": name, "batch": batch, "context": context, "mode": m, "floor_ms": 0.5,
+                     "ms_per_step": t, "tokens_per_s": batch * 1e3 / t, "pct_of_floor": 50 / t, "steps": steps,
+                     "ratio_to_torch_graph": None})
+        if progress:
+            progress(recs[-1])
+    return recs
+
+
+@pytest.mark.parametrize("study", [False, True])
+def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
+    """The CLI's wiring with the GPU parts faked: files, record keys, progress on stderr."""
+    import json
+
+    import onekernel.bench.modes
+    import onekernel.bench.study
+    import onekernel.bench.timing
+    import onekernel.cli_tools
+    from onekernel.models.load import load_model
+
+    monkeypatch.setattr(onekernel.cli_tools, "_load", lambda args: load_model("tiny", random_weights=True))
+    monkeypatch.setattr(onekernel.bench.timing, "copy_bandwidth_gbs", lambda: 4250.0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name="FakeGPU", multi_processor_count=132))
+    monkeypatch.setattr(onekernel.bench.modes, "bench_modes", _fake_bench_modes)
+    monkeypatch.setattr(onekernel.bench.study, "bench_modes", _fake_bench_modes)
+    monkeypatch.setattr(onekernel.bench.study, "profile_gaps", lambda model, b, c, mode, opts: {
+        "span_us": 900.0, "computing_pct": 50.0, "waiting_pct": 10.0, "idle_pct": 40.0, "launch_gaps_us": 120.0,
+        "ready_gaps_us": 200.0, "boundaries": 100, "breakdown_launch_gaps_us": 120.0})
+    args = ["bench", "--model", "tiny", "--random-weights", "--batch", "1,4", "--out", str(tmp_path)]
+    assert main(args + (["--study"] if study else [])) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert [f.rsplit(".", 1)[1] for f in files] == ["json", "md", "png"]
+    assert files[0].startswith("study-" if study else "bench-") and "-tiny-" in files[0]
+    recs = json.loads((tmp_path / files[0]).read_text())
+    for r in recs:
+        assert {"model", "batch", "context", "mode", "ms_per_step", "gpu", "torch", "triton", "commit",
+                "date"} <= set(r)
+        if not r.get("profiled"):
+            assert {"floor_ms", "pct_of_floor", "ratio_to_torch_graph"} <= set(r)
+    md = (tmp_path / files[1]).read_text()
+    if study:
+        assert len(recs) == 2 * (len(study_variants(132)) + len(GAP_VARIANTS))
+        assert all("variant" in r for r in recs) and md.startswith("# onekernel study")
+    else:
+        assert {r["mode"] for r in recs} == {"torch", "torch+graph", "torch+compile", "eager", "graph", "pdl",
+                                             "megakernel"}
+        assert "| tiny | 4 | torch+compile |" in md
