@@ -71,17 +71,33 @@ def _run_generate(args) -> int:
     device = args.device or ("cuda" if has_cuda and not args.interpret else "cpu")
     if device == "cuda" and not has_cuda:
         raise DeviceError("--device cuda was asked for, but no CUDA GPU was found; use --device cpu")
-    mode = args.mode
+    mode, note = args.mode, None
     if mode is None:
         if device == "cuda":
             mode = DEFAULT_GPU_MODE
+        elif args.interpret:
+            mode, note = "eager", "note: --interpret without --mode: the eager mode runs in the Triton interpreter"
         else:
             mode = "reference"
             if not has_cuda:
-                print("note: no GPU found, so the PyTorch reference mode runs on the CPU", file=sys.stderr)
+                note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
+    # Cheap checks before the model loads (the rest, which needs the tokenizer, runs in generate()).
+    from onekernel.runtime.generate import GPU_MODES, MAX_BATCH
+    if len(prompts) > MAX_BATCH:
+        raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; split them "
+                         f"into runs of at most {MAX_BATCH}")
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.max_seq_len is not None and args.max_seq_len < 1:
+        raise InputError(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
+    if mode in GPU_MODES and device != "cuda" and not args.interpret:
+        raise DeviceError(f"--mode {mode} runs Triton kernels on a CUDA GPU and none was found; use --mode "
+                          f"reference, or add --interpret to run the kernels in the Triton interpreter (slow)")
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else (torch.bfloat16 if device == "cuda"
                                                                    else torch.float32)
     model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
+    if note:
+        print(note, file=sys.stderr)
 
     stream = not args.json and len(prompts) == 1
 

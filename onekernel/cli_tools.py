@@ -14,8 +14,26 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="PATH|NAME", help="a .gguf, an HF folder or a config name")
     p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
     p.add_argument("--batch", default="1", help="batch size (bench: a comma-separated list)")
-    p.add_argument("--context", type=int, default=512, help="KV positions every sequence attends over")
+    p.add_argument("--context", type=int, default=None,
+                   help="KV positions every sequence attends over (default: 512, or the model's context if smaller)")
     p.add_argument("--seed", type=int, default=0)
+
+
+def _check_int(value, flag: str, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi], else InputError naming ``flag``."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} must be an integer, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise InputError(f"{flag} must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def _context(args, cfg) -> int:
+    """--context, defaulting to min(512, the model's context), checked against the model's context."""
+    return _check_int(args.context if args.context is not None else min(512, cfg.max_seq_len), "--context", 1,
+                      cfg.max_seq_len)
 
 
 def _add_graph(p):
@@ -34,18 +52,21 @@ def _run_graph(args) -> int:
     from onekernel.models.decode_graph import build_decode_graph
     from onekernel.models.load import load_model
 
-    if args.model is None or args.model.endswith(".gguf") or Path(args.model).is_dir():
-        cfg = load_model(args.model, random_weights=True).config  # config + tokenizer; weights are not used
+    batch = _check_int(args.batch, "--batch", 1, 16)
+    workers = _check_int(args.workers, "--workers", 1, 4096)
+    m = args.model
+    if m is None or Path(m).exists() or m.endswith(".gguf") or "/" in m:
+        cfg = load_model(m, random_weights=True).config  # config + tokenizer; weights are not used
     else:
-        cfg = get_config(args.model)
-    g = build_decode_graph(cfg, int(args.batch), args.context, torch.bfloat16, n_sm=args.workers)
+        cfg = get_config(m)
+    g = build_decode_graph(cfg, batch, _context(args, cfg), torch.bfloat16, n_sm=workers)
     deps = transitive_reduction(derive_dependencies(g))
     ev = (derive_events if args.events == "tile" else derive_op_events)(g, deps)
     print(summary(g, deps, ev))
-    s = critical_path_list(g, deps, args.workers)
+    s = critical_path_list(g, deps, workers)
     validate(s, g, deps)
     lens = [len(q) for q in s.queues]
-    print(f"schedule (critical_path, {args.workers} workers): valid; tasks per worker min {min(lens)} "
+    print(f"schedule (critical_path, {workers} workers): valid; tasks per worker min {min(lens)} "
           f"max {max(lens)}")
     return 0
 
@@ -61,7 +82,8 @@ def _load(args):
 
     from onekernel.models.load import load_model
     if not torch.cuda.is_available():
-        raise DeviceError("profiling and benchmarking time GPU kernels and need a CUDA GPU")
+        raise DeviceError("profiling and benchmarking time GPU kernels and need a CUDA GPU; on this machine use "
+                          "`onekernel graph` to inspect the task graph, or `onekernel generate --interpret`")
     return load_model(args.model, random_weights=args.random_weights, dtype=torch.bfloat16, device="cuda",
                       seed=args.seed)
 
@@ -73,10 +95,11 @@ def _run_profile(args) -> int:
     from onekernel.profile.trace import breakdown, perfetto, timeline_png
     from onekernel.runtime.kv_cache import KVCache
 
+    b = _check_int(args.batch, "--batch", 1, 16)
     model = _load(args)
-    b = int(args.batch)
-    cache = KVCache(model.config, b, args.context, torch.bfloat16, "cuda")
-    cache.seq_lens.fill_(args.context - 1)
+    ctx = _context(args, model.config)
+    cache = KVCache(model.config, b, ctx, torch.bfloat16, "cuda")
+    cache.seq_lens.fill_(ctx - 1)
     r = make_runner(args.mode, model, cache, b, profile=True)
     tok = torch.zeros(b, dtype=torch.int32, device="cuda")
     for _ in range(5):
@@ -120,8 +143,8 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
     bad = [m for m in modes if m not in BENCH_MODES]
     if bad or not modes:
         raise InputError(f"unknown mode(s) {bad} in --modes; choose from {', '.join(BENCH_MODES)}")
-    if args.steps < 1 or min(batches) < 1 or args.context < 2:
-        raise InputError("--steps and --batch must be >= 1 and --context >= 2")
+    if args.steps < 1 or min(batches) < 1 or max(batches) > 16 or (args.context is not None and args.context < 2):
+        raise InputError("--steps must be >= 1, every --batch between 1 and 16, and --context >= 2")
     return batches, modes
 
 
@@ -138,6 +161,7 @@ def _run_bench(args) -> int:
 
     batches, modes = _bench_args(args)
     model = _load(args)
+    args.context = _context(args, model.config)
     bw = copy_bandwidth_gbs()
     props = torch.cuda.get_device_properties(0)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -70,7 +70,15 @@ def open_gguf(path) -> "gguf.GGUFReader":  # noqa: F821
 
 def read_gguf_config(path) -> ModelConfig:
     """The ModelConfig of a GGUF file from its metadata only (no tensor is dequantized)."""
-    return config_from_gguf(open_gguf(path), name=None)
+    return _config(open_gguf(path), path)
+
+
+def _config(reader, path) -> ModelConfig:
+    try:
+        return config_from_gguf(reader, name=None)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise ModelFileError(f"{path} lacks or mangles required metadata ({type(e).__name__}: {e}); "
+                             "re-download or re-convert the file") from e
 
 
 def load_gguf(path, dtype: torch.dtype = torch.float32, device="cpu",
@@ -84,7 +92,7 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, device="cpu",
     corrupt, wrong shapes) and UnsupportedModelError (architecture, unknown tensor, tensor type)."""
     import gguf
     reader = open_gguf(path)
-    cfg = config_from_gguf(reader)
+    cfg = _config(reader, path)
     supported = _supported_types()
     weights: dict[str, torch.Tensor] = {}
     show = sys.stderr.isatty() if progress is None else progress

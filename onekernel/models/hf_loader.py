@@ -41,7 +41,14 @@ def read_hf_config(folder) -> ModelConfig:
         hf = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ModelFileError(f"{path} is not valid JSON ({e}); re-download the checkpoint") from e
-    return config_from_hf(hf, name=folder.name)
+    if not isinstance(hf, dict):
+        raise ModelFileError(f"{path} must hold a JSON object (the model's config), got {type(hf).__name__}; "
+                             "re-download the checkpoint")
+    try:
+        return config_from_hf(hf, name=folder.name)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{path} lacks or mangles a required field ({type(e).__name__}: {e}); "
+                             "re-download the checkpoint") from e
 
 
 def _shard_files(folder: Path) -> list[Path]:

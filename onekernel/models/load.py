@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from onekernel.errors import ModelFileError, UnsupportedModelError
+from onekernel.errors import DeviceError, ModelFileError, UnsupportedModelError
 from onekernel.models.config import CONFIG_NAMES, ModelConfig, get_config
 from onekernel.models.tokenizer import Tokenizer
 
@@ -58,6 +58,8 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     from onekernel.models import gguf_loader, hf_loader
     from onekernel.models.random_init import random_weights as make_random
 
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"device {device!r} was asked for, but no CUDA GPU is available; use device='cpu'")
     if dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
     path = default_model_path() if model is None else Path(model)

@@ -58,7 +58,10 @@ class Tokenizer:
         eos: set[int] = set()
         gen = folder / "generation_config.json"
         if gen.is_file():
-            ids = json.loads(gen.read_text()).get("eos_token_id")
+            try:
+                ids = json.loads(gen.read_text()).get("eos_token_id")
+            except (OSError, ValueError, AttributeError) as e:
+                raise ModelFileError(f"{gen} is not a valid JSON object ({e}); fix or delete it") from e
             eos = set(ids if isinstance(ids, list) else [] if ids is None else [ids])
         return cls(hf, eos_token_ids=eos, source=str(folder))
 

@@ -127,13 +127,19 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     t_start = time.perf_counter()
     cfg, tok = model.config, model.tokenizer
     sampling = sampling or SamplingParams()
+    if not isinstance(sampling, SamplingParams):
+        raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    if isinstance(prompts, str):  # one prompt, not a sequence of one-character prompts
+        prompts = [prompts]
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        raise InputError(f"max_new_tokens (--max-new-tokens) must be an integer, got {max_new_tokens!r}")
     if not prompts:
         raise InputError("no prompt given; pass at least one prompt")
     if len(prompts) > MAX_BATCH:
         raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; "
                          f"split them into runs of at most {MAX_BATCH}")
     if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     device, dtype = _model_device_dtype(model)
@@ -144,14 +150,22 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     ctx = cfg.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= cfg.max_seq_len:
-            raise InputError(f"max_seq_len must be between 1 and the model's context of {cfg.max_seq_len}, "
+            raise InputError(f"max_seq_len (--max-seq-len) must be between 1 and the model's context of {cfg.max_seq_len}, "
                              f"got {max_seq_len}")
         ctx = max_seq_len
     ids = []
     for i, p in enumerate(prompts):
-        if isinstance(p, str):
+        if isinstance(p, str) or (chat and p and all(isinstance(m, dict) for m in p)):
             p = tok.chat(p) if chat else tok.encode(p)
-        p = [int(t) for t in p]
+        try:
+            p = [int(t) for t in p]
+        except (TypeError, ValueError):
+            raise InputError(f"prompt {i} must be a string or a list of token ids (a list of chat messages "
+                             f"needs chat=True)") from None
+        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise InputError(f"prompt {i} has token ids outside the model's vocabulary [0, {cfg.vocab_size}): "
+                             f"{bad[:5]}; the tokenizer does not match the model")
         if not p:
             raise InputError(f"prompt {i} is empty; every prompt needs at least one token")
         if len(p) + max_new_tokens > ctx:

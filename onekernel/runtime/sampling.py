@@ -6,11 +6,15 @@ the most likely token), then softmax and ``torch.multinomial``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from onekernel.errors import InputError
+
+
+MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow float32
 
 
 @dataclass(frozen=True)
@@ -23,12 +27,14 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise InputError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or not (t == 0 or MIN_TEMPERATURE <= t):
+            raise InputError(f"temperature (--temperature) must be 0 (greedy) or a finite number >= "
+                             f"{MIN_TEMPERATURE}, got {t}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise InputError(f"top_k (--top-k) must be an integer >= 0 (0 means off), got {self.top_k}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
