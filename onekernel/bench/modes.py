@@ -28,12 +28,9 @@ def make_bench_runner(mode, model, cache, batch, **opts):
     return make_runner(mode, model, cache, batch, **opts)
 
 
-def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
-                steps: int = 200, options: dict | None = None, progress=None, started=None) -> list[dict]:
-    """Time ``modes`` (plus any of "torch", "torch+graph", "torch+compile") on one shared cache. Returns one
-    record per mode; a mode that fails gets {"error": message} and None timings.
-    options: mode -> keyword options of its runner. started(mode) / progress(record): called before / after
-    each mode."""
+def random_decode_state(model, batch: int, context: int):
+    """A KV cache of random K/V with every sequence at position ``context - 1`` and random tokens [B] (int32):
+    the state every timed step starts from (seeded, so each mode of one run sees the same numbers)."""
     cfg = model.config
     cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -41,6 +38,17 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
     cache.v.normal_(generator=g)
     cache.seq_lens.fill_(context - 1)
     tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda", dtype=torch.int32, generator=g)
+    return cache, tokens
+
+
+def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
+                steps: int = 200, options: dict | None = None, progress=None, started=None) -> list[dict]:
+    """Time ``modes`` (plus any of "torch", "torch+graph", "torch+compile") on one shared cache. Returns one
+    record per mode; a mode that fails gets {"error": message} and None timings.
+    options: mode -> keyword options of its runner. started(mode) / progress(record): called before / after
+    each mode."""
+    cfg = model.config
+    cache, tokens = random_decode_state(model, batch, context)
     wb, kvb = step_bytes(cfg, batch, context, model.weights["tok_embeddings"].element_size())
     floor = floor_ms(wb, kvb, bw_gbs)
     records = []

@@ -58,17 +58,11 @@ def profile_gaps(model, batch: int, context: int, mode: str, options: dict, step
     steps' span, time shares (``profile.trace.breakdown``) and boundary gaps."""
     import torch
 
+    from onekernel.bench.modes import random_decode_state
     from onekernel.exec import make_runner
     from onekernel.profile.trace import breakdown
-    from onekernel.runtime.kv_cache import KVCache
 
-    cfg = model.config
-    cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    cache.k.normal_(generator=g)
-    cache.v.normal_(generator=g)
-    cache.seq_lens.fill_(context - 1)
-    tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda", dtype=torch.int32, generator=g)
+    cache, tokens = random_decode_state(model, batch, context)
     r = make_runner(mode, model, cache, batch, profile=True, **options)
     for _ in range(steps):
         r.step(tokens)
