@@ -16,6 +16,7 @@ After a step, :meth:`check` reads the error word: a bounded spin that gave up ra
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -28,6 +29,7 @@ from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_e
 from onekernel.graph.schedule import critical_path_list, residency_check, round_robin, validate
 from onekernel.ops.base import OP_KINDS
 
+log = logging.getLogger("onekernel")
 POLICIES = {"critical_path": critical_path_list, "round_robin": round_robin}
 PREFETCH_CAP = 1 << 20  # bytes of next-task weights prefetched into L2 at most
 
@@ -157,9 +159,9 @@ class MegakernelRunner(GraphRunnerBase):
         props = {"sm_count": p.multi_processor_count, "smem_per_sm": p.shared_memory_per_multiprocessor,
                  "regs_per_sm": p.regs_per_multiprocessor, "max_threads_per_sm": p.max_threads_per_multi_processor}
         self.max_workers = residency_check(self.n_workers, meta, props)
-        if self.compiled.n_spills:
-            os.environ.get("ONEKERNEL_QUIET") or print(
-                f"onekernel: megakernel spills {self.compiled.n_spills} registers", flush=True)
+        if self.compiled.n_spills:  # a performance note, never on stdout (it would corrupt --json output)
+            log.info("megakernel register spills: n_spills=%d at %d registers per thread", self.compiled.n_spills,
+                     self.compiled.n_regs)
 
     # -- running ---------------------------------------------------------------------------------------
     def launch(self) -> None:
