@@ -12,9 +12,9 @@ import sys
 
 from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
+from onekernel.exec import MODES
 
 DEFAULT_GPU_MODE = "graph"  # fastest measured mode (benchmarks/README.md); "megakernel" once it is faster
-MODES = ("reference", "eager", "graph", "pdl", "megakernel")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -82,7 +82,8 @@ def _run_generate(args) -> int:
             if not has_cuda:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
     # Cheap checks before the model loads (the rest, which needs the tokenizer, runs in generate()).
-    from onekernel.runtime.generate import GPU_MODES, MAX_BATCH
+    from onekernel.exec import GPU_MODES
+    from onekernel.runtime.generate import MAX_BATCH
     if len(prompts) > MAX_BATCH:
         raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; split them "
                          f"into runs of at most {MAX_BATCH}")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from onekernel.errors import DeviceError, InputError
+from onekernel.exec import GPU_MODES
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -119,7 +120,7 @@ def _run_profile(args) -> int:
     return 0
 
 
-BENCH_MODES = ("torch", "torch+graph", "torch+compile", "eager", "graph", "pdl", "megakernel")
+BENCH_MODES = ("torch", "torch+graph", "torch+compile", *GPU_MODES)
 
 
 def _add_bench(p):

@@ -7,3 +7,27 @@ import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # a GPU run may pass TRITON_INTERPRET=0
 os.environ.setdefault("ONEKERNEL_CACHE", tempfile.mkdtemp(prefix="onekernel_gen_"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def twin_caches():
+    """Factory: ``(caches, generator) = twin_caches(model, batch, max_len, lens, seed)`` gives two fp32 CPU KV
+    caches holding the same random K/V and positions ``lens``, so a mode under test and the reference each
+    step on their own copy; ``generator`` (seeded) draws the test's tokens."""
+    import torch
+
+    from onekernel.runtime.kv_cache import KVCache
+
+    def make(model, batch, max_len, lens, seed):
+        caches = [KVCache(model.config, batch, max_len, torch.float32, "cpu") for _ in range(2)]
+        g = torch.Generator().manual_seed(seed)
+        k, v = torch.randn(caches[0].k.shape, generator=g), torch.randn(caches[0].v.shape, generator=g)
+        for c in caches:
+            c.k.copy_(k)
+            c.v.copy_(v)
+            c.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        return caches, g
+    return make

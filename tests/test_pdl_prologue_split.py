@@ -12,7 +12,6 @@ from onekernel.exec import make_runner
 from onekernel.exec.codegen import eager_kernel, eager_source
 from onekernel.models.load import load_model
 from onekernel.ops.base import OP_KINDS
-from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import decode_step
 
 
@@ -46,14 +45,10 @@ def test_prologue_split_switch_orders_wait_and_prologue(kind_name):
     assert nosplit < src.index("gdc_wait()", nosplit) < src.index("= PROLOGUE(")
 
 
-def test_pdl_runner_without_prologue_split_matches_reference():
+def test_pdl_runner_without_prologue_split_matches_reference(twin_caches):
     seed = int(torch.randint(0, 10_000, ()))
     model = load_model("tiny", random_weights=True, seed=seed)
-    caches = [KVCache(model.config, 2, 32, torch.float32, "cpu") for _ in range(2)]
-    g = torch.Generator().manual_seed(seed)
-    k, v = torch.randn(caches[0].k.shape, generator=g), torch.randn(caches[0].v.shape, generator=g)
-    for c in caches:
-        c.k.copy_(k); c.v.copy_(v); c.seq_lens.copy_(torch.tensor([3, 29], dtype=torch.int32))
+    caches, g = twin_caches(model, 2, 32, [3, 29], seed)
     tokens = torch.randint(0, model.config.vocab_size, (2,), generator=g, dtype=torch.int32)
     want = decode_step(model, caches[0], tokens)
     r = make_runner("pdl", model, caches[1], 2, interpret=True, prologue_split=False)

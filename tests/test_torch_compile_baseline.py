@@ -12,15 +12,10 @@ from onekernel.runtime.reference import decode_step
 
 
 @pytest.mark.parametrize("name,backend", [("tiny", "aot_eager"), ("tiny-qwen3", "eager")])
-def test_compiled_module_matches_reference(name, backend):
+def test_compiled_module_matches_reference(name, backend, twin_caches):
     seed = int(torch.randint(0, 10_000, ()))
     model = load_model(name, random_weights=True, seed=seed)
-    caches = [KVCache(model.config, 3, 24, torch.float32, "cpu") for _ in range(2)]
-    g = torch.Generator().manual_seed(seed)
-    k, v = torch.randn(caches[0].k.shape, generator=g), torch.randn(caches[0].v.shape, generator=g)
-    lens = torch.tensor([0, 7, 21], dtype=torch.int32)
-    for c in caches:
-        c.k.copy_(k); c.v.copy_(v); c.seq_lens.copy_(lens)
+    caches, g = twin_caches(model, 3, 24, [0, 7, 21], seed)
     r = TorchCompileRunner(model, caches[1], compile_kwargs={"backend": backend, "fullgraph": True})
     assert r.module.k_cache.data_ptr() == caches[1].k.data_ptr()  # the cache is aliased, not copied
     for _ in range(3):  # positions advance: the compiled step reads seq_lens from its buffer

@@ -13,6 +13,7 @@ from __future__ import annotations
 from onekernel.errors import DeviceError, InputError
 
 MODES = ("reference", "eager", "graph", "pdl", "megakernel")
+GPU_MODES = MODES[1:]  # the Triton modes: need CUDA or interpret=True
 
 
 def make_runner(mode: str, model, cache, batch: int, *, interpret: bool = False, **options):

@@ -1,8 +1,8 @@
 """Generation loop: tokenize, check limits, prefill, decode step by step, sample, stream, stop at EOS.
 
 Every mode shares this loop and the KV cache; only the decode step differs. Prefill always runs the PyTorch
-reference (``runtime.reference.prefill``); the decode step comes from ``ReferenceRunner`` (mode "reference")
-or ``onekernel.exec.make_runner(mode, model, cache, batch)`` (every other mode). After each step the loop
+reference (``runtime.reference.prefill``); the decode step comes from
+``onekernel.exec.make_runner(mode, model, cache, batch)`` (every mode, "reference" included). After each step the loop
 does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step").
 """
 from __future__ import annotations
@@ -16,13 +16,12 @@ from typing import Callable
 import torch
 
 from onekernel.errors import DeviceError, InputError
+from onekernel.exec import GPU_MODES, MODES, make_runner
 from onekernel.runtime.kv_cache import KVCache
-from onekernel.runtime.reference import ReferenceRunner, prefill
+from onekernel.runtime.reference import prefill
 from onekernel.runtime.sampling import SamplingParams, make_generator, sample
 
 MAX_BATCH = 16
-MODES = ("reference", "eager", "graph", "pdl", "megakernel")
-GPU_MODES = ("eager", "graph", "pdl", "megakernel")
 
 
 @dataclass
@@ -59,19 +58,6 @@ class GenerationResult:
 def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     t = model.weights["tok_embeddings"]
     return t.device, t.dtype
-
-
-def _make_runner(mode: str, model, cache, batch: int, interpret: bool):
-    if mode == "reference":
-        return ReferenceRunner(model, cache)
-    if interpret:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # only works if triton is not imported yet
-    try:
-        from onekernel.exec import make_runner
-    except ImportError as e:
-        raise InputError(f"mode {mode!r} is not available in this build (onekernel.exec.make_runner is "
-                         f"missing: {e}); use --mode reference") from None
-    return make_runner(mode, model, cache, batch, interpret=interpret)
 
 
 class _Stream:
@@ -176,7 +162,9 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
 
     B = len(ids)
     cache = KVCache(cfg, B, max_seq_len or max(map(len, ids)) + max_new_tokens, dtype, device)
-    runner = _make_runner(mode, model, cache, B, interpret)
+    if interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # takes effect only if triton is not imported yet
+    runner = make_runner(mode, model, cache, B, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
     streams = [_Stream(tok, eos) for _ in range(B)]
     done = [False] * B
