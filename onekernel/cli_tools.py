@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -165,7 +166,8 @@ def _run_bench(args) -> int:
     args.context = _context(args, model.config)
     bw = copy_bandwidth_gbs()
     props = torch.cuda.get_device_properties(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = (subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+              or os.environ.get("ONEKERNEL_COMMIT", ""))  # a copy of the tree without .git: the caller says
     meta = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
     name = model.config.name

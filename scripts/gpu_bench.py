@@ -1,14 +1,12 @@
-"""Benchmarks of scripts/gpu_suite.py: per-op GEMV bandwidth, per-mode step latency, megakernel variants,
-and the profile of one SmolLM2-135M step."""
+"""Benchmarks of scripts/gpu_suite.py: per-op GEMV bandwidth and the profile of one SmolLM2-135M step.
+(Per-mode latency and the study: ``onekernel bench [--study]``, see scripts/gpu_call.sh.)"""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from onekernel.bench.modes import bench_modes
 from onekernel.bench.ops import gemv_bandwidth
 from onekernel.exec import make_runner
 from onekernel.models.load import load_model
@@ -16,25 +14,9 @@ from onekernel.profile.trace import breakdown, perfetto, timeline_png
 from onekernel.runtime.kv_cache import KVCache
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-ALL = ["torch", "torch+graph", "eager", "graph", "pdl", "megakernel"]
 
 
-STEPS = 100
-
-
-def _modes(section, R, cases, bw):
-    out = []
-    for label, m, batches in cases:
-        for b in batches:
-            recs = bench_modes(m, label, b, 512, ALL, bw, steps=STEPS,
-                               progress=lambda r: print("   ", json.dumps(r, default=str)[:300], flush=True))
-            R["records"] += recs
-            out += [{k: r.get(k) for k in ("model", "batch", "mode", "ms_per_step", "pct_of_floor",
-                                           "ratio_to_torch_graph", "error")} for r in recs]
-    return out
-
-
-def run_random_bench(section, R, only_ops=False):
+def run_random_bench(section, R):
     bw = R["copy_gbs"]
     R.setdefault("records", [])
     @section("bench: GEMV bandwidth per op kind and shape (all layers of a kind in one CUDA graph, L2 flushed)")
@@ -48,25 +30,10 @@ def run_random_bench(section, R, only_ops=False):
         R["gemv"] = out
         return [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()} for r in out]
 
-    @section("bench: every mode, per-step latency, random weights (context 512)")
-    def modes_bench():
-        out = []
-        for name, batches in [("llama-3.2-1b", [1, 8]), ("llama-3.1-8b", [1])]:
-            m = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda")
-            out += _modes(section, R, [(name + " (random)", m, batches)], bw)
-            del m
-            torch.cuda.empty_cache()
-        return out
-
-    if only_ops:
-        gemv_bench()
-        return
-    modes_bench(); gemv_bench()
+    gemv_bench()
 
 
 def run_real_bench(real_model, section, R):
-    bw = R["copy_gbs"]
-    R.setdefault("records", [])
     @section("profile: one SmolLM2-135M step, megakernel and graph mode")
     def profile():
         out = {}
@@ -87,21 +54,4 @@ def run_real_bench(real_model, section, R):
                 "by_kind": {k: round(v, 1) for k, v in b["computing_by_kind_us"].items()}}
         return out
 
-    @section("bench: every mode, SmolLM2-135M real weights (context 512)")
-    def modes_bench():
-        return _modes(section, R, [("smollm2-135m (real Q4_1 -> bf16)", real_model, [1, 8])], bw)
-
-    @section("bench: megakernel variants on SmolLM2-135M (prefetch, events, policy, workers)")
-    def variants():
-        out = []
-        opts = {"mk default": {}, "no prefetch": {"prefetch": False}, "op events": {"events": "op"},
-                "round robin": {"policy": "round_robin"}}
-        for k, o in opts.items():
-            rec = bench_modes(real_model, "smollm2-135m", 1, 512, ["megakernel"], bw, steps=STEPS,
-                              options={"megakernel": o})[0]
-            rec["variant"] = k
-            R["records"].append(rec)
-            out.append({"variant": k, "ms": rec.get("ms_per_step"), "error": rec.get("error")})
-        return out
-
-    profile(); modes_bench(); variants()
+    profile()

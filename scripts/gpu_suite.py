@@ -1,6 +1,6 @@
 """Everything that needs the H200, in one script: checks first, then timings. Writes $OUT/results.json.
 
-    python scripts/gpu_suite.py random       # every mode vs reference, batch invariance, latency (random weights)
+    python scripts/gpu_suite.py random       # every mode vs reference, batch invariance (random weights)
     python scripts/gpu_suite.py ops          # per-op GEMV bandwidth (random weights)
     python scripts/gpu_suite.py real GGUF    # real-model checks (needs the default GGUF), profile, latency
 
@@ -141,11 +141,9 @@ def main():
     if what == "random":
         smoke()
         batch_invariance()
+    if what == "ops":  # per-op GEMV bandwidth: needs no model file
         from gpu_bench import run_random_bench
         run_random_bench(section, R)
-    if what == "ops":  # per-op GEMV bandwidth only: needs no model file
-        from gpu_bench import run_random_bench
-        run_random_bench(section, R, only_ops=True)
     if what == "real":
         from gpu_full import run_full
         run_full(sys.argv[2], section, R)

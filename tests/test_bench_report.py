@@ -25,6 +25,10 @@ def _records(seed, batches=(1, 8), fail=()):
               "megakernel": graph * rnd.uniform(1.2, 2.0)}
         ms["megakernel-noprefetch"] = ms["megakernel"] * rnd.uniform(0.95, 1.1)
         ms["megakernel-opevents"] = ms["megakernel"] * rnd.uniform(0.9, 1.3)
+        ms["pdl-endtrigger"] = ms["pdl"] * rnd.uniform(0.8, 1.2)
+        ms["megakernel-covertiles"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
+        ms["megakernel-roundrobin"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
+        ms["megakernel-8warps"] = ms["megakernel"] * rnd.uniform(0.8, 1.3)
         for w in WORKERS:
             ms[f"megakernel-w{w}"] = ms["megakernel"] * rnd.uniform(0.95, 1.6)
         for variant, mode, opts, letters in study_variants(132):
@@ -67,7 +71,9 @@ def test_study_report_arithmetic_matches_records(seed):
         sec = _section(rep, b)
         for x, y in [("pdl", "graph"), ("pdl", "pdl-nosplit"), ("pdl-nosplit", "graph"),
                      ("megakernel", "megakernel-noprefetch"), ("megakernel", "megakernel-opevents"),
-                     ("megakernel", "graph"), ("megakernel", "pdl")]:
+                     ("megakernel", "graph"), ("megakernel", "pdl"), ("pdl-endtrigger", "pdl"),
+                     ("megakernel", "megakernel-covertiles"), ("megakernel", "megakernel-roundrobin"),
+                     ("megakernel-8warps", "megakernel")]:
             assert us(d(x, y)) in sec, (x, y)
         # workers table: 132 is the default megakernel, the others their own variant
         assert set(a["workers"]) == set(WORKERS)

@@ -131,3 +131,25 @@ def test_unsupported_dtype(dtype):
 def test_bad_batch():
     with pytest.raises(InputError):
         build_decode_graph(get_config("tiny"), 0, 16, torch.float32)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b", "qwen3-0.6b"])
+@pytest.mark.parametrize("workers", [132, 96, 66])
+def test_megakernel_fit_tiling_gives_at_most_one_tile_per_worker(name, workers):
+    """MegakernelRunner(tiles="fit") builds the graph with n_sm = W // 2 + 1: every row-tiled GEMV op whose
+    BLOCK_N is not at its cap then has between W/2 and W tiles (no worker runs two tiles of one op)."""
+    from onekernel.models.config import get_config
+    cfg = get_config(name)
+    g = build_decode_graph(cfg, 1, 512, torch.bfloat16, n_sm=workers // 2 + 1)
+    for op in g.ops:
+        if op.kind in ("gemv_residual", "gate_up") and op.params["BLOCK_N"] < 64:
+            assert workers // 2 < op.n_tiles <= workers, (op.name, op.n_tiles)
+
+
+def test_megakernel_rejects_unknown_tiling():
+    from onekernel.exec.megakernel import MegakernelRunner
+    from onekernel.models.load import load_model
+    model = load_model("tiny", random_weights=True)
+    cache = KVCache(model.config, 1, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="tiling"):
+        MegakernelRunner(model, cache, 1, interpret=True, tiles="huge")

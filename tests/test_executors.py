@@ -69,7 +69,8 @@ def test_unsatisfiable_event_times_out_with_named_task():
     r = make_runner("megakernel", model, cache, 1, interpret=True, spin_limit=50)
     t = next(i for i, w in enumerate(r.events.waits) if w)
     ev = r.events.waits[t][0]
-    r.ev_exp[ev] = 1_000_000  # no producer can ever reach this count
+    r.events.expected[ev] = 1_000_000  # no producer can ever reach this count
+    r.write_tables()
     op = r.graph.ops[r.graph.tasks[t].op]
     with pytest.raises(KernelTimeoutError, match=f"task {t} \\({op.name}"):
         r.step(torch.tensor([1], dtype=torch.int32))

@@ -1,4 +1,4 @@
-"""PDL's prologue-split switch: with PROLOGUE_SPLIT off, the per-op kernel waits on its predecessor before the
+"""PDL's prologue-split and trigger switches (trigger at entry or after the body): with PROLOGUE_SPLIT off, the per-op kernel waits on its predecessor before the
 prologue instead of after it (checked by running the generated kernel's Python body with recording stubs,
 PDL on); the interpreter compiles PDL away, and a pdl runner with the switch off computes the reference."""
 import types
@@ -15,7 +15,7 @@ from onekernel.ops.base import OP_KINDS
 from onekernel.runtime.reference import decode_step
 
 
-def _call_order(kind_name: str, pdl: bool, split: bool) -> list[str]:
+def _call_order(kind_name: str, pdl: bool, split: bool, trigger_end: bool = False) -> list[str]:
     fn = eager_kernel(kind_name).fn  # the generated Python function behind the Triton kernel
     kind = OP_KINDS[kind_name]
     calls = []
@@ -30,7 +30,7 @@ def _call_order(kind_name: str, pdl: bool, split: bool) -> list[str]:
     f = types.FunctionType(fn.__code__, g)
     n = fn.__code__.co_argcount
     args = dict.fromkeys(fn.__code__.co_varnames[:n], None)
-    args.update(PDL=pdl, PROFILE=False, PROLOGUE_SPLIT=split)
+    args.update(PDL=pdl, PROFILE=False, PROLOGUE_SPLIT=split, TRIGGER_END=trigger_end)
     f(**args)
     return calls
 
@@ -40,6 +40,8 @@ def test_prologue_split_switch_orders_wait_and_prologue(kind_name):
     assert _call_order(kind_name, True, True) == ["launch_dependents", "prologue", "wait", "body"]
     assert _call_order(kind_name, True, False) == ["launch_dependents", "wait", "prologue", "body"]
     assert _call_order(kind_name, False, False) == ["prologue", "body"]
+    assert _call_order(kind_name, True, True, True) == ["prologue", "wait", "body", "launch_dependents"]
+    assert _call_order(kind_name, False, True, True) == ["prologue", "body"]
     src = eager_source(OP_KINDS[kind_name])
     nosplit = src.index("if not PROLOGUE_SPLIT:")
     assert nosplit < src.index("gdc_wait()", nosplit) < src.index("= PROLOGUE(")
@@ -53,6 +55,8 @@ def test_pdl_runner_without_prologue_split_matches_reference(twin_caches):
     want = decode_step(model, caches[0], tokens)
     r = make_runner("pdl", model, caches[1], 2, interpret=True, prologue_split=False)
     assert r.prologue_split is False
+    with pytest.raises(ValueError, match="trigger"):
+        make_runner("pdl", model, caches[1], 2, interpret=True, trigger="late")
     logits, nxt = r.step(tokens)
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(nxt, want.argmax(-1).to(torch.int32))

@@ -55,7 +55,8 @@ def attribution(records: list[dict]) -> dict:
              "tile_vs_op_events": _diff_us(ms, "megakernel", "megakernel-opevents"),
              "mk_vs_graph": _diff_us(ms, "megakernel", "graph"), "mk_vs_pdl": _diff_us(ms, "megakernel", "pdl")}
         a["workers"] = {r["workers"]: r.get("ms_per_step") for r in rs
-                        if "workers" in r and "d" in r.get("study", "") and not r.get("profiled")}
+                        if "workers" in r and "d" in r.get("study", "") and not r.get("profiled")
+                        and (r["variant"] == "megakernel" or r["variant"].startswith("megakernel-w"))}
         a["gaps"] = {r["variant"]: (r["launch_gaps_us"], r["ready_gaps_us"], r["boundaries"], r["span_us"])
                      for r in rs if r.get("profiled") and r.get("launch_gaps_us") is not None}
         g = a["gaps"].get("gaps-graph")
@@ -85,16 +86,24 @@ def _section(key, a, errors) -> list[str]:
           f"PDL vs graph: {us(a['pdl_vs_graph'])} per step (pdl {_f(ms.get('pdl'))} ms, graph "
           f"{_f(ms.get('graph'))} ms); of which prologue split: {us(a['split'])}{_share(a['split'], a['pdl_vs_graph'])}"
           f" (pdl with split vs without), and early launch without prologue overlap: {us(a['overlap_rest'])}"
-          f"{_share(a['overlap_rest'], a['pdl_vs_graph'])} (pdl without split vs graph).", "",
+          f"{_share(a['overlap_rest'], a['pdl_vs_graph'])} (pdl without split vs graph). Triggering the dependent "
+          f"launch after the body instead of at entry: {us(_diff_us(ms, 'pdl-endtrigger', 'pdl'))} "
+          f"(pdl-endtrigger {_f(ms.get('pdl-endtrigger'))} ms).", "",
           f"**(b) Prefetch.** megakernel with vs without next-task prefetch: {us(a['prefetch'])} per step "
           f"({'prefetch saves time' if a['prefetch'] is not None and a['prefetch'] < 0 else 'prefetch saves nothing'}"
           f" in this measurement).", "",
           f"**(c) Dependency granularity.** tile-level events vs one event per op: {us(a['tile_vs_op_events'])} "
-          f"per step (megakernel {_f(ms.get('megakernel'))} ms, op events {_f(ms.get('megakernel-opevents'))} ms).",
+          f"per step (megakernel {_f(ms.get('megakernel'))} ms, op events {_f(ms.get('megakernel-opevents'))} ms). "
+          f"Task size: at most one tile per worker per op vs the separate kernels' tiles: "
+          f"{us(_diff_us(ms, 'megakernel', 'megakernel-covertiles'))} (cover tiles "
+          f"{_f(ms.get('megakernel-covertiles'))} ms).",
           "", "**(d) Workers.**", "", "| workers | ms/step | vs the default (one per SM) |", "|---|---|---|"]
     base = ms.get("megakernel")
     for w, t in sorted(a["workers"].items(), reverse=True):
         L.append(f"| {w} | {_f(t)} | {us(None if t is None or base is None else (t - base) * 1e3)} |")
+    L += ["", f"Critical-path list schedule vs round-robin: {us(_diff_us(ms, 'megakernel', 'megakernel-roundrobin'))}"
+          f" (round-robin {_f(ms.get('megakernel-roundrobin'))} ms). 8 warps per worker vs 4: "
+          f"{us(_diff_us(ms, 'megakernel-8warps', 'megakernel'))} (8 warps {_f(ms.get('megakernel-8warps'))} ms)."]
     L += ["", "**(e) Launch gaps** (one profiled step; gap = next kernel's first tile start (launch) or body start "
           "(ready) minus this kernel's last tile end, clipped at 0, summed over the kernel boundaries):", "",
           "| mode | launch gaps us | ready gaps us | boundaries | span us |", "|---|---|---|---|---|"]

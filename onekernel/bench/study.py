@@ -5,11 +5,15 @@ Variants (each a runner option of one mode, timed by ``bench_modes`` like every 
 ``variant`` field and the ``study`` letters it answers):
 
 (a) startup overlap: ``graph``, ``pdl`` (prologue split: wait after the prologue), ``pdl-nosplit`` (wait
-    before the prologue);
+    before the prologue), ``pdl-endtrigger`` (dependents launched after the body, not at entry);
 (b) prefetch: ``megakernel`` (next-task weight prefetch into L2) against ``megakernel-noprefetch``;
 (c) dependency granularity: ``megakernel`` (tile-level events) against ``megakernel-opevents`` (one per op);
+    task granularity: ``megakernel-covertiles`` (the separate kernels' 1-2 tiles per SM per op instead of
+    at most one per worker);
 (d) workers: ``megakernel-w132``, ``-w128``, ``-w96``, ``-w66`` (the default ``megakernel`` runs one worker
-    per SM and stands for the entry equal to the SM count);
+    per SM and stands for the entry equal to the SM count); ``megakernel-roundrobin`` (round-robin schedule
+    instead of the critical-path list scheduler); ``megakernel-8warps`` (8 warps per worker: one worker per SM
+    by registers, and twice the threads issuing loads);
 (e) launch gaps: one profiled step (``profile=True``) in graph, pdl and pdl-nosplit mode; from the per-task
     timestamps: the time between one op's last tile end and the next op's first tile start (launch gaps,
     ``profile.trace.breakdown``) and its first tile's body start (ready gaps), summed over the boundaries.
@@ -29,10 +33,16 @@ def study_variants(n_sm: int) -> list[tuple[str, str, dict, str]]:
     """(variant, mode, runner options, study letters) of every timed variant."""
     v = [("graph", "graph", {}, "a"), ("pdl", "pdl", {}, "a"),
          ("pdl-nosplit", "pdl", {"prologue_split": False}, "a"),
+         ("pdl-endtrigger", "pdl", {"trigger": "end"}, "a"),
          ("megakernel", "megakernel", {}, "bcd"),
          ("megakernel-noprefetch", "megakernel", {"prefetch": False}, "b"),
-         ("megakernel-opevents", "megakernel", {"events": "op"}, "c")]
-    v += [(f"megakernel-w{w}", "megakernel", {"n_workers": w}, "d") for w in WORKERS if w != n_sm]
+         ("megakernel-opevents", "megakernel", {"events": "op"}, "c"),
+         ("megakernel-covertiles", "megakernel", {"tiles": "cover"}, "c"),
+         ("megakernel-roundrobin", "megakernel", {"policy": "round_robin"}, "d")]
+    # Fewer workers run the default's graph (its tiles: n_sm = n_sm // 2 + 1), so only the worker count varies.
+    v += [(f"megakernel-w{w}", "megakernel", {"n_workers": w, "n_sm": n_sm // 2 + 1}, "d")
+          for w in WORKERS if w != n_sm]
+    v += [("megakernel-8warps", "megakernel", {"num_warps": 8}, "d")]
     return v
 
 

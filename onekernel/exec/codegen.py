@@ -97,6 +97,8 @@ def eager_source(kind: OpKind) -> str:
     PDL (constexpr): trigger dependents at entry, run the prologue, ``gdc_wait``, run the body.
     PROLOGUE_SPLIT (constexpr, only read when PDL): False moves ``gdc_wait`` before the prologue, so nothing of
     the kernel overlaps its predecessor but the launch itself (the "no prologue split" variant of the study).
+    TRIGGER_END (constexpr, only read when PDL): trigger dependents after the body instead of at entry, so a
+    dependent grid's CTAs cannot take SM slots that this kernel's later CTAs still need (multi-wave grids).
     PROFILE (constexpr): write (start, deps satisfied, end, SM id) as int64 to ``prof + (prof_base + tile) * 4``.
     """
     args = ", ".join(kind.args)
@@ -111,12 +113,13 @@ def eager_source(kind: OpKind) -> str:
         "",
         "@triton.jit",
         f"def kernel({args}, prof, prof_base{cdecl}, PDL: tl.constexpr, PROFILE: tl.constexpr,",
-        "           PROLOGUE_SPLIT: tl.constexpr):",
+        "           PROLOGUE_SPLIT: tl.constexpr, TRIGGER_END: tl.constexpr):",
         "    tile = tl.program_id(0)",
         "    if PROFILE:",
         "        t0 = globaltimer()",
         "    if PDL:",
-        "        gdc_launch_dependents()",
+        "        if not TRIGGER_END:",
+        "            gdc_launch_dependents()",
         "        if not PROLOGUE_SPLIT:",
         "            gdc_wait()",
         f"    {state} = PROLOGUE(tile, {args}{consts})",
@@ -126,6 +129,9 @@ def eager_source(kind: OpKind) -> str:
         "    if PROFILE:",
         "        t1 = globaltimer()",
         f"    BODY(tile, {state}, {args}{consts})",
+        "    if PDL:",
+        "        if TRIGGER_END:",
+        "            gdc_launch_dependents()",
         "    if PROFILE:",
         "        t2 = globaltimer()",
         "        rec = prof + (prof_base + tile) * 4",
@@ -150,11 +156,13 @@ def eager_kernel(kind_name: str):
 
 
 def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bool = False,
-              prof: torch.Tensor | None = None, prof_base: int = 0, prologue_split: bool = True):
+              prof: torch.Tensor | None = None, prof_base: int = 0, prologue_split: bool = True,
+              trigger_end: bool = False):
     """Launch ``op`` as one kernel with one program per tile (eager/graph/pdl modes).
 
     tensors: buffer name -> tensor (bound by ``models.decode_graph.bind``). prof: int64 [n_tasks, 4] or None.
     prologue_split (PDL only): False waits on the previous kernel before the prologue instead of after it.
+    trigger_end (PDL only): trigger the dependent launch after the body instead of at entry.
     """
     kind = OP_KINDS[op.kind]
     ptrs = [tensors[op.args[a]] for a in kind.args]
@@ -164,4 +172,4 @@ def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bo
         prof = ptrs[0]
     eager_kernel(op.kind)[(op.n_tiles,)](
         *ptrs, prof, prof_base, **consts, PDL=pdl, PROFILE=profile,
-        PROLOGUE_SPLIT=prologue_split, num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))
+        PROLOGUE_SPLIT=prologue_split, TRIGGER_END=trigger_end, num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))

@@ -10,7 +10,8 @@ order, grid = the op's tiles.
 * pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel triggers its
   dependents at entry, runs its prologue, then ``gdc_wait`` before its body, so the next kernel's prologue
   (weight loads) overlaps the previous kernel's tail. Captured in a CUDA graph like ``graph``.
-  ``prologue_split=False`` waits before the prologue instead (measures what the prologue overlap is worth).
+  ``prologue_split=False`` waits before the prologue instead (measures what the prologue overlap is worth);
+  ``trigger="end"`` triggers the dependent launch after the body (for grids of more than one wave).
 """
 from __future__ import annotations
 
@@ -26,14 +27,18 @@ class EagerRunner(GraphRunnerBase):
     mode = "eager"
     pdl = False
 
-    def __init__(self, *args, prologue_split: bool = True, **kw):
+    def __init__(self, *args, prologue_split: bool = True, trigger: str = "entry", **kw):
         super().__init__(*args, **kw)
+        if trigger not in ("entry", "end"):
+            raise ValueError(f"unknown PDL trigger {trigger!r}; choose 'entry' or 'end'")
         self.prologue_split = prologue_split  # read only with PDL (PdlRunner)
+        self.trigger = trigger  # read only with PDL
 
     def launch_all(self) -> None:
         for op in self.graph.ops:
             launch_op(self.graph, op, self.tensors, pdl=self.pdl, prof=self.prof,
-                      prof_base=op.task_ids[0] if op.task_ids else 0, prologue_split=self.prologue_split)
+                      prof_base=op.task_ids[0] if op.task_ids else 0, prologue_split=self.prologue_split,
+                      trigger_end=self.trigger == "end")
 
     def _run(self, moved: bool) -> None:
         self.launch_all()

@@ -24,7 +24,7 @@ import torch
 from onekernel.errors import DeviceError, KernelTimeoutError
 from onekernel.exec.base import GraphRunnerBase
 from onekernel.exec.codegen import load_source, variant_of
-from onekernel.exec.megakernel_src import megakernel_source
+from onekernel.exec.megakernel_src import REC, REC_FIELDS, megakernel_source
 from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, transitive_reduction
 from onekernel.graph.schedule import critical_path_list, residency_check, round_robin, validate
 from onekernel.ops.base import OP_KINDS
@@ -57,14 +57,23 @@ class MegakernelRunner(GraphRunnerBase):
     def __init__(self, model, cache, batch, *, n_workers: int | None = None, policy: str = "critical_path",
                  events: str = "tile", prefetch: bool = True, profile: bool = False, interpret: bool = False,
                  spin_limit: int | None = None, use_cuda_graph: bool | None = None, n_sm: int | None = None,
-                 schedule=None):
-        super().__init__(model, cache, batch, profile=profile, n_sm=n_sm)
+                 schedule=None, tiles: str = "fit", num_warps: int | None = None):
         dev = cache.k.device
         self.interpret = interpret
         if interpret:
             n_workers, prefetch, profile = 1, False, False
         elif n_workers is None:
             n_workers = torch.cuda.get_device_properties(dev).multi_processor_count
+        if tiles not in ("fit", "cover"):
+            raise ValueError(f"unknown tiling {tiles!r}; choose 'fit' (at most one tile per worker per op where "
+                             "the tile size limits allow) or 'cover' (the separate-kernel modes' tiles)")
+        if tiles == "fit" and not interpret and n_sm is None:
+            # The graph sizes an op's tiles so that it has >= n_sm of them (largest power-of-two BLOCK_N);
+            # n_workers // 2 + 1 gives a count in (W/2, W]: every worker runs at most one tile of an op, where
+            # the separate kernels' 1-2 tiles per SM would make some workers run two in a row.
+            n_sm = n_workers // 2 + 1
+        super().__init__(model, cache, batch, profile=profile, n_sm=n_sm)
+        self.tiles = tiles
         if policy not in POLICIES:
             raise ValueError(f"unknown schedule policy {policy!r}; choose from {sorted(POLICIES)}")
         g = self.graph
@@ -88,14 +97,11 @@ class MegakernelRunner(GraphRunnerBase):
         self.variants = variants
         self.maxa = max(len(OP_KINDS[op.kind].args) for op in g.ops)
         i32 = dict(dtype=torch.int32, device=dev)
-        ev = self.events.arrays(dev)
-        sc = self.schedule.arrays(dev)
-        ttab = [[op_var[t.op], t.tile, t.op, self.events.signal[t.id]] for t in g.tasks]
-        self.ttab = torch.tensor(ttab, **i32)
-        self.queue, self.qoff = sc["queue_ids"], sc["queue_ptr"]
-        self.wptr, self.wids, self.ev_exp = ev["wait_ptr"], ev["wait_ids"], ev["expected"]
-        if self.wids.numel() == 0:
-            self.wids = torch.zeros(1, **i32)
+        self.op_var = op_var
+        self.qoff = self.schedule.arrays(dev)["queue_ptr"]
+        n_pos = len(g.tasks)
+        self.qrec = torch.zeros(n_pos + 1, REC, dtype=torch.int64, device=dev)  # + a pad row (pipelined load)
+        self.wl = torch.zeros(max(self.events.n_waits, 1), 2, **i32)
         self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
         self.epoch = torch.ones(1, **i32)
         self.done = torch.zeros(1, **i32)
@@ -103,10 +109,11 @@ class MegakernelRunner(GraphRunnerBase):
         self.argtab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64, device=dev)
         self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
                       (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)}
-        self.pf_tab = torch.zeros(len(g.tasks), 2, dtype=torch.int64, device=dev)
         self._write_addresses()
         self.kernel = load_source(megakernel_source(variants, self.maxa), "megakernel").megakernel
-        self.num_warps = max(OP_KINDS[v.kind].num_warps for v in variants)
+        # num_warps: the tile functions' default (4), or more: with 8 warps and >= 128 registers per thread
+        # only one worker fits per SM, so the hardware cannot put two workers on one SM and none on another.
+        self.num_warps = num_warps or max(OP_KINDS[v.kind].num_warps for v in variants)
         self.prof_buf = self.prof if self.prof is not None else torch.zeros(1, 4, dtype=torch.int64, device=dev)
         self.profile = profile
         if use_cuda_graph is None:
@@ -119,8 +126,8 @@ class MegakernelRunner(GraphRunnerBase):
 
     # -- tables ----------------------------------------------------------------------------------------
     def _write_addresses(self) -> None:
-        """Fill the pointer table (element offsets from the per-dtype base pointer; every address must be
-        16-byte aligned) and the next-task prefetch table from the bound tensors (host -> device)."""
+        """Fill the pointer table (offsets from the per-dtype base pointer in 16-byte units; every address must be
+        16-byte aligned), then the queue records (they hold the next-task prefetch spans) (host -> device)."""
         g = self.graph
         tab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64)
         for op in g.ops:
@@ -130,24 +137,38 @@ class MegakernelRunner(GraphRunnerBase):
                 delta = t.data_ptr() - base.data_ptr()
                 if t.data_ptr() % 16 or delta % 16:
                     raise ValueError(f"buffer {op.args[a]!r} of op {op.name!r} is not 16-byte aligned")
-                tab[op.index, j] = delta // t.element_size()
+                tab[op.index, j] = delta // 16  # in 16-byte units (megakernel_src.BASE)
         self.argtab.copy_(tab)
-        pf = torch.zeros(len(g.tasks), 2, dtype=torch.int64)
-        pos = 0
+        self.write_tables()
+
+    def write_tables(self) -> None:
+        """Fill the queue-position records and the wait list (``REC_FIELDS``) from the schedule, the events
+        (``self.events.expected`` is read here: tests raise a count to provoke a timeout) and the bound
+        tensors' addresses (the next-task L2 prefetch span)."""
+        g, ev = self.graph, self.events
+        pad = [0] * (REC - len(REC_FIELDS))
+        rows, wl = [], []
         for q in self.schedule.queues:
             for k, t in enumerate(q):
-                if k + 1 < len(q):
-                    pf[pos] = torch.tensor(_weight_span(g, g.tasks[q[k + 1]], self.tensors))
-                pos += 1
-        self.pf_tab.copy_(pf)
+                task = g.tasks[t]
+                pf = _weight_span(g, g.tasks[q[k + 1]], self.tensors) if k + 1 < len(q) else (0, 0)
+                waits = ev.waits[t]
+                first = (waits[0], ev.expected[waits[0]]) if waits else (0, 0)
+                rows.append([t, self.op_var[task.op], task.tile, task.op, ev.signal[t], *pf, len(wl),
+                             len(wl) + len(waits), *first, *pad])
+                wl += [(e, ev.expected[e]) for e in waits]
+        rows.append([0] * REC)
+        self.qrec.copy_(torch.tensor(rows, dtype=torch.int64))
+        if wl:
+            self.wl.copy_(torch.tensor(wl, dtype=torch.int32))
 
     def _args(self):
-        return (self.queue, self.qoff, self.ttab, self.argtab, self.wptr, self.wids, self.ev_cnt, self.ev_exp,
-                self.epoch, self.done, self.err, self.prof_buf, self.pf_tab, *self.bases.values(), self.n_workers,
-                self.spin_limit)
+        return (self.qrec, self.qoff, self.wl, self.argtab, self.ev_cnt, self.epoch, self.done, self.err,
+                self.prof_buf, *self.bases.values(), self.n_workers, self.spin_limit)
 
     def _kw(self):
-        return dict(PROFILE=self.profile, PREFETCH=self.prefetch, num_warps=self.num_warps)
+        return dict(PROFILE=self.profile, PREFETCH=self.prefetch, ACQ_LOAD=not self.interpret,
+                    num_warps=self.num_warps)
 
     def _check_residency(self) -> None:
         dev = self.cache.k.device

@@ -9,7 +9,8 @@ Numerics mirror HF transformers (modeling_llama.py) in the model dtype ``dt`` (b
 Kernels never do dt arithmetic: load, ``.to(tl.float32)``, compute, round with ``rnd(x, dt)`` where HF rounds.
 
 Tile = BLOCK_N output rows for all B batch rows (see ops/tiling.py). The prologue loads the tile's first
-weight chunk (weights are ready before the step); the body reads activations (``.cg``) and streams the rest.
+weight chunk (weights are ready before the step); the body reads activations (``.cg``) and streams the rest
+double-buffered: chunk k+1's load is issued before chunk k is reduced, so two chunks are in flight per CTA.
 
 Batch invariance: row b's outputs are bitwise the same for every batch size B (1..16) given row b's inputs.
 Tile shapes (BLOCK_N, BLOCK_K) never depend on B, and every per-row reduction is written once per row,
@@ -33,7 +34,7 @@ from triton.language.extra import libdevice
 
 from onekernel.graph.ir import Op
 from onekernel.ops.base import OpKind, register
-from onekernel.ops.tiling import gemv_blocks, gemv_cost, region, row_tiled_tasks
+from onekernel.ops.tiling import MAX_TILE_ELEMS, gemv_blocks, gemv_cost, region, row_tiled_tasks
 
 
 # ----------------------------------------------------------------------------------------- shared helpers
@@ -81,16 +82,24 @@ def load_w_chunk(w, rows, rmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def last_chunk(K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Start column of the last BLOCK_K chunk of K columns."""
+    return ((K - 1) // BLOCK_K) * BLOCK_K
+
+
+@triton.jit
 def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
     """Tuple of B fp32 scalars ``rsqrt(mean_k(x[b, k]^2) + eps)`` of activation x [B, K] (HF LlamaRMSNorm).
 
     Batch-invariant: row b is loaded as its own [BLOCK_K] vector, squares accumulate elementwise over the
-    chunks and one 1-D ``tl.sum`` finishes the row, so the layout and summation order never depend on B."""
+    chunks and one 1-D ``tl.sum`` finishes the row, so the layout and summation order never depend on B.
+    The chunk loop is unrolled so the loads of all chunks are issued together (one memory round trip, not
+    K / BLOCK_K of them: this runs on the latency-critical path of every normed GEMV tile)."""
     ok = tl.arange(0, BLOCK_K)
     ss = ()
     for b in tl.static_range(B):
         ss = ss + (tl.zeros([BLOCK_K], tl.float32),)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: every chunk's load can be in flight at once
         m = k0 + ok < K
         nss = ()
         for b in tl.static_range(B):
@@ -173,11 +182,13 @@ def gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexp
     """Tuple of B fp32 [R]: row b = (norm?)x[b, :] @ W[rows, :]^T, given the prefetched first chunk
     w0 = W[rows, :BLOCK_K]. Per row: chunk sums ``row_dot`` added in k order to an fp32 accumulator, the
     same operations for every b and every B (rstd: tuple from ``rms_rstd``, unused unless NORM)."""
-    acc = mac_rows(zero_rows(B, R), x, nw, rstd, w0, 0, B, K, BLOCK_K, NORM)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = mac_rows(acc, x, nw, rstd, wv, k0, B, K, BLOCK_K, NORM)
-    return acc
+    acc = zero_rows(B, R)
+    wv = w0
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered: chunk k0 is in flight while k0 - BK is reduced
+        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mac_rows(acc, x, nw, rstd, wv, k0 - BLOCK_K, B, K, BLOCK_K, NORM)
+        wv = nxt
+    return mac_rows(acc, x, nw, rstd, wv, last_chunk(K, BLOCK_K), B, K, BLOCK_K, NORM)
 
 
 @triton.jit
@@ -204,11 +215,13 @@ def gemv_rows(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr,
               R: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
     """fp32 [BLOCK_B, R] = (norm?)x[B, K] @ W[rows, :]^T (rows >= B are 0), given the prefetched first chunk
     w0 = W[rows, :BLOCK_K]; the same per-row operations as ``gemv_rows_t``, bitwise."""
-    acc = mac_rows2d(tl.zeros([BLOCK_B, R], tl.float32), x, nw, rstd, w0, 0, B, BLOCK_B, K, BLOCK_K, NORM)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = mac_rows2d(acc, x, nw, rstd, wv, k0, B, BLOCK_B, K, BLOCK_K, NORM)
-    return acc
+    acc = tl.zeros([BLOCK_B, R], tl.float32)
+    wv = w0
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_rows_t
+        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mac_rows2d(acc, x, nw, rstd, wv, k0 - BLOCK_K, B, BLOCK_B, K, BLOCK_K, NORM)
+        wv = nxt
+    return mac_rows2d(acc, x, nw, rstd, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, BLOCK_K, NORM)
 
 
 @triton.jit
@@ -305,11 +318,14 @@ def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
     z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    ag, au = gate_up_mac(z, z, x, nw, rstd, wg0, wu0, 0, B, BLOCK_B, K, BLOCK_K)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B, BLOCK_B, K, BLOCK_K)
+    ag, au = z, z
+    wg, wu = wg0, wu0
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_rows_t
+        ng = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        nu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
+        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0 - BLOCK_K, B, BLOCK_B, K, BLOCK_K)
+        wg, wu = ng, nu
+    ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, last_chunk(K, BLOCK_K), B, BLOCK_B, K, BLOCK_K)
     dt = out.dtype.element_ty
     g = rnd(ag, dt)
     u = rnd(au, dt)
@@ -337,7 +353,8 @@ def add_gate_up(graph, name: str, x: str, nw: str, w: str, out: str, eps: float,
     B, K = graph.buffers[x].shape
     N = graph.buffers[out].shape[1]
     es = graph.buffers[w].nbytes // (2 * N * K)
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm), "EPS": float(eps), **(blocks or {})}
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm, max_elems=MAX_TILE_ELEMS // 2), "EPS": float(eps),
+         **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)

@@ -6,7 +6,8 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
 
 * ``BLOCK_K``: 256..512 columns, so a warp reads whole 512..1024-byte row segments with 16-byte loads
   (8 bf16 per thread per load); smaller only when K itself is smaller; capped so the weight chunk of one
-  tile stays <= 8192 elements (16 KB in bf16) per pipeline stage.
+  tile stays <= 8192 elements (16 KB in bf16; gate_up: 4096 per matrix) per pipeline stage; the bodies
+  double-buffer, so two chunks are in registers.
 * ``BLOCK_N``: power of two in [lo, 64], the largest that still gives >= n_sm tiles (every SM streams),
   the smallest (lo) when N is too small for that.
 * Batch: ``BLOCK_B = next_pow2(B)`` rows of accumulator; BLOCK_N and BLOCK_K do NOT depend on B (they are
@@ -46,20 +47,22 @@ def block_n_for(n: int, n_sm: int, lo: int = 4, hi: int = 64) -> int:
     return max(lo, min(hi, bn))
 
 
-def block_k_for(k: int, block_n: int) -> int:
-    """Columns per chunk: 512 for thin tiles, 256 otherwise, <= next_pow2(K), chunk <= 8192 elems.
+def block_k_for(k: int, block_n: int, max_elems: int = MAX_TILE_ELEMS) -> int:
+    """Columns per chunk: 512 for thin tiles, 256 otherwise, <= next_pow2(K), chunk <= max_elems elems.
     ``block_n``: the weight rows per chunk (never the batch: tiles must not depend on B)."""
     bk = min(pow2_ceil(k), 512 if block_n <= 16 else 256)
-    while bk > 16 and block_n * bk > MAX_TILE_ELEMS:
+    while bk > 16 and block_n * bk > max_elems:
         bk //= 2
     return max(16, bk)
 
 
-def gemv_blocks(n: int, k: int, batch: int, n_sm: int, lo: int = 4, hi: int = 64) -> dict:
+def gemv_blocks(n: int, k: int, batch: int, n_sm: int, lo: int = 4, hi: int = 64,
+                max_elems: int = MAX_TILE_ELEMS) -> dict:
     """The constexpr tile params of a row-tiled GEMV: BLOCK_B, BLOCK_N, BLOCK_K (see module doc).
-    Only BLOCK_B depends on ``batch``."""
+    Only BLOCK_B depends on ``batch``. ``max_elems``: weight elements per chunk of one matrix (gate_up
+    streams two matrices, double-buffered, and uses half)."""
     bn = block_n_for(n, n_sm, lo, hi)
-    return {"BLOCK_B": batch_block(batch), "BLOCK_N": bn, "BLOCK_K": block_k_for(k, bn)}
+    return {"BLOCK_B": batch_block(batch), "BLOCK_N": bn, "BLOCK_K": block_k_for(k, bn, max_elems)}
 
 
 def region(buffer: str, *box) -> Region:

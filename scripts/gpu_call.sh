@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call of the H200 runs (docs/GPU-RUNS.md). Usage, from the repo root on the device machine:
+#     bash scripts/gpu_call.sh 1|2|3
+# 1: park model part aa; per-op GEMV bandwidth; `onekernel bench` on Llama-3.2-1B, Llama-3.1-8B, Qwen3-8B
+#    (random weights, batch 1 and 8).
+# 2: join the default GGUF; real-model checks and profile (gpu_suite.py real); `onekernel bench` and
+#    `--study` on it.
+# 3: `--study` on Llama-3.2-1B; random-weight checks of every mode (gpu_suite.py random).
+# Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
+# PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ONEKERNEL_COMMIT=${ONEKERNEL_COMMIT:-}
+W=$OUT/w
+mkdir -p "$W" /tmp/model
+GGUF=/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+step() {  # step SECONDS NAME COMMAND...
+    local lim=$1 name=$2; shift 2
+    log "start $name (limit ${lim}s)"
+    timeout "$lim" "$@" >"$W/$name.log" 2>&1
+    log "end $name: rc=$?"
+    tail -n 25 "$W/$name.log"
+}
+bench() { python3 -m onekernel.cli bench --out "$W" "$@"; }
+suite() { OUT=$W python3 scripts/gpu_suite.py "$@"; }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+case "$1" in
+1)
+    cp .model/smol.part-aa /tmp/model/
+    step 90 ops suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    step 150 bench-1b bench --model llama-3.2-1b --random-weights --batch 1,8
+    step 150 bench-8b bench --model llama-3.1-8b --random-weights --batch 1,8
+    step 150 bench-qwen3-8b bench --model qwen3-8b --random-weights --batch 1,8
+    ;;
+2)
+    cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    step 230 real suite real "$GGUF"
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/real.json"
+    step 90 bench-135m bench --model "$GGUF" --batch 1,8
+    step 200 study-135m bench --model "$GGUF" --study --batch 1,8
+    ;;
+3)
+    step 330 study-1b bench --model llama-3.2-1b --random-weights --study --batch 1,8
+    step 150 random suite random
+    ;;
+esac
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
+tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"
