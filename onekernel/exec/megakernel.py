@@ -57,8 +57,8 @@ class MegakernelRunner(GraphRunnerBase):
     def __init__(self, model, cache, batch, *, n_workers: int | None = None, policy: str = "critical_path",
                  events: str = "tile", prefetch: bool = True, profile: bool = False, interpret: bool = False,
                  spin_limit: int | None = None, use_cuda_graph: bool | None = None, n_sm: int | None = None,
-                 schedule=None):
-        super().__init__(model, cache, batch, profile=profile, n_sm=n_sm)
+                 schedule=None, fuse_merge: bool | None = None):
+        super().__init__(model, cache, batch, profile=profile, n_sm=n_sm, fuse_merge=fuse_merge)
         dev = cache.k.device
         self.interpret = interpret
         if interpret:
