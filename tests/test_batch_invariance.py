@@ -27,6 +27,7 @@ from onekernel.ops.attention import add_attention
 from onekernel.ops.embed import add_embed
 from onekernel.ops.gemv import add_gate_up, add_gemv_residual
 from onekernel.ops.lm_head import add_lm_head
+from onekernel.ops.oproj_merge import add_oproj_merge
 from onekernel.ops.qkv import add_qkv_rope
 from onekernel.runtime.kv_cache import KVCache
 
@@ -99,6 +100,19 @@ def b_attention(B):
     return g
 
 
+def b_oproj_merge(B):
+    """attn_partial (3 splits of 64, random seq_lens: empty splits) then the fused merge + O-projection,
+    K = 8*16 = 128 in 4 chunks of 32, 2 splits per partials tile."""
+    g = Graph()
+    cfg = type("Cfg", (), {"n_heads": 8, "n_kv_heads": 2, "head_dim": 16})
+    add_attention(g, cfg, 0, B, 160, F32, merge=False)
+    for name, shape, kind in (("w", (40, 128), "weight"), ("res", (B, 40), "activation"),
+                              ("out", (B, 40), "activation")):
+        g.add_buffer(name, shape, F32, kind)
+    add_oproj_merge(g, "o", "attn_o.0", "attn_lse.0", "w", "res", "out", n_sm=2, blocks={"BLOCK_K": 32, "CH": 2})
+    return g
+
+
 def b_embed(B):
     g = _graph([("tokens", (B,), torch.int32, "input"), ("table", (50, D), F32, "weight"),
                 ("x", (B, D), F32, "activation")])
@@ -106,7 +120,7 @@ def b_embed(B):
     return g
 
 
-BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_embed]
+BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_oproj_merge, b_embed]
 
 
 def _written(g):
@@ -169,6 +183,10 @@ def test_op_row_matches_batch1(builder):
 @pytest.mark.parametrize("builder", [b_gate_up, b_qkv_qwen3], ids=["gate_up", "qkv_qwen3"])
 def test_op_row_matches_batch1_b16(builder):
     _check_rows(builder, 16, (0, 11, 15), seed=16)
+
+
+def test_oproj_merge_every_row_of_b3_matches_batch1():
+    _check_rows(b_oproj_merge, 3, (0, 1, 2), seed=3)
 
 
 def test_decode_step_tiny_b4_row_matches_b1():

@@ -14,7 +14,7 @@ from onekernel.errors import InputError, UnsupportedModelError
 from onekernel.exec.codegen import launch_op
 from onekernel.graph.deps import derive_dependencies
 from onekernel.models.config import get_config
-from onekernel.models.decode_graph import bind, build_decode_graph, run_reference
+from onekernel.models.decode_graph import bind, build_decode_graph, fuse_merge_rule, run_reference
 from onekernel.models.random_init import random_weights
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import decode_step
@@ -48,14 +48,16 @@ def _clone_cache(cache):
 CASES = [("tiny", 1, None), ("tiny", 3, LLAMA3), ("tiny-qwen3", 1, None), ("tiny-qwen3", 3, None)]
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused-merge", "separate-merge"])
 @pytest.mark.parametrize("name,B,scaling", CASES, ids=[f"{c[0]}-B{c[1]}-{'scaled' if c[2] else 'plain'}" for c in CASES])
-def test_decode_step_matches_references(name, B, scaling):
+def test_decode_step_matches_references(name, B, scaling, fuse):
     cfg = dataclasses.replace(get_config(name), rope_scaling=scaling)
     S = 40
     w, cache, tokens = _setup(cfg, B, S, seed=B + 7 * len(name))
     ref_cache, graph_cache = _clone_cache(cache), _clone_cache(cache)
 
-    g = build_decode_graph(cfg, B, S, torch.float32, n_sm=16)
+    g = build_decode_graph(cfg, B, S, torch.float32, n_sm=16, fuse_merge=fuse)
+    assert ("attn.0" in g.buffers) != fuse
     t = bind(g, w, cache)
     t["tokens"].copy_(tokens)
     for op in g.ops:
@@ -86,8 +88,9 @@ def test_graph_structure_and_bind():
     assert g.meta["cfg"] is cfg and g.meta["batch"] == B and g.meta["max_seq_len"] == S
     assert g.meta["dtype"] == torch.bfloat16
     kinds = [op.kind for op in g.ops]
-    layer = ["qkv_rope", "attn_partial", "attn_merge", "gemv_residual", "gate_up", "gemv_residual"]
-    assert kinds == ["embed"] + layer * cfg.n_layers + ["lm_head", "argmax"]
+    layer = ["qkv_rope", "attn_partial", "oproj_merge", "gate_up", "gemv_residual"]  # short context: fused
+    assert g.meta["fuse_merge"] and kinds == ["embed"] + layer * cfg.n_layers + ["lm_head", "argmax"]
+    assert not any(n.startswith("attn.") for n in g.buffers)
     assert g.buffers["logits"].dtype == torch.float32 and g.buffers["next_tokens"].dtype == torch.int32
     assert all(t.bytes > 0 for t in g.tasks)
     deps = derive_dependencies(g)
@@ -142,7 +145,7 @@ def test_megakernel_fit_tiling_gives_at_most_one_tile_per_worker(name, workers):
     cfg = get_config(name)
     g = build_decode_graph(cfg, 1, 512, torch.bfloat16, n_sm=workers // 2 + 1)
     for op in g.ops:
-        if op.kind in ("gemv_residual", "gate_up") and op.params["BLOCK_N"] < 64:
+        if op.kind in ("gemv_residual", "gate_up", "oproj_merge") and op.params["BLOCK_N"] < 64:
             assert workers // 2 < op.n_tiles <= workers, (op.name, op.n_tiles)
 
 
@@ -153,3 +156,21 @@ def test_megakernel_rejects_unknown_tiling():
     cache = KVCache(model.config, 1, 16, torch.float32, "cpu")
     with pytest.raises(ValueError, match="tiling"):
         MegakernelRunner(model, cache, 1, interpret=True, tiles="huge")
+
+
+def test_fuse_merge_rule_and_forced_paths():
+    big = get_config("smollm2-135m")  # Hq 9, hd 64, Hkv 3: NSPLIT 8 at 512 (18 KiB of partials per row)
+    assert fuse_merge_rule(big, 512) and not fuse_merge_rule(big, 8192)  # NSPLIT 128 at 8192: 288 KiB
+    for B in (1, 5):  # never depends on the batch size
+        assert build_decode_graph(big, B, 512, torch.bfloat16).meta["fuse_merge"]
+        assert not build_decode_graph(big, B, 8192, torch.bfloat16).meta["fuse_merge"]
+    cfg = get_config("tiny")
+    sep = build_decode_graph(cfg, 2, 16, torch.float32, fuse_merge=False)
+    kinds = [op.kind for op in sep.ops if op.name.endswith(".0")]
+    assert kinds == ["qkv_rope", "attn_partial", "attn_merge", "gemv_residual", "gate_up", "gemv_residual"]
+    assert sep.buffers["attn.1"].shape == (2, cfg.n_heads * cfg.head_dim) and not sep.meta["fuse_merge"]
+    fused = build_decode_graph(cfg, 2, 16, torch.float32, fuse_merge=True)
+    assert len(fused.ops) == len(sep.ops) - cfg.n_layers and "attn.0" not in fused.buffers
+    o = next(op for op in fused.ops if op.name == "o_proj.1")
+    assert o.kind == "oproj_merge" and o.args == {"o_part": "attn_o.1", "lse_part": "attn_lse.1",
+                                                   "w": "layers.1.wo", "res": "x.1", "out": "h.1"}

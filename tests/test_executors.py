@@ -1,5 +1,7 @@
 """Executors under the Triton interpreter (fp32, CPU): every Triton mode on the `tiny` models equals the
-reference mode; the megakernel rejects an invalid schedule and turns an unsatisfiable wait into an error."""
+reference mode, eager and megakernel also with the attention merge forced fused into the O-projection and
+forced separate (several KV splits, empty ones included); the megakernel rejects an invalid schedule and turns
+an unsatisfiable wait into an error."""
 import pytest
 import torch
 
@@ -45,6 +47,33 @@ def test_mode_matches_reference(mode, name, batch):
         torch.testing.assert_close(cache.k, k_w, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cache.v, v_w, rtol=1e-5, atol=1e-5)
         cache.seq_lens += 1
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused-merge", "separate-merge"])
+@pytest.mark.parametrize("mode", ["eager", "megakernel"])
+def test_fuse_merge_matches_reference(mode, fuse, twin_caches):
+    """tiny, batch 3, a 160-position cache (SPLIT 64, NSPLIT 3): rows at lengths 1, 97 and 150 -> 1, 2 and 3
+    live splits (the empty splits' partials are -inf / 0); two steps."""
+    seed = int(torch.randint(0, 10_000, ()))
+    model = load_model("tiny", random_weights=True, seed=seed)
+    (cache, ref_cache), g = twin_caches(model, 3, 160, [0, 96, 149], seed)
+    ref = ReferenceRunner(model, ref_cache)
+    r = make_runner(mode, model, cache, 3, interpret=True, fuse_merge=fuse)
+    partial = next(op for op in r.graph.ops if op.name == "attn_partial.0")
+    assert r.graph.meta["fuse_merge"] is fuse and partial.params["NSPLIT"] == 3
+    assert [op.kind for op in r.graph.ops].count("attn_merge") == (0 if fuse else model.config.n_layers)
+    for _ in range(2):
+        tokens = torch.randint(0, model.config.vocab_size, (3,), generator=g, dtype=torch.int32)
+        lg_w, nt_w = ref.step(tokens)
+        r.tensors["logits"].fill_(float("nan"))
+        r.tensors["next_tokens"].fill_(-1)
+        lg, nt = r.step(tokens)
+        torch.testing.assert_close(lg, lg_w, rtol=1e-4, atol=1e-4)
+        assert torch.equal(nt, nt_w)
+        torch.testing.assert_close(cache.k, ref_cache.k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cache.v, ref_cache.v, rtol=1e-5, atol=1e-5)
+        cache.seq_lens += 1
+        ref_cache.seq_lens += 1
 
 
 def test_gpu_mode_without_gpu_is_refused():

@@ -3,6 +3,7 @@
 For each op kind, the ops of every layer are launched back to back in one CUDA graph (each reads its own
 layer's weights), L2 flushed before each timed replay; GB/s = the tasks' bytes (weights + activations, from
 the graph's cost estimates) / median time. Reported against the copy bandwidth measured in the same run.
+``oproj_merge``'s bytes count the attention partials once per tile (each tile re-reads them, mostly from L2).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from onekernel.exec import make_runner
 from onekernel.exec.codegen import launch_op
 from onekernel.runtime.kv_cache import KVCache
 
-GEMV_KINDS = ("qkv_rope", "gemv_residual", "gate_up", "lm_head")
+GEMV_KINDS = ("qkv_rope", "oproj_merge", "gemv_residual", "gate_up", "lm_head")  # those with a weight "w"
 
 
 def gemv_bandwidth(model, name: str, bw_gbs: float, batch: int = 1, context: int = 512) -> list[dict]:

@@ -34,18 +34,22 @@ def cache_views(graph: Graph, cache) -> dict[str, torch.Tensor]:
 class GraphRunnerBase:
     """Builds the decode-step graph for ``model`` at batch ``batch`` and binds it to ``cache``.
 
-    Raises UnsupportedModelError (from ``build_decode_graph``) for shapes or dtypes the kernels can't run.
+    ``fuse_merge``: None (the default rule), True or False, passed to ``build_decode_graph`` (merge the
+    attention partials inside the O-projection or in a separate op). Raises UnsupportedModelError (from
+    ``build_decode_graph``) for shapes or dtypes the kernels can't run.
     """
 
     mode = "base"
 
-    def __init__(self, model, cache, batch: int, *, n_sm: int | None = None, profile: bool = False):
+    def __init__(self, model, cache, batch: int, *, n_sm: int | None = None, profile: bool = False,
+                 fuse_merge: bool | None = None):
         dtype = cache.k.dtype
         if n_sm is None:
             n_sm = torch.cuda.get_device_properties(cache.k.device).multi_processor_count \
                 if cache.k.is_cuda else 132
         self.model, self.cache, self.batch = model, cache, batch
-        self.graph = build_decode_graph(model.config, batch, cache.k.shape[3], dtype, n_sm=n_sm)
+        self.graph = build_decode_graph(model.config, batch, cache.k.shape[3], dtype, n_sm=n_sm,
+                                        fuse_merge=fuse_merge)
         self.tensors = bind(self.graph, model.weights, cache, cache.k.device)
         self.tensors.update(cache_views(self.graph, cache))
         self._cache_key = cache_key(cache)

@@ -3,7 +3,11 @@
 Program order (layer i = 0..L-1), buffers in docs/DESIGN.md / the op files:
     embed                      tokens, tok_embeddings -> x.0
     qkv_rope.{i}               x.{i}, attn_norm, wqkv, rope_inv_freq, seq_lens -> q.{i}, k/v cache row seq_lens[b]
-    attn_partial.{i}, attn_merge.{i}   (ops/attention.py)  q.{i}, k/v cache -> attn.{i}
+    attn_partial.{i}           (ops/attention.py)  q.{i}, k/v cache -> attn_o.{i}, attn_lse.{i} (split-KV partials)
+    then either (fused, :func:`fuse_merge_rule`, the default at short context)
+    o_proj.{i}  oproj_merge    h.{i}   = x.{i} + merge(attn_o.{i}, attn_lse.{i}) @ wo^T   (ops/oproj_merge.py)
+    or (separate)
+    attn_merge.{i}             attn.{i} = merge(attn_o.{i}, attn_lse.{i})
     o_proj.{i}  gemv_residual  h.{i}   = x.{i} + attn.{i} @ wo^T
     gate_up.{i}                act.{i} = silu(norm(h.{i}) Wg^T) * (norm(h.{i}) Wu^T)
     down.{i}    gemv_residual  x.{i+1} = h.{i} + act.{i} @ w_down^T
@@ -25,6 +29,11 @@ from onekernel.ops.qkv import add_qkv_rope
 from onekernel.ops.tiling import MAX_BATCH
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Fuse the flash-decoding merge into the O-projection while one batch row's partials (attn_o + attn_lse,
+# ~NSPLIT*Hq*hd*4 bytes) are at most this big. The fused op saves a stage per layer (several us each), but
+# every O-proj tile re-reads all partials of its rows from L2 (N/BLOCK_N tiles x the partials), so at long
+# context (large NSPLIT) the separate merge, which reads each partial once, is cheaper.
+FUSE_MERGE_MAX_PARTIAL_BYTES = 64 * 1024
 FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
@@ -50,18 +59,32 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
         raise InputError(f"max_seq_len={max_seq_len} must be >= 1")
 
 
+def fuse_merge_rule(cfg, max_seq_len: int) -> bool:
+    """True when one batch row's split-KV partials, NSPLIT*Hq*hd*4 bytes (NSPLIT from ``choose_split``), are
+    at most :data:`FUSE_MERGE_MAX_PARTIAL_BYTES`. Depends on the config and cache length only, never on the
+    batch size (a B-dependent choice would change a row's rounding with B: batch invariance)."""
+    from onekernel.ops.attention import choose_split
+
+    nsplit = choose_split(cfg.n_kv_heads, max_seq_len)[1]
+    return nsplit * cfg.n_heads * cfg.head_dim * 4 <= FUSE_MERGE_MAX_PARTIAL_BYTES
+
+
 def build_decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16,
-                       n_sm: int = 132) -> Graph:
+                       n_sm: int = 132, fuse_merge: bool | None = None) -> Graph:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions
-    and model dtype ``dtype``; ``n_sm`` (SMs of the target GPU) sizes the tiles. Raises
+    and model dtype ``dtype``; ``n_sm`` (SMs of the target GPU) sizes the tiles. ``fuse_merge``: merge the
+    attention partials inside the O-projection (``oproj_merge``) instead of ``attn_merge`` + ``gemv_residual``;
+    None = :func:`fuse_merge_rule`, True/False = force (tests, benchmarks); recorded in ``meta``. Raises
     UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch."""
     from onekernel.ops.attention import add_attention  # the attention family registers its kinds here
+    from onekernel.ops.oproj_merge import add_oproj_merge
 
     check_supported(cfg, batch, max_seq_len, dtype)
+    fuse = fuse_merge_rule(cfg, max_seq_len) if fuse_merge is None else bool(fuse_merge)
     B, S, D, F, V, L = batch, max_seq_len, cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.n_layers
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
-    g.meta.update(cfg=cfg, batch=B, max_seq_len=S, dtype=dtype, n_sm=n_sm)
+    g.meta.update(cfg=cfg, batch=B, max_seq_len=S, dtype=dtype, n_sm=n_sm, fuse_merge=fuse)
     g.add_buffer("tokens", (B,), torch.int32, "input")
     g.add_buffer("seq_lens", (B,), torch.int32, "input")
     g.add_buffer("rope_inv_freq", (HD // 2,), torch.float32, "weight")
@@ -85,7 +108,8 @@ def build_decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = t
         g.add_buffer(f"x.{i}", (B, D), dtype, "activation")
     for i in range(L):
         g.add_buffer(f"q.{i}", (B, HQ, HD), dtype, "activation")
-        g.add_buffer(f"attn.{i}", (B, HQ * HD), dtype, "activation")
+        if not fuse:
+            g.add_buffer(f"attn.{i}", (B, HQ * HD), dtype, "activation")
         g.add_buffer(f"h.{i}", (B, D), dtype, "activation")
         g.add_buffer(f"act.{i}", (B, F), dtype, "activation")
     g.add_buffer("logits", (B, V), torch.float32, "output")
@@ -98,8 +122,11 @@ def build_decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = t
         add_qkv_rope(g, f"qkv_rope.{i}", x=f"x.{i}", nw=p + "attn_norm", w=p + "wqkv", inv_freq="rope_inv_freq",
                      seq_lens="seq_lens", qn=qn, kn=kn, q=f"q.{i}", k_cache=p + "k_cache", v_cache=p + "v_cache",
                      eps=cfg.norm_eps, qk_norm=cfg.qk_norm, n_sm=n_sm)
-        add_attention(g, cfg, i, B, S, dtype)
-        add_gemv_residual(g, f"o_proj.{i}", f"attn.{i}", p + "wo", f"x.{i}", f"h.{i}", n_sm)
+        add_attention(g, cfg, i, B, S, dtype, merge=not fuse)
+        if fuse:
+            add_oproj_merge(g, f"o_proj.{i}", f"attn_o.{i}", f"attn_lse.{i}", p + "wo", f"x.{i}", f"h.{i}", n_sm)
+        else:
+            add_gemv_residual(g, f"o_proj.{i}", f"attn.{i}", p + "wo", f"x.{i}", f"h.{i}", n_sm)
         add_gate_up(g, f"gate_up.{i}", f"h.{i}", p + "ffn_norm", p + "w_gate_up", f"act.{i}", cfg.norm_eps, n_sm)
         add_gemv_residual(g, f"down.{i}", f"act.{i}", p + "w_down", f"h.{i}", f"x.{i + 1}", n_sm)
     add_lm_head(g, f"x.{L}", "norm", "lm_head", "logits", "next_tokens", cfg.norm_eps, n_sm)

@@ -7,7 +7,8 @@ Layouts (layer i, model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation a
   ``seq_lens`` int32 [B]: position of the token being decoded; row b attends to KV positions 0..seq_lens[b]
   inclusive. Read from memory, so one compiled kernel serves every step.
   ``q.{i}`` T [B, Hq, hd] (RoPE applied); ``layers.{i}.k_cache``/``v_cache`` T [B, Hkv, S, hd] (this step's
-  k/v already at row seq_lens[b]); ``attn.{i}`` T [B, Hq*hd]. GQA: q head h uses kv head h // (Hq // Hkv).
+  k/v already at row seq_lens[b]); ``attn.{i}`` T [B, Hq*hd] (absent when the O-projection merges the
+  partials itself: ops/oproj_merge.py). GQA: q head h uses kv head h // (Hq // Hkv).
   Partials: ``attn_o.{i}`` fp32 [B, Hq, NSPLIT, hd], ``attn_lse.{i}`` fp32 [B, Hq, NSPLIT].
 
 ``attn_partial`` tile (b, g, s), s-th split of kv head g: positions [s*SPLIT, min((s+1)*SPLIT, len_b)),
@@ -152,11 +153,17 @@ def _partial_reference(op: Op, t: dict) -> None:
             o[b, :, s] = torch.einsum("hn,hnd->hd", torch.softmax(x, -1), vv)
 
 
-def _merge_reference(op: Op, t: dict) -> None:
-    o, lse, out = t[op.args["o_part"]], t[op.args["lse_part"]], t[op.args["out"]]
+def merge_partials(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """PyTorch flash-decoding merge: o fp32 [B, Hq, NSPLIT, hd], lse fp32 [B, Hq, NSPLIT] -> [B, Hq*hd] in
+    ``dtype`` (merged in fp32, then cast); empty splits (lse = -inf) weigh 0."""
     total = torch.logsumexp(lse, -1, keepdim=True)  # [B, Hq, 1]
     w = torch.nan_to_num(torch.exp(lse - total), nan=0.0)
-    out.copy_((w[..., None] * o).sum(2).reshape(out.shape).to(out.dtype))
+    return (w[..., None] * o).sum(2).reshape(o.shape[0], -1).to(dtype)
+
+
+def _merge_reference(op: Op, t: dict) -> None:
+    out = t[op.args["out"]]
+    out.copy_(merge_partials(t[op.args["o_part"]], t[op.args["lse_part"]], out.dtype))
 
 
 PARTIAL = register(OpKind(
@@ -196,11 +203,13 @@ def _ensure(graph: Graph, name: str, shape, dtype, kind: str):
 
 
 def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, dtype: torch.dtype,
-                  split: int | None = None) -> list[Op]:
+                  split: int | None = None, merge: bool = True) -> list[Op]:
     """Add layer ``layer``'s decode attention (``attn_partial`` then ``attn_merge``) to ``graph``.
 
     Uses (creating any that are missing) ``q.{i}``, ``layers.{i}.k_cache``/``v_cache``, ``seq_lens`` and
-    ``attn.{i}``; always adds the scratch buffers ``attn_o.{i}``/``attn_lse.{i}``. cfg needs ``n_heads``,
+    ``attn.{i}``; always adds the scratch buffers ``attn_o.{i}``/``attn_lse.{i}``. Returns ``[partial, merge]``.
+    ``merge=False`` adds only ``attn_partial`` (returns ``[partial]``) and neither uses nor creates ``attn.{i}``:
+    the caller merges the partials itself (``oproj_merge``, ops/oproj_merge.py). cfg needs ``n_heads``,
     ``n_kv_heads``, ``head_dim`` (a power of two). ``split`` overrides :func:`choose_split` (a multiple of 16).
     Task costs are at full context (every split full, S = max_seq_len):
     partial: bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) + R*(hd+1)*4 (partials), flops =
@@ -221,7 +230,8 @@ def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, d
     _ensure(graph, kn, (B, HKV, S, HD), dtype, "kv")
     _ensure(graph, vn, (B, HKV, S, HD), dtype, "kv")
     _ensure(graph, "seq_lens", (B,), torch.int32, "input")
-    _ensure(graph, outn, (B, HQ * HD), dtype, "activation")
+    if merge:
+        _ensure(graph, outn, (B, HQ * HD), dtype, "activation")
     graph.add_buffer(on, (B, HQ, NSPLIT, HD), torch.float32, "scratch")
     graph.add_buffer(ln, (B, HQ, NSPLIT), torch.float32, "scratch")
 
@@ -246,6 +256,8 @@ def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, d
                     bytes=R * HD * e + 2 * (hi - lo) * HD * e + 4 + R * (HD + 1) * 4,
                     flops=4 * R * (hi - lo) * HD + 5 * R * (hi - lo)))
     graph.add_op(partial, tasks)
+    if not merge:
+        return [partial]
 
     NSP2 = triton.next_power_of_2(NSPLIT)
     merge = Op(f"attn_merge.{i}", "attn_merge", {"o_part": on, "lse_part": ln, "out": outn},
