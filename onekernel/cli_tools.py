@@ -174,18 +174,27 @@ def _run_bench(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{'study' if args.study else 'bench'}-{meta['date']}-{name}-{commit or 'nocommit'}"
+    partial: list[dict] = []
+
+    def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
+        def f(rec):
+            partial.append({**meta, **rec})
+            (out / f"{stem}.json").write_text(json.dumps(partial, indent=1))
+            done(rec)
+        return f
+
     if args.study:
         n_sm = props.multi_processor_count
         total = len(batches) * (len(study_variants(n_sm)) + len(GAP_VARIANTS))
         with progress(total, f"study {name}") as (started, done):
             records = run_study(model, name, batches, args.context, bw, steps=args.steps, n_sm=n_sm,
-                                started=started, progress=done)
+                                started=started, progress=keep(done))
     else:
         records = []
         with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
             for b in batches:
-                records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps, progress=done,
-                                       started=lambda m, b=b: started(f"batch {b}: {m}"))
+                records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps,
+                                       progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"))
     records = [{**meta, **r} for r in records]
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
     timed = [r for r in records if not r.get("profiled")]

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call of the H200 runs (docs/GPU-RUNS.md). Usage, from the repo root on the device machine:
 #     bash scripts/gpu_call.sh 1|2|3
-# 1: park model part aa; per-op GEMV bandwidth; `onekernel bench` on Llama-3.2-1B, Llama-3.1-8B, Qwen3-8B
-#    (random weights, batch 1 and 8).
-# 2: join the default GGUF; real-model checks and profile (gpu_suite.py real); `onekernel bench` and
-#    `--study` on it.
-# 3: `--study` on Llama-3.2-1B; random-weight checks of every mode (gpu_suite.py random).
+# 1: park model part aa; per-op GEMV bandwidth; `onekernel bench` on Llama-3.2-1B and Llama-3.1-8B (random
+#    weights, batch 1 and 8; every record also checks the mode's step against the PyTorch reference).
+# 2 (at once after 1, the machine is still warm): join the default GGUF; real-model checks and profile
+#    (gpu_suite.py real); `onekernel bench` and `--study` on it.
+# 3: `--study` on Llama-3.2-1B; `onekernel bench` on Qwen3-8B (random weights).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -28,22 +28,21 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 case "$1" in
 1)
     cp .model/smol.part-aa /tmp/model/
-    step 90 ops suite ops
+    step 75 ops suite ops
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
-    step 150 bench-1b bench --model llama-3.2-1b --random-weights --batch 1,8
-    step 150 bench-8b bench --model llama-3.1-8b --random-weights --batch 1,8
-    step 150 bench-qwen3-8b bench --model qwen3-8b --random-weights --batch 1,8
+    step 190 bench-1b bench --model llama-3.2-1b --random-weights --batch 1,8
+    step 300 bench-8b bench --model llama-3.1-8b --random-weights --batch 1,8
     ;;
 2)
     cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    step 230 real suite real "$GGUF"
+    step 220 real suite real "$GGUF"
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/real.json"
-    step 90 bench-135m bench --model "$GGUF" --batch 1,8
-    step 200 study-135m bench --model "$GGUF" --study --batch 1,8
+    step 120 bench-135m bench --model "$GGUF" --batch 1,8
+    step 230 study-135m bench --model "$GGUF" --study --batch 1,8
     ;;
 3)
     step 330 study-1b bench --model llama-3.2-1b --random-weights --study --batch 1,8
-    step 150 random suite random
+    step 240 bench-qwen3-8b bench --model qwen3-8b --random-weights --batch 1,8
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

@@ -2,7 +2,9 @@
 
 Each record: model, batch, context, mode, ms_per_step (median of ``steps`` CUDA-event-timed steps after
 warm-up), p10/p90, tokens_per_s, floor_ms (weight + KV bytes / copy bandwidth measured in the same run),
-pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph). The timing keys
+pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph), and a correctness
+check of the mode's first step against the PyTorch reference step on the same input: rel_err_vs_torch (relative
+L2 error of the logits) and argmax_agree ("agreeing rows/batch"). The timing keys
 are always present: None when the mode failed (then "error" says why) or torch+graph was not measured.
 The cache holds random K/V and every sequence sits at position ``context - 1``; steps do not advance it, so
 every timed step reads the same ``context`` positions.
@@ -51,6 +53,9 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
     cache, tokens = random_decode_state(model, batch, context)
     wb, kvb = step_bytes(cfg, batch, context, model.weights["tok_embeddings"].element_size())
     floor = floor_ms(wb, kvb, bw_gbs)
+    # The reference step's output, to check every timed mode on the same input (a step is idempotent: it
+    # rewrites the same KV row with the same values, so the order of the modes does not matter).
+    ref_logits, ref_next = (x.clone() for x in ReferenceRunner(model, cache).step(tokens))
     records = []
     for mode in modes:
         rec = {"model": name, "batch": batch, "context": context, "mode": mode, "floor_ms": floor,
@@ -62,6 +67,9 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
             opts = dict((options or {}).get(mode, {}))
             r = make_bench_runner(mode, model, cache, batch, **opts)
             fn = (lambda: r.step(tokens, check=False)) if mode == "megakernel" else (lambda: r.step(tokens))
+            lg, nt = fn()
+            rec.update(rel_err_vs_torch=float((lg.float() - ref_logits.float()).norm() / ref_logits.float().norm()),
+                       argmax_agree=f"{int((nt.view(-1) == ref_next.view(-1)).sum())}/{batch}")
             t = median_ms(fn, steps=steps, warmup=10)
             if hasattr(r, "check"):
                 r.check()

@@ -39,7 +39,7 @@ import triton.language as tl
 from onekernel.graph.ir import Op
 from onekernel.ops.attention import merge_partials
 from onekernel.ops.base import OpKind, register
-from onekernel.ops.gemv import load_w_chunk, rnd, row_dot, tile_rows
+from onekernel.ops.gemv import last_chunk, load_w_chunk, rnd, row_dot, tile_rows
 from onekernel.ops.tiling import gemv_blocks, region, row_tiled_tasks
 
 # Elements of one [CH, BLOCK_K] partials tile (CH splits x BLOCK_K columns; CH = min(next_pow2(NSPLIT),
@@ -64,11 +64,14 @@ def merge_chunk(o_part, lse_part, b, n_live, k0, K: tl.constexpr, HQ: tl.constex
                 NSPLIT: tl.constexpr, CH: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
     """fp32 [BLOCK_K]: the merged attention output ``attn[b, k0:k0+BLOCK_K]`` rounded to dt (0 past K).
 
-    Per element (head h = k // HD, d = k % HD), over the row's ``n_live`` live splits in chunks of CH:
+    Per element (head h = k // HD, d = k % HD), over the row's ``n_live`` live splits in blocks of CH:
     m = max_s lse_s, w_s = exp(lse_s - m), value = sum_s w_s O_s / sum_s w_s. A chunk loads its [CH, BLOCK_K]
     lse and O tiles together (one memory round trip per chunk); a later chunk with a larger max rescales the
     running sums by exp(m_old - m_new) (FlashAttention's online softmax), so with n_live <= CH this is exactly
-    ``attn_merge``'s arithmetic. Splits >= n_live (empty) are masked: their O is never read."""
+    ``attn_merge``'s arithmetic. Splits >= n_live (empty) are masked: their O is never read, and a fully
+    masked block changes nothing (weights exp(-inf) = 0, rescale exp(0) = 1). The loop over the blocks is
+    unrolled (static), so the loads of every block are issued together: one memory round trip per chunk
+    instead of one per block."""
     k = k0 + tl.arange(0, BLOCK_K)
     km = k < K
     base = (b * HQ + k // HD) * NSPLIT  # [BLOCK_K] index of (b, h, s=0) in lse_part
@@ -76,7 +79,7 @@ def merge_chunk(o_part, lse_part, b, n_live, k0, K: tl.constexpr, HQ: tl.constex
     m = tl.full([BLOCK_K], float("-inf"), tl.float32)
     tot = tl.zeros([BLOCK_K], tl.float32)
     acc = tl.zeros([BLOCK_K], tl.float32)
-    for c in range(0, n_live, CH):
+    for c in tl.static_range(0, NSPLIT, CH):  # unrolled: all live blocks' loads in flight at once
         sp = c + tl.arange(0, CH)
         live = (sp < n_live)[:, None] & km[None, :]
         slot = base[None, :] + sp[:, None]  # [CH, BLOCK_K]
@@ -126,12 +129,15 @@ def oproj_merge_body(tile, w0, o_part, lse_part, w, res, out, B: tl.constexpr, N
     n_live = ()
     for b in tl.static_range(B):
         n_live = n_live + (live_splits(lse_part, b, HQ, NSPLIT, NSP2),)
-    acc = oproj_merge_mac(tl.zeros([BLOCK_B, BLOCK_N], tl.float32), o_part, lse_part, n_live, w0, 0, B, BLOCK_B,
-                          K, HQ, HD, NSPLIT, CH, BLOCK_K, dt)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0, B, BLOCK_B, K, HQ, HD, NSPLIT, CH, BLOCK_K,
-                              dt)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    wv = w0
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv.py gemv_rows)
+        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0 - BLOCK_K, B, BLOCK_B, K, HQ, HD, NSPLIT, CH,
+                              BLOCK_K, dt)
+        wv = nxt
+    acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, HQ, HD, NSPLIT,
+                          CH, BLOCK_K, dt)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
