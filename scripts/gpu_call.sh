@@ -21,28 +21,28 @@ step() {  # step SECONDS NAME COMMAND...
     log "end $name: rc=$?"
     tail -n 25 "$W/$name.log"
 }
-bench() { python3 -m onekernel.cli bench --out "$W" "$@"; }
-suite() { OUT=$W python3 scripts/gpu_suite.py "$@"; }
+bench="python3 -m onekernel.cli bench --out $W"    # word-split on purpose: `timeout` runs programs only
+suite="env OUT=$W python3 scripts/gpu_suite.py"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
 1)
     cp .model/smol.part-aa /tmp/model/
-    step 75 ops suite ops
+    step 75 ops $suite ops
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
-    step 190 bench-1b bench --model llama-3.2-1b --random-weights --batch 1,8
-    step 300 bench-8b bench --model llama-3.1-8b --random-weights --batch 1,8
+    step 190 bench-1b $bench --model llama-3.2-1b --random-weights --batch 1,8
+    step 300 bench-8b $bench --model llama-3.1-8b --random-weights --batch 1,8
     ;;
 2)
     cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    step 220 real suite real "$GGUF"
+    step 220 real $suite real "$GGUF"
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/real.json"
-    step 120 bench-135m bench --model "$GGUF" --batch 1,8
-    step 230 study-135m bench --model "$GGUF" --study --batch 1,8
+    step 120 bench-135m $bench --model "$GGUF" --batch 1,8
+    step 230 study-135m $bench --model "$GGUF" --study --batch 1,8
     ;;
 3)
-    step 330 study-1b bench --model llama-3.2-1b --random-weights --study --batch 1,8
-    step 240 bench-qwen3-8b bench --model qwen3-8b --random-weights --batch 1,8
+    step 330 study-1b $bench --model llama-3.2-1b --random-weights --study --batch 1,8
+    step 240 bench-qwen3-8b $bench --model qwen3-8b --random-weights --batch 1,8
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
