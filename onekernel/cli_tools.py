@@ -166,8 +166,9 @@ def _run_bench(args) -> int:
     args.context = _context(args, model.config)
     bw = copy_bandwidth_gbs()
     props = torch.cuda.get_device_properties(0)
-    commit = (subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-              or os.environ.get("ONEKERNEL_COMMIT", ""))  # a copy of the tree without .git: the caller says
+    # ONEKERNEL_COMMIT first: a copied tree (a remote GPU machine) may carry a stale .git
+    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
     name = model.config.name

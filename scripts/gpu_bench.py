@@ -34,11 +34,11 @@ def run_random_bench(section, R):
 
 
 def run_real_bench(real_model, section, R):
-    @section("profile: one SmolLM2-135M step, megakernel and graph mode")
+    @section("profile: one SmolLM2-135M step, megakernel, graph and pdl mode")
     def profile():
         out = {}
         n_sm = torch.cuda.get_device_properties(0).multi_processor_count
-        for mode in ["megakernel", "graph"]:
+        for mode in ["megakernel", "graph", "pdl"]:
             cache = KVCache(real_model.config, 1, 512, torch.bfloat16, "cuda")
             cache.seq_lens.fill_(511)
             r = make_runner(mode, real_model, cache, 1, profile=True)

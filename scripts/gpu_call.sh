@@ -5,7 +5,9 @@
 #    weights, batch 1 and 8; every record also checks the mode's step against the PyTorch reference).
 # 2 (at once after 1, the machine is still warm): join the default GGUF; real-model checks and profile
 #    (gpu_suite.py real); `onekernel bench` and `--study` on it.
-# 3: `--study` on Llama-3.2-1B; `onekernel bench` on Qwen3-8B (random weights).
+# 3: random-weight SmolLM2-135M profile, batch invariance, re-capture and every-mode smoke; per-op GEMV
+#    bandwidth; `onekernel bench` Llama-3.2-1B (onekernel modes), `--study` Llama-3.2-1B batch 1,
+#    `onekernel bench` Qwen3-8B batch 1.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -40,9 +42,16 @@ case "$1" in
     step 120 bench-135m $bench --model "$GGUF" --batch 1,8
     step 230 study-135m $bench --model "$GGUF" --study --batch 1,8
     ;;
-3)
-    step 330 study-1b $bench --model llama-3.2-1b --random-weights --study --batch 1,8
-    step 240 bench-qwen3-8b $bench --model qwen3-8b --random-weights --batch 1,8
+3)  # what still needs the GPU after 1 and 2, by priority (no real weights needed)
+    step 100 random $suite random
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/random.json"
+    step 45 ops $suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    step 100 bench-1b $bench --model llama-3.2-1b --random-weights --batch 1,8 \
+        --modes torch+graph,eager,graph,pdl,megakernel
+    step 160 study-1b $bench --model llama-3.2-1b --random-weights --study --batch 1
+    step 110 bench-qwen3-8b $bench --model qwen3-8b --random-weights --batch 1 \
+        --modes torch,torch+graph,eager,graph,pdl,megakernel,torch+compile
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

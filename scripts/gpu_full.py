@@ -85,6 +85,27 @@ def teacher_forced(model, mode, ids, n=32):
     return diffs
 
 
+def recapture_check(model):
+    """Graph mode on a batch-2 cache: capture A, replay A, move the cache (new addresses, new contents from
+    position 60), replay: must re-capture and equal eager on the new cache bitwise."""
+    cache = KVCache(model.config, 2, 128, torch.bfloat16, "cuda")
+    cache.k.normal_(); cache.v.normal_(); cache.seq_lens.copy_(torch.tensor([50, 90]))
+    r = make_runner("graph", model, cache, 2)
+    tok = torch.tensor([7, 99], dtype=torch.int32, device="cuda")
+    a = r.step(tok)[0].clone()
+    a2 = r.step(tok)[0].clone()
+    k, v, s = cache.k.clone(), cache.v.clone(), cache.seq_lens.clone()
+    old_ptr = cache.k.data_ptr()
+    cache.reallocate()
+    cache.k.copy_(k); cache.v.copy_(v); cache.seq_lens.copy_(s)
+    cache.k[:, :, :, 60:].normal_()  # new contents the old graph could not have seen: row 1 changes
+    b = r.step(tok)[0].clone()
+    e = make_runner("eager", model, cache, 2).step(tok)[0].clone()
+    return {"captures": r.captures, "moved": cache.k.data_ptr() != old_ptr, "A==A'": torch.equal(a, a2),
+            "B == eager on the new cache (bitwise)": torch.equal(b, e), "row0 B==A": torch.equal(a[0], b[0]),
+            "row1 B!=A (new contents seen)": not torch.equal(a[1], b[1])}
+
+
 def run_full(gguf: str, section, R):
     model = load_model(gguf, dtype=torch.bfloat16, device="cuda")
 
@@ -130,22 +151,7 @@ def run_full(gguf: str, section, R):
 
     @section("real: KV cache moved -> re-capture (capture A, replay A, swap to B, replay B)")
     def recapture():
-        cache = KVCache(model.config, 2, 128, torch.bfloat16, "cuda")
-        cache.k.normal_(); cache.v.normal_(); cache.seq_lens.copy_(torch.tensor([50, 90]))
-        r = make_runner("graph", model, cache, 2)
-        tok = torch.tensor([7, 99], dtype=torch.int32, device="cuda")
-        a = r.step(tok)[0].clone()
-        a2 = r.step(tok)[0].clone()
-        k, v, s = cache.k.clone(), cache.v.clone(), cache.seq_lens.clone()
-        old_ptr = cache.k.data_ptr()
-        cache.reallocate()
-        cache.k.copy_(k); cache.v.copy_(v); cache.seq_lens.copy_(s)
-        cache.k[:, :, :, 60:].normal_()  # new contents the old graph could not have seen: row 1 changes
-        b = r.step(tok)[0].clone()
-        e = make_runner("eager", model, cache, 2).step(tok)[0].clone()
-        return {"captures": r.captures, "moved": cache.k.data_ptr() != old_ptr, "A==A'": torch.equal(a, a2),
-                "B == eager on the new cache (bitwise)": torch.equal(b, e), "row0 B==A": torch.equal(a[0], b[0]),
-                "row1 B!=A (new contents seen)": not torch.equal(a[1], b[1])}
+        return recapture_check(model)
 
     @section("real: batch 8 vs eight batch-1 runs (bitwise logits, 2 steps)")
     def batch8():

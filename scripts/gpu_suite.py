@@ -60,8 +60,9 @@ def save():
 def env():
     p = torch.cuda.get_device_properties(0)
     import triton
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    R.update(gpu=p.name, torch=torch.__version__, triton=triton.__version__, commit=commit or os.environ.get("COMMIT"))
+    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                                   text=True).stdout.strip()
+    R.update(gpu=p.name, torch=torch.__version__, triton=triton.__version__, commit=commit)
     bw = copy_bandwidth_gbs()
     R["copy_gbs"] = bw
     return {"gpu": p.name, "sms": p.multi_processor_count, "copy_gbs": bw, "triton": triton.__version__}
@@ -128,19 +129,28 @@ def smoke():
     return res
 
 
-@section("batch invariance: megakernel and eager at B=8 vs each row alone at B=1 (bitwise logits)")
-def batch_invariance():
+@section("batch invariance: B=8 vs each row alone at B=1 (bitwise logits), random SmolLM2-135M")
+def batch_invariance(m):
     from gpu_full import batch_invariance_check
-    m = random_model("smollm2-135m")
-    return {mode: batch_invariance_check(m, mode) for mode in ("eager", "megakernel")}
+    return {mode: batch_invariance_check(m, mode) for mode in ("megakernel", "graph", "eager")}
+
+
+@section("KV cache moved -> re-capture (capture A, replay A, swap to B, replay B), random SmolLM2-135M")
+def recapture(m):
+    from gpu_full import recapture_check
+    return recapture_check(m)
 
 
 def main():
     what = sys.argv[1]
     env()
-    if what == "random":
+    if what == "random":  # what needs no real weights: profile, batch invariance, re-capture, then the smoke
+        from gpu_bench import run_real_bench
+        m = random_model("smollm2-135m")
+        run_real_bench(m, section, R)
+        batch_invariance(m)
+        recapture(m)
         smoke()
-        batch_invariance()
     if what == "ops":  # per-op GEMV bandwidth: needs no model file
         from gpu_bench import run_random_bench
         run_random_bench(section, R)

@@ -88,9 +88,9 @@ def test_graph_structure_and_bind():
     assert g.meta["cfg"] is cfg and g.meta["batch"] == B and g.meta["max_seq_len"] == S
     assert g.meta["dtype"] == torch.bfloat16
     kinds = [op.kind for op in g.ops]
-    layer = ["qkv_rope", "attn_partial", "oproj_merge", "gate_up", "gemv_residual"]  # short context: fused
-    assert g.meta["fuse_merge"] and kinds == ["embed"] + layer * cfg.n_layers + ["lm_head", "argmax"]
-    assert not any(n.startswith("attn.") for n in g.buffers)
+    layer = ["qkv_rope", "attn_partial", "attn_merge", "gemv_residual", "gate_up", "gemv_residual"]
+    assert not g.meta["fuse_merge"] and kinds == ["embed"] + layer * cfg.n_layers + ["lm_head", "argmax"]
+    assert all(f"attn.{i}" in g.buffers for i in range(cfg.n_layers))
     assert g.buffers["logits"].dtype == torch.float32 and g.buffers["next_tokens"].dtype == torch.int32
     assert all(t.bytes > 0 for t in g.tasks)
     deps = derive_dependencies(g)
@@ -160,10 +160,10 @@ def test_megakernel_rejects_unknown_tiling():
 
 def test_fuse_merge_rule_and_forced_paths():
     big = get_config("smollm2-135m")  # Hq 9, hd 64, Hkv 3: NSPLIT 8 at 512 (18 KiB of partials per row)
-    assert fuse_merge_rule(big, 512) and not fuse_merge_rule(big, 8192)  # NSPLIT 128 at 8192: 288 KiB
+    assert not fuse_merge_rule(big, 512) and not fuse_merge_rule(big, 8192)  # measured slower: never by default
     for B in (1, 5):  # never depends on the batch size
-        assert build_decode_graph(big, B, 512, torch.bfloat16).meta["fuse_merge"]
-        assert not build_decode_graph(big, B, 8192, torch.bfloat16).meta["fuse_merge"]
+        assert not build_decode_graph(big, B, 512, torch.bfloat16).meta["fuse_merge"]
+        assert build_decode_graph(big, B, 512, torch.bfloat16, fuse_merge=True).meta["fuse_merge"]
     cfg = get_config("tiny")
     sep = build_decode_graph(cfg, 2, 16, torch.float32, fuse_merge=False)
     kinds = [op.kind for op in sep.ops if op.name.endswith(".0")]

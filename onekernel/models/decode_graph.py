@@ -30,10 +30,12 @@ from onekernel.ops.tiling import MAX_BATCH
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Fuse the flash-decoding merge into the O-projection while one batch row's partials (attn_o + attn_lse,
-# ~NSPLIT*Hq*hd*4 bytes) are at most this big. The fused op saves a stage per layer (several us each), but
-# every O-proj tile re-reads all partials of its rows from L2 (N/BLOCK_N tiles x the partials), so at long
-# context (large NSPLIT) the separate merge, which reads each partial once, is cheaper.
-FUSE_MERGE_MAX_PARTIAL_BYTES = 64 * 1024
+# ~NSPLIT*Hq*hd*4 bytes) are at most this big. The fused op saves a stage per layer, but every O-proj tile
+# re-merges all partials of its rows (N/BLOCK_N tiles x the partials from L2, and the exp() of each). Measured
+# on the H200 (benchmarks/results/2026-11-30-run3, ops.json): oproj_merge 10.5 us per layer on SmolLM2-135M
+# and 39 us on Llama-3.2-1B, against ~3 us + ~6 us for attn_merge + the O-projection. So 0: never by
+# default; ``fuse_merge=True`` still builds it (tests, the study).
+FUSE_MERGE_MAX_PARTIAL_BYTES = 0
 FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
