@@ -30,13 +30,33 @@ def _rows(graph: Graph, prof: torch.Tensor):
             for t, (task, r) in enumerate(zip(graph.tasks, p))]
 
 
+def _union_len(iv: list[tuple[float, float]]) -> float:
+    """Total length covered by intervals (start, end)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in sorted(iv):
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
 def breakdown(graph: Graph, prof: torch.Tensor, n_sm: int) -> dict:
-    """Times in microseconds: span, computing, waiting, idle (summed over ``n_sm`` SMs) and their shares,
-    per op kind computing time, and the launch gaps between consecutive ops."""
+    """Times in microseconds over the step's span on ``n_sm`` SMs, each SM's time counted once: computing
+    (some CTA on the SM runs a task body), waiting on dependencies (some CTA waits and none computes), idle
+    (the rest, including SMs without a CTA), their shares of span * n_sm; per op kind computing time (summed
+    CTA time: CTAs sharing an SM both count); and the launch gaps between consecutive ops. Several CTAs per
+    SM (separate kernels, PDL's early-launched CTAs) are why the per-SM unions matter."""
     rows = _rows(graph, prof)
     span = max(r[4] for r in rows) - min(r[2] for r in rows)
-    compute = sum(r[4] - r[3] for r in rows)
-    wait = sum(r[3] - r[2] for r in rows)
+    body, busy = defaultdict(list), defaultdict(list)
+    for _, _, s, r, e, sm in rows:
+        body[sm].append((r, e))
+        busy[sm].append((s, e))
+    compute = sum(_union_len(v) for v in body.values())
+    wait = sum(_union_len(v) for v in busy.values()) - compute
     idle = max(span * n_sm - compute - wait, 0.0)
     by_kind = defaultdict(float)
     for r in rows:
