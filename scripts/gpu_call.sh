@@ -8,6 +8,7 @@
 # 3: random-weight SmolLM2-135M profile, batch invariance, re-capture and every-mode smoke; per-op GEMV
 #    bandwidth; `onekernel bench` Llama-3.2-1B (onekernel modes), `--study` Llama-3.2-1B batch 1,
 #    `onekernel bench` Qwen3-8B batch 1.
+# 4, then 5 at once: the cells run 3 did not reach (see benchmarks/README.md: "-" cells).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -52,6 +53,22 @@ case "$1" in
     step 160 study-1b $bench --model llama-3.2-1b --random-weights --study --batch 1
     step 110 bench-qwen3-8b $bench --model qwen3-8b --random-weights --batch 1 \
         --modes torch,torch+graph,eager,graph,pdl,megakernel,torch+compile
+    ;;
+4)  # what run 3 left unmeasured for the bench tables (issue 5), random weights; park model part aa for 5
+    cp .model/smol.part-aa /tmp/model/
+    step 120 bench-1b-b8 $bench --model llama-3.2-1b --random-weights --batch 8 \
+        --modes torch+graph,megakernel,torch+compile
+    step 200 bench-8b-b8 $bench --model llama-3.1-8b --random-weights --batch 8 \
+        --modes torch+graph,pdl,megakernel
+    step 230 bench-qwen3-8b-b8 $bench --model qwen3-8b --random-weights --batch 8 \
+        --modes torch,torch+graph,eager,graph,pdl,megakernel,torch+compile
+    ;;
+5)  # at once after 4: the real model's missing batch-8 cells, the study's batch 8, Qwen3-8B torch+compile b1
+    cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    step 150 bench-135m-b8 $bench --model "$GGUF" --batch 8 \
+        --modes torch+graph,torch+compile,eager,graph,pdl,megakernel
+    step 120 study-1b-b8 $bench --model llama-3.2-1b --random-weights --study --batch 8
+    step 150 bench-qwen3-8b-compile $bench --model qwen3-8b --random-weights --batch 1 --modes torch+graph,torch+compile
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
