@@ -20,9 +20,19 @@ DEFAULT_GPU_MODE = "megakernel"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``onekernel generate: error: ...; see `onekernel generate --help```
+    and exit code 2 (argparse's default prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+
 def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="prompt text; repeat the flag to form a batch (at most 16)")
+    # Not an option of generate: without this, argparse's prefix matching reads `--batch 4` as `--batch-file 4`.
+    p.add_argument("--batch", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch-file", metavar="PATH", help="a file with one prompt per non-empty line, added to the batch")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
@@ -46,6 +56,9 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 
 
 def _collect_prompts(args) -> list[str]:
+    if args.batch is not None:
+        raise InputError("generate has no --batch option: the batch is the prompts, so repeat --prompt TEXT once "
+                         "per sequence (at most 16) or pass --batch-file PATH with one prompt per line")
     prompts = list(args.prompt)
     if args.batch_file:
         try:
@@ -53,6 +66,9 @@ def _collect_prompts(args) -> list[str]:
                 prompts += [line.rstrip("\n") for line in f if line.strip()]
         except OSError as e:
             raise InputError(f"cannot read --batch-file {args.batch_file!r}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"--batch-file {args.batch_file!r} is not UTF-8 text (byte {e.object[e.start]:#04x} "
+                             f"at offset {e.start}); save it as UTF-8 text, one prompt per line") from None
     if not prompts:
         raise InputError("no prompt given; pass --prompt TEXT (repeat it for a batch) or --batch-file PATH")
     return prompts
@@ -99,12 +115,13 @@ def _run_generate(args) -> int:
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else (torch.bfloat16 if device == "cuda"
                                                                    else torch.float32)
     model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
-    if note:
-        print(note, file=sys.stderr)
 
     stream = not args.json and len(prompts) == 1
+    pending_note = [note] if note else []  # printed with the first token: bad input stays one error line
 
     def on_token(i: int, token: int, piece: str) -> None:
+        if pending_note:
+            print(pending_note.pop(), file=sys.stderr)
         if stream and piece:
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -143,24 +160,39 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onekernel", description="LLM decoding: eager, CUDA graph, PDL, megakernel")
+    parser = _Parser(prog="onekernel", description="LLM decoding: eager, CUDA graph, PDL, megakernel")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_, add, run) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         add(p)
-        p.set_defaults(_run=run)
+        p.set_defaults(_run=run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``onekernel`` console script. Returns the exit code (2 for a OneKernelError)."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``onekernel`` console script. Returns the exit code: 2 for a OneKernelError or a bad
+    argument (one line on stderr), 130 when interrupted, 1 when stdout is closed early (``| head``)."""
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser, so the hint names `onekernel COMMAND --help`
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args._run(args)
     except OneKernelError as e:
-        sys.stdout.flush()
-        print(f"onekernel: error: {e}", file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
+        print(f"onekernel: error: {' '.join(str(e).split())}", file=sys.stderr)  # always one line
         return 2
+    except BrokenPipeError:  # the reader of stdout went away; stop quietly (Python docs, "Note on SIGPIPE")
+        try:  # so that the interpreter's own flush at exit does not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except KeyboardInterrupt:
+        print("\nonekernel: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -142,8 +142,10 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
     except ValueError:
         raise InputError(f"--batch must be comma-separated integers, got {args.batch!r}") from None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes:
+        raise InputError(f"--modes is empty; pass a comma-separated list of {', '.join(BENCH_MODES)}")
     bad = [m for m in modes if m not in BENCH_MODES]
-    if bad or not modes:
+    if bad:
         raise InputError(f"unknown mode(s) {bad} in --modes; choose from {', '.join(BENCH_MODES)}")
     if args.steps < 1 or min(batches) < 1 or max(batches) > 16 or (args.context is not None and args.context < 2):
         raise InputError("--steps must be >= 1, every --batch between 1 and 16, and --context >= 2")

@@ -1,6 +1,7 @@
 """Bad input found by trying to break the tool: each gives one OneKernelError (exit code 2 on the CLI),
 raised before the model loads where the check needs no model."""
 import json
+import re
 
 import gguf
 import numpy as np
@@ -88,3 +89,128 @@ def test_corrupt_generation_config(tmp_path):
     (tmp_path / "generation_config.json").write_text("{oops")
     with pytest.raises(ModelFileError, match="generation_config.json"):
         Tokenizer.from_hf(tmp_path)
+
+
+# ---- found by a fresh-user pass (userfix) --------------------------------------------------------------
+
+def _one_line_error(capsys, argv, *needles):
+    """``onekernel ARGV`` exits 2 with exactly one line on stderr (no usage block, no note, no traceback)."""
+    assert cli.main(argv) == 2
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and "error:" in out.err and "Traceback" not in out.err, out.err
+    for n in needles:
+        assert n in out.err, out.err
+    return out.err
+
+
+def test_hf_folder_without_tokenizer_is_one_line(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128,
+                                 max_position_embeddings=64)).save_pretrained(tmp_path)
+    with pytest.raises(ModelFileError, match="no tokenizer") as e:
+        load_model(str(tmp_path))
+    assert "\n" not in str(e.value)
+    capsys.readouterr()  # save_pretrained's progress bar
+    _one_line_error(capsys, ["generate", "--model", str(tmp_path), "--prompt", "hi"], "tokenizer.json")
+
+
+def test_tokenizer_error_text_is_one_line(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+    from onekernel.models.tokenizer import Tokenizer
+    with pytest.raises(ModelFileError, match="tokenizer.json") as e:
+        Tokenizer.from_hf(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw,msg", [({"device": "tpu"}, "device 'tpu' is not supported; use 'cpu' or 'cuda'"),
+                                    ({"device": "meta"}, "device 'meta'"), ({"device": None}, "device None"),
+                                    ({"seed": "a"}, "seed"), ({"seed": 2**70}, "seed")])
+def test_load_model_bad_device_and_seed(kw, msg):
+    with pytest.raises(InputError, match=re.escape(msg)):
+        load_model("tiny", random_weights=True, **kw)
+
+
+@pytest.mark.parametrize("model", [5, ["tiny"], b"tiny", {"a": 1}, "", "  "])
+def test_load_model_bad_model_argument(model):
+    with pytest.raises(InputError, match="model"):
+        load_model(model, random_weights=True)
+
+
+@pytest.mark.parametrize("argv,msg", [(["--mode", "fast"], "invalid choice: 'fast'"),
+                                      (["--max-new-tokens", "abc"], "invalid int value"),
+                                      (["--nope"], "unrecognized arguments")])
+def test_argparse_errors_are_one_line(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--prompt", "x", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err and "usage:" not in err, err
+    assert "onekernel generate --help" in err
+
+
+def test_batch_is_not_batch_file(capsys, monkeypatch):
+    """argparse's prefix matching used to read `--batch 4` as `--batch-file 4` ("cannot read --batch-file '4'")."""
+    monkeypatch.setattr("onekernel.models.load.load_model", lambda *a, **k: pytest.fail("model loaded"))
+    for argv in (["--batch", "4"], ["--batch=4"], ["--batch"]):
+        _one_line_error(capsys, ["generate", "--prompt", "x", *argv], "no --batch option", "--prompt")
+
+
+def test_batch_file_not_utf8(tmp_path, capsys):
+    f = tmp_path / "prompts.bin"
+    f.write_bytes(b"\xb0\xff\x00abc\n")
+    _one_line_error(capsys, ["generate", "--batch-file", str(f)], "not UTF-8", "prompts.bin")
+
+
+def test_prompt_with_invalid_utf8(tiny, capsys):
+    bad = b"ab\xff".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        generate(tiny, [bad], max_new_tokens=1)
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        generate(tiny, [[{"role": "user", "content": bad}]], chat=True, max_new_tokens=1)
+    _one_line_error(capsys, ["generate", "--model", "tiny", "--random-weights", "--prompt", bad], "prompt 0")
+
+
+def test_seed_out_of_range(capsys):
+    with pytest.raises(InputError, match="seed"):
+        SamplingParams(seed=2**64)
+    _one_line_error(capsys, ["generate", "--model", "tiny", "--random-weights", "--prompt", "x", "--seed",
+                             str(10**23)], "--seed")
+
+
+def test_no_gpu_note_not_printed_before_an_error(capsys, monkeypatch):
+    """The 'no GPU' note goes out with the first token, so a bad prompt found after loading stays one line."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _one_line_error(capsys, ["generate", "--model", "tiny", "--random-weights", "--prompt", ""], "empty")
+    assert "note" not in err
+    err = _one_line_error(capsys, ["generate", "--model", "tiny", "--random-weights", "--prompt", "x",
+                                   "--max-seq-len", "4", "--max-new-tokens", "4"], "1 token;", "--max-seq-len")
+
+
+@pytest.mark.parametrize("kw,msg", [({"prompts": 5}, "prompts must be"), ({"on_token": 5}, "on_token"),
+                                    ({"max_seq_len": "8"}, "max_seq_len"), ({"max_seq_len": 8.5}, "max_seq_len"),
+                                    ({"prompts": [[1.5, 2.0]]}, "token ids")])
+def test_generate_bad_arguments(tiny, kw, msg):
+    kw = {"prompts": ["hi"], "max_new_tokens": 1, **kw}
+    with pytest.raises(InputError, match=msg):
+        generate(tiny, **kw)
+
+
+def test_bench_empty_modes(capsys):
+    _one_line_error(capsys, ["bench", "--modes", ","], "--modes is empty")
+
+
+def test_error_message_with_newlines_is_one_line(capsys, monkeypatch):
+    def boom(args):
+        raise ModelFileError("first line\nsecond line")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "graph", (cli.SUBCOMMANDS["graph"][0], cli.SUBCOMMANDS["graph"][1], boom))
+    assert _one_line_error(capsys, ["graph"], "first line second line")
+
+
+def test_broken_pipe_is_quiet(monkeypatch, capsys):
+    def boom(args):
+        raise BrokenPipeError
+    monkeypatch.setitem(cli.SUBCOMMANDS, "graph", (cli.SUBCOMMANDS["graph"][0], cli.SUBCOMMANDS["graph"][1], boom))
+    assert cli.main(["graph"]) == 1
+    assert capsys.readouterr().err == ""

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from onekernel.errors import DeviceError, ModelFileError, UnsupportedModelError
+from onekernel.errors import DeviceError, InputError, ModelFileError, UnsupportedModelError
 from onekernel.models.config import CONFIG_NAMES, ModelConfig, get_config
 from onekernel.models.tokenizer import Tokenizer
 
@@ -53,12 +54,28 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     and the weights are `random_init.random_weights(cfg, dtype, device, seed)`. A named config with random
     weights gets `Tokenizer.byte_level()`. Weights are `dtype` (float32, float16 or bfloat16) on `device`.
 
-    Raises ModelFileError (missing/truncated/corrupt file, default package absent), UnsupportedModelError
-    (architecture, tensor type, dtype, unknown name)."""
+    Raises InputError (`model`, `device` or `seed` of the wrong kind), ModelFileError (missing/truncated/corrupt
+    file, default package absent), UnsupportedModelError (architecture, tensor type, dtype, unknown name),
+    DeviceError (cuda without a GPU)."""
     from onekernel.models import gguf_loader, hf_loader
     from onekernel.models.random_init import random_weights as make_random
+    from onekernel.runtime.sampling import check_seed
 
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise InputError(f"model must be None (the default model), a config name, or the path (str or "
+                         f"pathlib.Path) of a .gguf file or Hugging Face folder; got {type(model).__name__} "
+                         f"{model!r:.60}")
+    if isinstance(model, str) and not model.strip():
+        raise InputError("model is an empty string; pass None for the default model, a config name, or the path "
+                         "of a .gguf file or Hugging Face folder")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device {device!r} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
+    check_seed(seed)
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device {device!r} was asked for, but no CUDA GPU is available; use device='cpu'")
     if dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")

@@ -13,6 +13,12 @@ from onekernel.errors import InputError, ModelFileError
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|endoftext|>")
 
 
+def _one_line(e: Exception, limit: int = 300) -> str:
+    """An exception's message on one line (transformers' messages span several), cut to ``limit`` chars."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class Tokenizer:
     """Text <-> token ids. Build with `from_gguf`, `from_hf` or `byte_level`.
 
@@ -40,7 +46,7 @@ class Tokenizer:
         try:
             hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
         except Exception as e:
-            raise ModelFileError(f"cannot build the tokenizer from {path} ({type(e).__name__}: {e}); "
+            raise ModelFileError(f"cannot build the tokenizer from {path} ({type(e).__name__}: {_one_line(e)}); "
                                  "re-download the file") from e
         return cls(hf, source=str(path))
 
@@ -50,11 +56,16 @@ class Tokenizer:
         generation_config.json (`eos_token_id`, int or list). Raises ModelFileError when absent/invalid."""
         from transformers import AutoTokenizer
         folder = Path(folder)
+        missing = [n for n in ("tokenizer.json", "tokenizer_config.json") if not (folder / n).is_file()]
+        if len(missing) == 2:
+            raise ModelFileError(f"{folder} has no tokenizer (tokenizer.json, tokenizer_config.json); copy both "
+                                 "from the checkpoint the weights came from")
         try:
             hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as e:
-            raise ModelFileError(f"cannot load a tokenizer from {folder} ({type(e).__name__}: {e}); the folder "
-                                 "needs tokenizer.json and tokenizer_config.json") from e
+            raise ModelFileError(f"cannot load a tokenizer from {folder} ({type(e).__name__}: {_one_line(e)}); "
+                                 f"the folder needs tokenizer.json and tokenizer_config.json"
+                                 f"{' (missing: ' + missing[0] + ')' if missing else ''}") from e
         eos: set[int] = set()
         gen = folder / "generation_config.json"
         if gen.is_file():

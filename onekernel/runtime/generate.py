@@ -89,6 +89,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _check_utf8(i: int, prompt) -> None:
+    """InputError when prompt ``i`` (a string or chat messages) holds text that is not valid Unicode, e.g. the
+    lone surrogates Python makes of invalid UTF-8 bytes on a command line; tokenizers fail on them."""
+    for text in [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InputError(f"prompt {i} is not valid UTF-8 text (character {e.start} is "
+                                 f"{text[e.start]!r}); pass the prompt as UTF-8") from None
+
+
 def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int = 32, mode: str = "reference",
              sampling: SamplingParams | None = None, chat: bool = False,
              on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
@@ -117,6 +129,14 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     if isinstance(prompts, str):  # one prompt, not a sequence of one-character prompts
         prompts = [prompts]
+    if prompts is not None and not isinstance(prompts, (list, tuple)):
+        raise InputError(f"prompts must be a string or a list of prompts (strings or lists of token ids), got "
+                         f"{type(prompts).__name__}")
+    if on_token is not None and not callable(on_token):
+        raise InputError(f"on_token must be a function on_token(seq_index, token_id, text_piece), got "
+                         f"{type(on_token).__name__}")
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool)):
+        raise InputError(f"max_seq_len (--max-seq-len) must be an integer, got {max_seq_len!r}")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
         raise InputError(f"max_new_tokens (--max-new-tokens) must be an integer, got {max_new_tokens!r}")
     if not prompts:
@@ -142,8 +162,11 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     ids = []
     for i, p in enumerate(prompts):
         if isinstance(p, str) or (chat and p and all(isinstance(m, dict) for m in p)):
+            _check_utf8(i, p)
             p = tok.chat(p) if chat else tok.encode(p)
         try:
+            if any(isinstance(t, float) for t in p):
+                raise TypeError("token ids are integers")
             p = [int(t) for t in p]
         except (TypeError, ValueError):
             raise InputError(f"prompt {i} must be a string or a list of token ids (a list of chat messages "
@@ -155,9 +178,11 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         if not p:
             raise InputError(f"prompt {i} is empty; every prompt needs at least one token")
         if len(p) + max_new_tokens > ctx:
-            raise InputError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
-                             f"{len(p) + max_new_tokens} positions, over the context of {ctx}; shorten the "
-                             f"prompt or lower --max-new-tokens")
+            raise InputError(f"prompt {i} has {len(p)} token{'s' * (len(p) != 1)}; with max_new_tokens="
+                             f"{max_new_tokens} it needs {len(p) + max_new_tokens} positions, over the context of "
+                             f"{ctx}; shorten the prompt or lower --max-new-tokens"
+                             + (f", or raise --max-seq-len (up to {cfg.max_seq_len})" if ctx < cfg.max_seq_len
+                                else ""))
         ids.append(p)
 
     B = len(ids)

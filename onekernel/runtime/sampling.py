@@ -15,6 +15,14 @@ from onekernel.errors import InputError
 
 
 MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow float32
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def check_seed(seed) -> int:
+    """``seed`` if it is an integer torch can seed a generator with, else InputError naming --seed."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise InputError(f"seed (--seed) must be an integer between -2**63 and 2**64-1, got {seed!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class SamplingParams:
             raise InputError(f"top_k (--top-k) must be an integer >= 0 (0 means off), got {self.top_k}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p (--top-p) must be in (0, 1], got {self.top_p}")
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:
