@@ -1,6 +1,8 @@
 """The megakernel executor: one persistent Triton kernel runs the whole decode step.
 
-Built from the same graph and tile functions as the separate-kernel modes:
+Built from the same graph and tile functions as the separate-kernel modes (with ``tiles="fit"``, the default,
+the graph's GEMV tiles are sized for at most one tile per worker per op; ``"cover"`` keeps the separate
+kernels' 1-2 tiles per SM):
 
 1. dependencies from overlapping regions (``graph.deps``), then events: tile-level (producers grouped by the
    consumers they feed) or, with ``events="op"``, one event per op (to measure dependency granularity);
