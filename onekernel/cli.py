@@ -46,7 +46,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--interpret", action="store_true",
-                   help="run GPU modes' Triton kernels in the Triton interpreter on the CPU (slow; fp32)")
+                   help="run GPU modes' Triton kernels in the Triton interpreter on the CPU (slow; fp32 is "
+                        "the tested dtype: the interpreter rounds fp32 -> bf16 by truncation)")
     p.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random weights")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

