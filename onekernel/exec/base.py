@@ -34,15 +34,15 @@ def cache_views(graph: Graph, cache) -> dict[str, torch.Tensor]:
 class GraphRunnerBase:
     """Builds the decode-step graph for ``model`` at batch ``batch`` and binds it to ``cache``.
 
-    ``fuse_merge``: None (the default rule), True or False, passed to ``build_decode_graph`` (merge the
-    attention partials inside the O-projection or in a separate op). Raises UnsupportedModelError (from
-    ``build_decode_graph``) for shapes or dtypes the kernels can't run.
+    ``fuse_merge``: passed to ``build_decode_graph`` (True: merge the attention partials inside the
+    O-projection; default: a separate op). Raises UnsupportedModelError (from ``build_decode_graph``) for
+    shapes or dtypes the kernels can't run.
     """
 
     mode = "base"
 
     def __init__(self, model, cache, batch: int, *, n_sm: int | None = None, profile: bool = False,
-                 fuse_merge: bool | None = None):
+                 fuse_merge: bool = False):
         dtype = cache.k.dtype
         if n_sm is None:
             n_sm = torch.cuda.get_device_properties(cache.k.device).multi_processor_count \

@@ -59,7 +59,7 @@ class MegakernelRunner(GraphRunnerBase):
     def __init__(self, model, cache, batch, *, n_workers: int | None = None, policy: str = "critical_path",
                  events: str = "tile", prefetch: bool = True, profile: bool = False, interpret: bool = False,
                  spin_limit: int | None = None, use_cuda_graph: bool | None = None, n_sm: int | None = None,
-                 schedule=None, tiles: str = "fit", num_warps: int | None = None, fuse_merge: bool | None = None):
+                 schedule=None, tiles: str = "fit", num_warps: int | None = None, fuse_merge: bool = False):
         dev = cache.k.device
         self.interpret = interpret
         if interpret:
@@ -75,7 +75,6 @@ class MegakernelRunner(GraphRunnerBase):
             # the separate kernels' 1-2 tiles per SM would make some workers run two in a row.
             n_sm = n_workers // 2 + 1
         super().__init__(model, cache, batch, profile=profile, n_sm=n_sm, fuse_merge=fuse_merge)
-        self.tiles = tiles
         if policy not in POLICIES:
             raise ValueError(f"unknown schedule policy {policy!r}; choose from {sorted(POLICIES)}")
         g = self.graph

@@ -4,7 +4,7 @@ Program order (layer i = 0..L-1), buffers in docs/DESIGN.md / the op files:
     embed                      tokens, tok_embeddings -> x.0
     qkv_rope.{i}               x.{i}, attn_norm, wqkv, rope_inv_freq, seq_lens -> q.{i}, k/v cache row seq_lens[b]
     attn_partial.{i}           (ops/attention.py)  q.{i}, k/v cache -> attn_o.{i}, attn_lse.{i} (split-KV partials)
-    then either (fused, :func:`fuse_merge_rule`, the default at short context)
+    then either (``fuse_merge=True``; measured slower, off by default: docs/DESIGN.md)
     o_proj.{i}  oproj_merge    h.{i}   = x.{i} + merge(attn_o.{i}, attn_lse.{i}) @ wo^T   (ops/oproj_merge.py)
     or (separate)
     attn_merge.{i}             attn.{i} = merge(attn_o.{i}, attn_lse.{i})
@@ -29,13 +29,6 @@ from onekernel.ops.qkv import add_qkv_rope
 from onekernel.ops.tiling import MAX_BATCH
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Fuse the flash-decoding merge into the O-projection while one batch row's partials (attn_o + attn_lse,
-# ~NSPLIT*Hq*hd*4 bytes) are at most this big. The fused op saves a stage per layer, but every O-proj tile
-# re-merges all partials of its rows (N/BLOCK_N tiles x the partials from L2, and the exp() of each). Measured
-# on the H200 (benchmarks/results/2026-11-30-run3, ops.json): oproj_merge 10.5 us per layer on SmolLM2-135M
-# and 39 us on Llama-3.2-1B, against ~3 us + ~6 us for attn_merge + the O-projection. So 0: never by
-# default; ``fuse_merge=True`` still builds it (tests, the study).
-FUSE_MERGE_MAX_PARTIAL_BYTES = 0
 FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
@@ -61,28 +54,18 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
         raise InputError(f"max_seq_len={max_seq_len} must be >= 1")
 
 
-def fuse_merge_rule(cfg, max_seq_len: int) -> bool:
-    """True when one batch row's split-KV partials, NSPLIT*Hq*hd*4 bytes (NSPLIT from ``choose_split``), are
-    at most :data:`FUSE_MERGE_MAX_PARTIAL_BYTES`. Depends on the config and cache length only, never on the
-    batch size (a B-dependent choice would change a row's rounding with B: batch invariance)."""
-    from onekernel.ops.attention import choose_split
-
-    nsplit = choose_split(cfg.n_kv_heads, max_seq_len)[1]
-    return nsplit * cfg.n_heads * cfg.head_dim * 4 <= FUSE_MERGE_MAX_PARTIAL_BYTES
-
-
 def build_decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16,
-                       n_sm: int = 132, fuse_merge: bool | None = None) -> Graph:
+                       n_sm: int = 132, fuse_merge: bool = False) -> Graph:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions
     and model dtype ``dtype``; ``n_sm`` (SMs of the target GPU) sizes the tiles. ``fuse_merge``: merge the
     attention partials inside the O-projection (``oproj_merge``) instead of ``attn_merge`` + ``gemv_residual``;
-    None = :func:`fuse_merge_rule`, True/False = force (tests, benchmarks); recorded in ``meta``. Raises
+    measured slower on the H200, so off by default (docs/DESIGN.md); recorded in ``meta``. Raises
     UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch."""
     from onekernel.ops.attention import add_attention  # the attention family registers its kinds here
     from onekernel.ops.oproj_merge import add_oproj_merge
 
     check_supported(cfg, batch, max_seq_len, dtype)
-    fuse = fuse_merge_rule(cfg, max_seq_len) if fuse_merge is None else bool(fuse_merge)
+    fuse = bool(fuse_merge)
     B, S, D, F, V, L = batch, max_seq_len, cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.n_layers
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
