@@ -8,7 +8,8 @@
 # 3: random-weight SmolLM2-135M profile, batch invariance, re-capture and every-mode smoke; per-op GEMV
 #    bandwidth; `onekernel bench` Llama-3.2-1B (onekernel modes), `--study` Llama-3.2-1B batch 1,
 #    `onekernel bench` Qwen3-8B batch 1.
-# 4, then 5 at once: the cells run 3 did not reach (see benchmarks/README.md: "-" cells).
+# 4, then 5 at once: the cells run 3 did not reach (see benchmarks/README.md: "-" cells); 6 at once after 5:
+#    the SmolLM2-135M study at batch 8.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -67,8 +68,12 @@ case "$1" in
     cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
     step 150 bench-135m-b8 $bench --model "$GGUF" --batch 8 \
         --modes torch+graph,torch+compile,eager,graph,pdl,megakernel
-    step 120 study-1b-b8 $bench --model llama-3.2-1b --random-weights --study --batch 8
+    step 150 study-1b-b8 $bench --model llama-3.2-1b --random-weights --study --batch 8
     step 150 bench-qwen3-8b-compile $bench --model qwen3-8b --random-weights --batch 1 --modes torch+graph,torch+compile
+    ;;
+6)  # at once after 5 (the joined GGUF is still in /tmp): the SmolLM2-135M study at batch 8, complete
+    [ -f "$GGUF" ] || { log "no $GGUF: call 6 must follow 5 while the machine is warm"; exit 3; }
+    step 220 study-135m-b8 $bench --model "$GGUF" --study --batch 8
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
