@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -132,6 +133,8 @@ def _add_bench(p):
     p.add_argument("--study", action="store_true",
                    help="instead of the modes: the causes study (startup overlap, prefetch, event granularity, "
                         "workers, launch gaps) on graph/pdl/megakernel variants, with a markdown report")
+    p.add_argument("--variants", default=None, metavar="A,B",
+                   help="with --study: only these variants (default all; a wrong name lists the valid ones)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
 
 
@@ -160,10 +163,14 @@ def _run_bench(args) -> int:
     from onekernel.bench.modes import bench_modes
     from onekernel.bench.progress import progress
     from onekernel.bench.report import bench_table, study_report
-    from onekernel.bench.study import GAP_VARIANTS, run_study, study_variants
+    from onekernel.bench.study import pick_variants, run_study, variant_names
     from onekernel.bench.timing import copy_bandwidth_gbs
 
     batches, modes = _bench_args(args)
+    if args.variants and not args.study:
+        raise InputError("--variants selects study variants; add --study, or use --modes for the bench")
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    only = pick_variants(args.variants, n_sm) if args.study else None
     model = _load(args)
     args.context = _context(args, model.config)
     bw = copy_bandwidth_gbs()
@@ -177,6 +184,8 @@ def _run_bench(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{'study' if args.study else 'bench'}-{meta['date']}-{name}-{commit or 'nocommit'}"
+    if only is not None:  # a subset never overwrites the full study's files
+        stem += "-" + hashlib.sha1(",".join(sorted(only)).encode()).hexdigest()[:6]
     partial: list[dict] = []
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
@@ -187,11 +196,10 @@ def _run_bench(args) -> int:
         return f
 
     if args.study:
-        n_sm = props.multi_processor_count
-        total = len(batches) * (len(study_variants(n_sm)) + len(GAP_VARIANTS))
+        total = len(batches) * len(only if only is not None else variant_names(n_sm))
         with progress(total, f"study {name}") as (started, done):
             records = run_study(model, name, batches, args.context, bw, steps=args.steps, n_sm=n_sm,
-                                started=started, progress=keep(done))
+                                started=started, progress=keep(done), only=only)
     else:
         records = []
         with progress(len(batches) * len(modes), f"bench {name}") as (started, done):

@@ -78,7 +78,8 @@ def main(name: str = "smollm2-135m", batch: int = 1) -> None:
     mk = MegakernelRunner(model, cache, batch, n_workers=132, n_sm=132 // 2 + 1)  # tiles="fit" on 132 SMs
     print(f"{name} batch {batch}: megakernel {len(mk.graph.tasks)} tasks, {mk.events.n_events} events, "
           f"{len(mk.variants)} branches; separate kernels {len(r.graph.tasks)} tiles")
-    row = "{:28s} regs {regs:3d} spill {spill_bytes:4d} B  smem {smem:6d}  loads {loads:4d} (v4 {v4:3d}, v2 {v2:3d})"
+    row = ("{:28s} regs {regs:3d} spill {spill_bytes:4d} B  smem {smem:6d}  loads {loads:4d} (v4 {v4:3d}, v2 {v2:3d})"
+           "  compile {s:5.1f} s")
     for kind in sorted({op.kind for op in r.graph.ops}):
         op = next(o for o in r.graph.ops if o.kind == kind)
         kd = OP_KINDS[kind]

@@ -177,11 +177,8 @@ def _fake_bench_modes(model, name, batch, context, modes, bw, steps=200, options
     return recs
 
 
-@pytest.mark.parametrize("study", [False, True])
-def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
-    """The CLI's wiring with the GPU parts faked: files, record keys, progress on stderr."""
-    import json
-
+def _fake_gpu(monkeypatch):
+    """The bench CLI with its GPU parts faked: tiny random model, fixed copy bandwidth, 132-SM fake GPU."""
     import onekernel.bench.modes
     import onekernel.bench.study
     import onekernel.bench.timing
@@ -197,6 +194,14 @@ def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
     monkeypatch.setattr(onekernel.bench.study, "profile_gaps", lambda model, b, c, mode, opts: {
         "span_us": 900.0, "computing_pct": 50.0, "waiting_pct": 10.0, "idle_pct": 40.0, "launch_gaps_us": 120.0,
         "ready_gaps_us": 200.0, "boundaries": 100, "breakdown_launch_gaps_us": 120.0})
+
+
+@pytest.mark.parametrize("study", [False, True])
+def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
+    """The CLI's wiring with the GPU parts faked: files, record keys, progress on stderr."""
+    import json
+
+    _fake_gpu(monkeypatch)
     args = ["bench", "--model", "tiny", "--random-weights", "--batch", "1,4", "--out", str(tmp_path)]
     assert main(args + (["--study"] if study else [])) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
@@ -216,3 +221,37 @@ def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
         assert {r["mode"] for r in recs} == {"torch", "torch+graph", "torch+compile", "eager", "graph", "pdl",
                                              "megakernel"}
         assert "| tiny | 4 | torch+compile |" in md
+
+
+def test_study_variants_subset_runs_only_those_and_keeps_the_full_files(tmp_path, monkeypatch):
+    """--variants: exactly the named variants per batch, in a file of its own (a full study's file stays)."""
+    import json
+
+    from onekernel.bench.study import variant_names
+    _fake_gpu(monkeypatch)
+    rng = random.Random()
+    names = variant_names(132)
+    pick = rng.sample(names, rng.randint(1, 5))
+    (tmp_path / "full").mkdir()
+    assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1,4", "--study",
+                 "--out", str(tmp_path / "full")]) == 0
+    assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1,4", "--study",
+                 "--variants", ",".join(pick), "--out", str(tmp_path / "full")]) == 0
+    jsons = sorted((tmp_path / "full").glob("*.json"), key=lambda p: len(p.name))
+    assert len(jsons) == 2
+    full, sub = (json.loads(p.read_text()) for p in jsons)
+    assert len(full) == 2 * len(names)
+    assert sorted((r["batch"], r["variant"]) for r in sub) == sorted((b, v) for b in (1, 4) for v in pick)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--study", "--variants", "megakernel,nope"], "nope"),
+    (["--variants", "megakernel"], "add --study"),
+])
+def test_study_variants_bad_names_fail_before_running(tmp_path, monkeypatch, capsys, argv, says):
+    _fake_gpu(monkeypatch)
+    ran = []
+    monkeypatch.setattr("onekernel.bench.study.run_study", lambda *a, **k: ran.append(1) or [])
+    rc = main(["bench", "--model", "tiny", "--random-weights", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and not ran and not list(tmp_path.iterdir())

@@ -84,14 +84,36 @@ def profile_gaps(model, batch: int, context: int, mode: str, options: dict, step
     return out
 
 
+def variant_names(n_sm: int) -> list[str]:
+    """Every variant name of the study, timed ones first, in run order."""
+    return [v for v, *_ in study_variants(n_sm)] + [v for v, *_ in GAP_VARIANTS]
+
+
+def pick_variants(spec: str | None, n_sm: int) -> set[str] | None:
+    """Parse ``--variants`` (comma-separated names of ``variant_names``; None or empty = all). Raises
+    onekernel.errors.InputError naming the unknown ones and the valid names."""
+    if not spec or not spec.strip():
+        return None
+    from onekernel.errors import InputError
+
+    want = [v.strip() for v in spec.split(",") if v.strip()]
+    known = variant_names(n_sm)
+    bad = [v for v in want if v not in known]
+    if bad:
+        raise InputError(f"unknown study variant(s) {bad} in --variants; choose from {', '.join(known)}")
+    return set(want)
+
+
 def run_study(model, name: str, batches: list[int], context: int, bw_gbs: float, *, steps: int = 200,
-              n_sm: int = 132, started=None, progress=None) -> list[dict]:
-    """Every variant of (a)-(d) timed, and (e) profiled, for each batch size. Returns the records (without
-    the run's metadata; the caller adds gpu, versions, commit and date). started(label) / progress(record)
-    are called around each case."""
+              n_sm: int = 132, started=None, progress=None, only: set[str] | None = None) -> list[dict]:
+    """Every variant of (a)-(d) timed, and (e) profiled, for each batch size (``only``: just these variant
+    names). Returns the records (without the run's metadata; the caller adds gpu, versions, commit and date).
+    started(label) / progress(record) are called around each case."""
     records = []
     for b in batches:
         for variant, mode, opts, letters in study_variants(n_sm):
+            if only is not None and variant not in only:
+                continue
             rec, = bench_modes(model, name, b, context, [mode], bw_gbs, steps=steps, options={mode: opts},
                                started=lambda m, v=variant: started and started(f"batch {b}: {v}"))
             rec.update(variant=variant, study=letters, options=opts)
@@ -101,6 +123,8 @@ def run_study(model, name: str, batches: list[int], context: int, bw_gbs: float,
             if progress:
                 progress(rec)
         for variant, mode, opts in GAP_VARIANTS:
+            if only is not None and variant not in only:
+                continue
             if started:
                 started(f"batch {b}: {variant} (profiled)")
             rec = {"model": name, "batch": b, "context": context, "mode": mode, "variant": variant, "study": "e",
