@@ -75,35 +75,30 @@ case "$1" in
     [ -f "$GGUF" ] || { log "no $GGUF: call 6 must follow 5 while the machine is warm"; exit 3; }
     step 220 study-135m-b8 $bench --model "$GGUF" --study --batch 8
     ;;
-7)  # one call for what 4-6 could not finish: compiles, not steps, ate their time limits (a batch-8 megakernel or
-    # per-op kernel takes minutes to compile). So first every compile runs at once, in parallel processes of 2
-    # steps each, filling the on-disk Triton and Inductor caches; then the timed runs, one at a time, hit them.
-    mkdir -p /tmp/warm
-    warm() { local name=$1; shift; timeout 250 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+7)  # one call for the bench cells 4-6 could not finish: compiles, not steps, ate their time limits (at batch 8
+    # an 8B-class GEMV kernel takes ~1 min to compile, a megakernel several). So first every compile runs at once,
+    # in parallel processes of 2 steps each that fill the on-disk Triton and Inductor caches (6 processes hold
+    # an 8B-class model: ~110 GB); then the timed runs, one at a time and with the machine otherwise idle.
+    warm() { local name=$1; shift; timeout 280 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
              >"$W/warm-$name.log" 2>&1 & }
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     Q="--model qwen3-8b --random-weights"
-    log "warm-up: 12 processes"
-    warm 1b-mk $B1 --batch 8 --modes megakernel
-    warm 1b-tc $B1 --batch 8 --modes torch+compile
-    warm 8b-mk $B8 --batch 8 --modes megakernel
+    log "warm-up: 8 processes"
     warm q-eager $Q --batch 8 --modes eager
     warm q-pdl $Q --batch 8 --modes pdl
     warm q-mk $Q --batch 8 --modes megakernel
     warm q-tc8 $Q --batch 8 --modes torch+compile
     warm q-tc1 $Q --batch 1 --modes torch+compile
-    warm s-pdl $B1 --batch 8 --study --variants pdl-nosplit,pdl-endtrigger
-    warm s-mk1 $B1 --batch 8 --study --variants megakernel-noprefetch,megakernel-8warps
-    warm s-mk2 $B1 --batch 8 --study --variants megakernel-covertiles,megakernel-opevents,megakernel-w96
-    warm s-gaps $B1 --batch 8 --study --variants gaps-graph,gaps-pdl,gaps-pdl-nosplit
+    warm 8b-mk $B8 --batch 8 --modes megakernel
+    warm 1b-mk $B1 --batch 8 --modes megakernel
+    warm 1b-tc $B1 --batch 8 --modes torch+compile
     wait
-    log "warm-up done: $(grep -l "wrote" "$W"/warm-*.log | wc -l) of 12 finished"
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 8 finished"
     run() { local lim=$1 name=$2; shift 2; mkdir -p "$W/$name"; step "$lim" "$name" $bench/"$name" "$@"; }
-    run 50 bench-1b-b8 $B1 --batch 8 --modes torch+graph,megakernel,torch+compile
+    run 130 bench-qwen3-8b-b8 $Q --batch 8 --modes torch,torch+graph,eager,graph,pdl,torch+compile,megakernel
+    run 50 bench-1b-b8 $B1 --batch 8 --modes torch+graph,torch+compile,megakernel
     run 50 bench-8b-b8 $B8 --batch 8 --modes torch+graph,megakernel
-    run 100 bench-qwen3-8b-b8 $Q --batch 8 --modes torch,torch+graph,eager,graph,pdl,megakernel,torch+compile
-    run 45 bench-qwen3-8b-compile $Q --batch 1 --modes torch+graph,torch+compile
-    run 90 study-1b-b8 $B1 --study --batch 8
+    run 50 bench-qwen3-8b-compile $Q --batch 1 --modes torch+graph,torch+compile
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
