@@ -9,7 +9,7 @@ import torch
 
 from onekernel.bench.chart import bench_chart
 from onekernel.bench.progress import progress
-from onekernel.bench.report import attribution, bench_table, study_report, us
+from onekernel.bench.report import attribution, bench_table, pivot_table, study_report, us
 from onekernel.bench.study import GAP_VARIANTS, WORKERS, boundary_gaps, study_variants
 from onekernel.cli import main
 
@@ -255,3 +255,31 @@ def test_study_variants_bad_names_fail_before_running(tmp_path, monkeypatch, cap
     rc = main(["bench", "--model", "tiny", "--random-weights", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and says in err and not ran and not list(tmp_path.iterdir())
+
+
+def test_pivot_table_every_cell_from_its_record():
+    """Random records with holes and failures: each cell shows its record's ms (3 decimals below 10 ms, 2 from
+    10), "-" for no record, "error" for a failed one; rows in first-seen order; the floor column."""
+    rng = random.Random()
+    modes = ["torch", "graph", "pdl", "megakernel"]
+    recs, want = [], {}
+    for model in ("m-a", "m-b"):
+        for b in (1, 8):
+            floor = rng.uniform(0.05, 5)
+            for mode in modes:
+                u = rng.random()
+                if u < 0.2:
+                    want[(model, b, mode)] = "-"
+                    continue
+                ms = None if u < 0.3 else rng.uniform(0.1, 40)
+                recs.append({"model": model, "batch": b, "mode": mode, "ms_per_step": ms, "floor_ms": floor})
+                want[(model, b, mode)] = "error" if ms is None else (f"{ms:.3f}" if ms < 10 else f"{ms:.2f}")
+            want[(model, b, "floor")] = f"{floor:.3f}"
+    rng.shuffle(recs)
+    lines = pivot_table(recs, modes).splitlines()
+    assert lines[0] == "| model | batch | torch | graph | pdl | megakernel | floor |"
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    assert [(r[0], int(r[1])) for r in rows] == list(dict.fromkeys((r["model"], r["batch"]) for r in recs))
+    for r in rows:
+        for mode, v in zip(modes + ["floor"], r[2:]):
+            assert v == want[(r[0], int(r[1]), mode)], (r, mode)

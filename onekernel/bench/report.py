@@ -143,3 +143,24 @@ def study_report(records: list[dict]) -> str:
                   if (r["model"], r["batch"]) == key and r.get("error")}
         L += _section(key, a, errors)
     return "\n".join(L)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f}" if x < 10 else f"{x:.2f}"
+
+
+def pivot_table(records: list[dict], modes: list[str]) -> str:
+    """Markdown table of ms per step: one row per (model, batch) in first-seen order, one column per mode of
+    ``modes``, then the floor; "-" where no record has that cell, "error" where its mode failed."""
+    rows = list(dict.fromkeys((r["model"], r["batch"]) for r in records))
+    cell = {(r["model"], r["batch"], r["mode"]): r for r in records}
+    lines = ["| model | batch | " + " | ".join(modes) + " | floor |", "|---|---|" + "---|" * (len(modes) + 1)]
+    for m, b in rows:
+        vals = []
+        for mode in modes:
+            r = cell.get((m, b, mode))
+            vals.append("-" if r is None else "error" if r.get("ms_per_step") is None else _ms(r["ms_per_step"]))
+        floor = next((r["floor_ms"] for r in records if (r["model"], r["batch"]) == (m, b) and r.get("floor_ms")),
+                     None)
+        lines.append(f"| {m} | {b} | " + " | ".join(vals) + f" | {_f(floor)} |")
+    return "\n".join(lines)
