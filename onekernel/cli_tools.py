@@ -167,7 +167,7 @@ def _run_bench(args) -> int:
     from onekernel.bench.timing import copy_bandwidth_gbs
 
     batches, modes = _bench_args(args)
-    if args.variants and not args.study:
+    if args.variants is not None and not args.study:
         raise InputError("--variants selects study variants; add --study, or use --modes for the bench")
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     only = pick_variants(args.variants, n_sm) if args.study else None

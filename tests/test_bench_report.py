@@ -247,6 +247,9 @@ def test_study_variants_subset_runs_only_those_and_keeps_the_full_files(tmp_path
 @pytest.mark.parametrize("argv, says", [
     (["--study", "--variants", "megakernel,nope"], "nope"),
     (["--variants", "megakernel"], "add --study"),
+    (["--variants", ""], "add --study"),
+    (["--study", "--variants", ""], "empty"),
+    (["--study", "--variants", " , "], "empty"),
 ])
 def test_study_variants_bad_names_fail_before_running(tmp_path, monkeypatch, capsys, argv, says):
     _fake_gpu(monkeypatch)

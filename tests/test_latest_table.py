@@ -4,17 +4,24 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("latest_table", Path(__file__).parents[1] / "scripts/latest_table.py")
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "latest_table.py"
+RUN3 = REPO / "benchmarks" / "results" / "2026-11-30-run3"
+_spec = importlib.util.spec_from_file_location("latest_table", SCRIPT)
 lt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lt)
 
 
 def _rec(rng, model, b, mode, **kw):
     return {"model": model, "batch": b, "mode": mode, "ms_per_step": rng.uniform(0.1, 30), "floor_ms": 1.0,
+            "tokens_per_s": 1.0, "pct_of_floor": 1.0,
             "ratio_to_torch_graph": None, "commit": "c", **kw}
 
 
@@ -53,13 +60,48 @@ def test_study_record_fills_an_empty_cell(tmp_path):
     assert got["ms_per_step"] == s[0]["ms_per_step"] and got["ratio_to_torch_graph"] is None
 
 
-@pytest.mark.parametrize("text, says", [(None, "cannot read"), ("{not json", "cannot read"), ("{}", "not an"),
-                                        ('[{"model": "m"}]', "not an")])
-def test_bad_files_one_line_nothing_written(tmp_path, text, says):
-    p = tmp_path / "in.json"
-    if text is not None:
-        p.write_text(text)
-    with pytest.raises(SystemExit) as e:
-        lt.main(str(tmp_path / "out"), [str(p)])
-    assert says in str(e.value) and "\n" not in str(e.value)
-    assert not list(tmp_path.glob("out*"))
+def run(*args, cwd):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True)
+
+
+def write(tmp, name, obj):
+    (tmp / name).write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return tmp / name
+
+
+CASES = {
+    "no arguments": lambda t: [],
+    "stem only": lambda t: ["out"],
+    "missing file": lambda t: ["out", "missing.json"],
+    "empty list": lambda t: ["out", write(t, "e.json", [])],
+    "not json": lambda t: ["out", write(t, "b.json", "not json")],
+    "object": lambda t: ["out", write(t, "o.json", {"a": 1})],
+    "non-bench list": lambda t: ["out", write(t, "n.json", [{"foo": 1}])],
+    "record missing fields": lambda t: ["out", write(t, "m.json", [{"model": "m", "batch": 1, "mode": "graph",
+                                                                    "ms_per_step": 1.0, "floor_ms": 0.5}])],
+    "no such out folder": lambda t: [t / "nope" / "out", shutil.copy(RUN3 / "call2-bench-smollm2-135m-f58a972.json", t)],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, case):
+    args = CASES[case](tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run(*args, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr[-300:])
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_forgotten_stem_does_not_overwrite_an_input(tmp_path):
+    a = shutil.copy(RUN3 / "call1-bench-llama-3.1-8b-f645aad.json", tmp_path)
+    b = shutil.copy(RUN3 / "call3-bench-qwen3-8b-f58a972.json", tmp_path)
+    data = Path(a).read_bytes()
+    r = run(a, b, cwd=tmp_path)
+    assert r.returncode == 2 and Path(a).read_bytes() == data, r.stderr
+
+
+def test_good_input_still_works(tmp_path):
+    r = run(tmp_path / "lt", RUN3 / "call2-bench-smollm2-135m-f58a972.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads((tmp_path / "lt.json").read_text())) == 9 and (tmp_path / "lt.md").exists()

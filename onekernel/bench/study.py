@@ -90,14 +90,16 @@ def variant_names(n_sm: int) -> list[str]:
 
 
 def pick_variants(spec: str | None, n_sm: int) -> set[str] | None:
-    """Parse ``--variants`` (comma-separated names of ``variant_names``; None or empty = all). Raises
-    onekernel.errors.InputError naming the unknown ones and the valid names."""
-    if not spec or not spec.strip():
+    """Parse ``--variants`` (comma-separated names of ``variant_names``; None = all). Raises
+    onekernel.errors.InputError when it names no variant, or naming the unknown ones and the valid names."""
+    if spec is None:
         return None
     from onekernel.errors import InputError
 
     want = [v.strip() for v in spec.split(",") if v.strip()]
     known = variant_names(n_sm)
+    if not want:
+        raise InputError(f"--variants is empty; leave it out for the whole study, or name some of {', '.join(known)}")
     bad = [v for v in want if v not in known]
     if bad:
         raise InputError(f"unknown study variant(s) {bad} in --variants; choose from {', '.join(known)}")
