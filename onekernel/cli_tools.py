@@ -150,8 +150,13 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
     bad = [m for m in modes if m not in BENCH_MODES]
     if bad:
         raise InputError(f"unknown mode(s) {bad} in --modes; choose from {', '.join(BENCH_MODES)}")
-    if args.steps < 1 or min(batches) < 1 or max(batches) > 16 or (args.context is not None and args.context < 2):
-        raise InputError("--steps must be >= 1, every --batch between 1 and 16, and --context >= 2")
+    if args.steps < 1:
+        raise InputError(f"--steps must be >= 1 (200 or more for published numbers), got {args.steps}")
+    bad = [b for b in batches if not 1 <= b <= 16]
+    if bad:
+        raise InputError(f"every --batch must be between 1 and 16, got {bad}")
+    if args.context is not None and args.context < 2:
+        raise InputError(f"--context must be >= 2, got {args.context}")
     return batches, modes
 
 

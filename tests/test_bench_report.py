@@ -286,3 +286,16 @@ def test_pivot_table_every_cell_from_its_record():
     for r in rows:
         for mode, v in zip(modes + ["floor"], r[2:]):
             assert v == want[(r[0], int(r[1]), mode)], (r, mode)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--batch", "0"], "--batch"), (["--batch", "1,99"], "[99]"), (["--steps", "0"], "--steps"),
+    (["--context", "1"], "--context"),
+])
+def test_bench_bad_numbers_name_the_flag(tmp_path, monkeypatch, capsys, argv, says):
+    _fake_gpu(monkeypatch)
+    rc = main(["bench", "--model", "tiny", "--random-weights", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+    for other in {"--batch", "--steps", "--context"} - {says if says.startswith("--") else "--batch"}:
+        assert other not in err
