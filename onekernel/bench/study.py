@@ -23,6 +23,7 @@ Every number is measured in this run; ``bench.report.study_report`` turns the re
 from __future__ import annotations
 
 from onekernel.bench.modes import bench_modes
+from onekernel.errors import InputError
 
 WORKERS = (132, 128, 96, 66)
 GAP_VARIANTS = (("gaps-graph", "graph", {}), ("gaps-pdl", "pdl", {}),
@@ -94,8 +95,6 @@ def pick_variants(spec: str | None, n_sm: int) -> set[str] | None:
     onekernel.errors.InputError when it names no variant, or naming the unknown ones and the valid names."""
     if spec is None:
         return None
-    from onekernel.errors import InputError
-
     want = [v.strip() for v in spec.split(",") if v.strip()]
     known = variant_names(n_sm)
     if not want:
