@@ -17,9 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from onekernel.bench.chart import bench_chart  # noqa: E402
-from onekernel.bench.report import bench_table, pivot_table  # noqa: E402
+from onekernel.bench.report import bench_table, fill_ratios, pivot_table  # noqa: E402
+from onekernel.cli_tools import BENCH_MODES  # noqa: E402
 
-MODES = ["torch", "torch+graph", "torch+compile", "eager", "graph", "pdl", "megakernel"]
+MODES = list(BENCH_MODES)
 
 
 USAGE = "usage: python scripts/latest_table.py OUT_STEM FILE.json [FILE.json ...] (OUT_STEM without .json)"
@@ -52,10 +53,7 @@ def pick(paths: list[Path]) -> list[dict]:
     """The record of every (model, batch, mode) cell by the rules above, sorted by model size, batch, mode."""
     best: dict = {}
     for p in paths:
-        recs = load(p)
-        base = {r["batch"]: r["ms_per_step"] for r in recs if r["mode"] == "torch+graph" and r.get("ms_per_step")
-                and r.get("variant") in (None, "torch+graph")}
-        for r in recs:
+        for r in fill_ratios(load(p)):
             if r.get("profiled") or r.get("ms_per_step") is None:
                 continue
             study = "variant" in r
@@ -63,8 +61,6 @@ def pick(paths: list[Path]) -> list[dict]:
                 continue
             if "fusedmerge" in p.name and not r["mode"].startswith("torch"):
                 continue
-            if r.get("ratio_to_torch_graph") is None and r["batch"] in base:  # a run cut before the end
-                r["ratio_to_torch_graph"] = r["ms_per_step"] / base[r["batch"]]
             key = (r["model"], r["batch"], r["mode"])
             if study and key in best and not best[key][0]:
                 continue  # a bench record already holds this cell

@@ -12,21 +12,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from onekernel.bench.chart import bench_chart  # noqa: E402
-from onekernel.bench.report import bench_table, study_report  # noqa: E402
+from onekernel.bench.report import bench_table, fill_ratios, study_report  # noqa: E402
 
 
 def main(paths: list[str]) -> None:
     for p in map(Path, paths):
         records = json.loads(p.read_text())
         study = any("variant" in r for r in records)
-        timed = [r for r in records if not r.get("profiled")]
-        base = {}
-        for r in timed:  # ratio to torch+graph of the same batch, when the run stopped before computing it
-            if r["mode"] == "torch+graph" and r.get("ms_per_step"):
-                base[r["batch"]] = r["ms_per_step"]
-        for r in timed:
-            if r.get("ratio_to_torch_graph") is None and r.get("ms_per_step") and r["batch"] in base:
-                r["ratio_to_torch_graph"] = r["ms_per_step"] / base[r["batch"]]
+        timed = [r for r in fill_ratios(records) if not r.get("profiled")]
         bench_chart(timed, p.with_suffix(".png"), key="variant" if study else "mode")
         table = bench_table([{**r, "mode": r.get("variant", r["mode"])} for r in timed])
         p.with_suffix(".md").write_text((study_report(records) if study else table) + "\n")

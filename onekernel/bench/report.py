@@ -145,6 +145,17 @@ def study_report(records: list[dict]) -> str:
     return "\n".join(L)
 
 
+def fill_ratios(records: list[dict]) -> list[dict]:
+    """Set each timed record's missing ``ratio_to_torch_graph`` (a run stopped before computing it) from the
+    torch+graph record of its batch in the same run's ``records``; in place, returns ``records``."""
+    base = {r["batch"]: r["ms_per_step"] for r in records
+            if r["mode"] == "torch+graph" and r.get("ms_per_step") and not r.get("profiled")}
+    for r in records:
+        if r.get("ratio_to_torch_graph") is None and r.get("ms_per_step") and r["batch"] in base:
+            r["ratio_to_torch_graph"] = r["ms_per_step"] / base[r["batch"]]
+    return records
+
+
 def _ms(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.2f}"
 
