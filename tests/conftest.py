@@ -31,3 +31,14 @@ def twin_caches():
             c.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         return caches, g
     return make
+
+
+@pytest.fixture
+def seed(request):
+    """A fixed seed per test, from its id (the same on every run, different between tests); printed, so a
+    failing test's captured output names it. ONEKERNEL_TEST_SEED=N overrides it to try other inputs."""
+    import zlib
+
+    s = int(os.environ.get("ONEKERNEL_TEST_SEED", zlib.crc32(request.node.nodeid.encode()) % 100_000))
+    print(f"seed={s} (ONEKERNEL_TEST_SEED={s} reproduces it)")
+    return s

@@ -19,60 +19,62 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from onekernel.exec import make_runner
 from onekernel.exec.codegen import launch_op
 from onekernel.graph.ir import Graph
+from onekernel.models.decode_graph import OP_KINDS
 from onekernel.models.load import load_model
-from onekernel.ops.attention import add_attention
+from onekernel.ops.attention import add_attn_merge, add_attn_partial
 from onekernel.ops.embed import add_embed
 from onekernel.ops.gemv import add_gate_up, add_gemv_residual
 from onekernel.ops.lm_head import add_lm_head
 from onekernel.ops.oproj_merge import add_oproj_merge
 from onekernel.ops.qkv import add_qkv_rope
+from onekernel.ops.tiling import Tiling
 from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.runners import make_step_runner
 
 F32 = torch.float32
 ROWS = (0, 3)  # the rows of the batch-5 launch compared with batch 1
 
 
 def _graph(specs):
+    """A graph with the given buffers declared, and their handles in declaration order."""
     g = Graph()
-    for name, shape, dtype, kind in specs:
-        g.add_buffer(name, shape, dtype, kind)
-    return g
+    return g, [g.add_buffer(name, shape, dtype, kind) for name, shape, dtype, kind in specs]
 
 
 # Builders: B -> Graph with the op(s) added with their default tiling (n_sm small so that the default
 # tiles have several row tiles and several BLOCK_K chunks). Every non-weight buffer has the batch as dim 0.
 D, K_BIG = 80, 600  # K_BIG > 512 -> two BLOCK_K chunks, the last one partial
+SMALL = Tiling(n_sm=2)
 
 
 def b_gemv_residual(B):
     N, K = 40, K_BIG
-    g = _graph([("x", (B, K), F32, "activation"), ("w", (N, K), F32, "weight"),
-                ("res", (B, N), F32, "activation"), ("out", (B, N), F32, "activation")])
-    add_gemv_residual(g, "o", "x", "w", "res", "out", n_sm=2)
+    g, (x, w, res) = _graph([("x", (B, K), F32, "activation"), ("w", (N, K), F32, "weight"),
+                             ("res", (B, N), F32, "activation")])
+    add_gemv_residual(g, "o", x, w, res, tiling=SMALL)
     return g
 
 
 def b_gate_up(B):
     Fd, K = 48, K_BIG
-    g = _graph([("x", (B, K), F32, "activation"), ("nw", (K,), F32, "weight"),
-                ("w", (2 * Fd, K), F32, "weight"), ("act", (B, Fd), F32, "activation")])
-    add_gate_up(g, "gu", "x", "nw", "w", "act", 1e-5, n_sm=2)
+    g, (x, nw, w) = _graph([("x", (B, K), F32, "activation"), ("nw", (K,), F32, "weight"),
+                            ("w", (2 * Fd, K), F32, "weight")])
+    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=SMALL)
     return g
 
 
 def _b_qkv(B, qk_norm):
     HQ, HKV, HD, S = 4, 2, 32, 64
     NH = HQ + 2 * HKV
-    g = _graph([("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
-                ("w", (NH * HD, K_BIG), F32, "weight"), ("inv", (HD // 2,), F32, "weight"),
-                ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), F32, "weight"),
-                ("kn", (HD,), F32, "weight"), ("q", (B, HQ, HD), F32, "activation"),
-                ("kc", (B, HKV, S, HD), F32, "kv"), ("vc", (B, HKV, S, HD), F32, "kv")])
-    add_qkv_rope(g, "qkv", x="x", nw="nw", w="w", inv_freq="inv", seq_lens="seq_lens", qn="qn", kn="kn",
-                 q="q", k_cache="kc", v_cache="vc", eps=1e-6, qk_norm=qk_norm)
+    g, (x, nw, w, inv, sl, qn, kn, kc, vc) = _graph([
+        ("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
+        ("w", (NH * HD, K_BIG), F32, "weight"), ("inv", (HD // 2,), F32, "weight"),
+        ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), F32, "weight"),
+        ("kn", (HD,), F32, "weight"), ("kc", (B, HKV, S, HD), F32, "kv"), ("vc", (B, HKV, S, HD), F32, "kv")])
+    norms = {"qn": qn, "kn": kn} if qk_norm else {}
+    add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=1e-6, **norms)
     return g
 
 
@@ -86,41 +88,48 @@ def b_qkv_qwen3(B):
 
 def b_lm_head(B):
     V = 100
-    g = _graph([("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
-                ("w", (V, K_BIG), F32, "weight"), ("logits", (B, V), F32, "output"),
-                ("next", (B,), torch.int32, "output")])
-    add_lm_head(g, "x", "nw", "w", "logits", "next", 1e-5, n_sm=2)
+    g, (x, nw, w) = _graph([("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
+                            ("w", (V, K_BIG), F32, "weight")])
+    add_lm_head(g, "lm_head", x, nw, w, eps=1e-5, tiling=SMALL)
     return g
 
 
+def _b_partials(B):
+    """attn_partial over a 160-position cache (default split: 3 splits of 64; random seq_lens: empty splits)."""
+    g, (q, kc, vc, sl) = _graph([("q", (B, 8, 16), F32, "activation"), ("kc", (B, 2, 160, 16), F32, "kv"),
+                                 ("vc", (B, 2, 160, 16), F32, "kv"), ("seq_lens", (B,), torch.int32, "input")])
+    return g, add_attn_partial(g, "attn", q, kc, vc, sl)
+
+
 def b_attention(B):
-    g = Graph()
-    cfg = type("Cfg", (), {"n_heads": 8, "n_kv_heads": 2, "head_dim": 16})
-    add_attention(g, cfg, 0, B, 160, F32)  # default split choice
+    g, (o_part, lse_part) = _b_partials(B)
+    add_attn_merge(g, "merge", o_part, lse_part, F32)
     return g
 
 
 def b_oproj_merge(B):
-    """attn_partial (3 splits of 64, random seq_lens: empty splits) then the fused merge + O-projection,
-    K = 8*16 = 128 in 4 chunks of 32, 2 splits per partials tile."""
-    g = Graph()
-    cfg = type("Cfg", (), {"n_heads": 8, "n_kv_heads": 2, "head_dim": 16})
-    add_attention(g, cfg, 0, B, 160, F32, merge=False)
-    for name, shape, kind in (("w", (40, 128), "weight"), ("res", (B, 40), "activation"),
-                              ("out", (B, 40), "activation")):
-        g.add_buffer(name, shape, F32, kind)
-    add_oproj_merge(g, "o", "attn_o.0", "attn_lse.0", "w", "res", "out", n_sm=2, blocks={"BLOCK_K": 32, "CH": 2})
+    """The partials, then the fused merge + O-projection, K = 8*16 = 128 in 4 chunks of 32, 2 splits per
+    partials tile."""
+    g, (o_part, lse_part) = _b_partials(B)
+    w = g.add_buffer("w", (40, 128), F32, "weight")
+    res = g.add_buffer("res", (B, 40), F32, "activation")
+    add_oproj_merge(g, "o", o_part, lse_part, w, res, tiling=SMALL, blocks={"BLOCK_K": 32, "CH": 2})
     return g
 
 
 def b_embed(B):
-    g = _graph([("tokens", (B,), torch.int32, "input"), ("table", (50, D), F32, "weight"),
-                ("x", (B, D), F32, "activation")])
-    add_embed(g, "embed", "tokens", "table", "x")
+    g, (tokens, table) = _graph([("tokens", (B,), torch.int32, "input"), ("table", (50, D), F32, "weight")])
+    add_embed(g, "embed", tokens, table)
     return g
 
 
 BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_oproj_merge, b_embed]
+
+
+def test_every_op_kind_is_covered():
+    """A new op kind in the decode step needs a builder here (its batch invariance is checked below)."""
+    covered = {op.kind.name for b in BUILDERS for op in b(2).ops}
+    assert covered == {k.name for k in OP_KINDS}
 
 
 def _written(g):
@@ -166,7 +175,7 @@ def _check_rows(builder, B, rows, seed):
     _run(gb, tb)
     for op1, opb in zip(g1.ops, gb.ops):  # only the batch block may differ between the two graphs
         diff = {k for k in op1.params if op1.params[k] != opb.params[k]}
-        assert diff <= {"B", "BLOCK_B"}, f"{op1.kind}: tile params depend on B: {sorted(diff)}"
+        assert diff <= {"B", "BLOCK_B"}, f"{op1.kind.name}: tile params depend on B: {sorted(diff)}"
     for r in rows:
         for n in _written(g1):
             a, b = tb[n][r], singles[r][n][0]
@@ -204,11 +213,11 @@ def test_decode_step_tiny_b4_row_matches_b1():
     c1.seq_lens[0] = c4.seq_lens[2]
     tok4 = torch.randint(0, cfg.vocab_size, (4,), generator=gen, dtype=torch.int32)
     tok1 = tok4[2:3].clone()
-    r1 = make_runner("eager", model, c1, 1, interpret=True)
-    r4 = make_runner("eager", model, c4, 4, interpret=True)
+    r1 = make_step_runner("eager", model, c1, interpret=True)
+    r4 = make_step_runner("eager", model, c4, interpret=True)
     for r in (r1, r4):
-        r.tensors["logits"].fill_(float("nan"))
-        r.tensors["next_tokens"].fill_(-1)
+        r.tensors[r.bound.logits].fill_(float("nan"))
+        r.tensors[r.bound.next_tokens].fill_(-1)
     lg1, nt1 = r1.step(tok1)
     lg4, nt4 = r4.step(tok4)
     assert not torch.isnan(lg1).any()

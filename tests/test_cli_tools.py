@@ -3,17 +3,18 @@ import torch
 
 from onekernel.cli import main
 from onekernel.models.config import get_config
-from onekernel.models.decode_graph import build_decode_graph
+from onekernel.models.decode_graph import decode_graph
+from onekernel.ops.tiling import Tiling
 
 
 def test_graph_summary_counts_tasks(capsys):
     assert main(["graph", "--model", "tiny", "--batch", "2", "--context", "64", "--workers", "7"]) == 0
     out = capsys.readouterr().out
-    g = build_decode_graph(get_config("tiny"), 2, 64, torch.bfloat16, n_sm=7)
+    g, _, _ = decode_graph(get_config("tiny"), 2, 64, torch.bfloat16, tiling=Tiling(7, "fit"))
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert total.split()[1:3] == [str(len(g.ops)), str(len(g.tasks))]
     for op in g.ops:
-        assert op.kind in out
+        assert op.kind.name in out
     assert "7 workers): valid" in out
 
 

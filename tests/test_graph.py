@@ -1,5 +1,6 @@
 """Regions, dependency derivation (against a brute-force oracle), events, topological order, critical path."""
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -7,6 +8,11 @@ import torch
 from onekernel.graph.deps import (critical_path, derive_dependencies, derive_events, derive_op_events,
                                   summary, topological_order, transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task
+
+
+def K(name):
+    """A stand-in op kind: the graph layer reads nothing of a kind but its name."""
+    return SimpleNamespace(name=name)
 
 
 def oracle_deps(graph):
@@ -38,7 +44,7 @@ def chain_graph(sizes, kinds=None):
     """A graph of ops with ``sizes[i]`` tasks each and no regions (deps are supplied by the test)."""
     g = Graph()
     for i, k in enumerate(sizes):
-        kind = kinds[i] if kinds else f"k{i % 3}"
+        kind = K(kinds[i] if kinds else f"k{i % 3}")
         g.add_op(Op(f"op{i}", kind, {}, {}), [Task(0, j, (), (), bytes=j + 1) for j in range(k)])
     return g
 
@@ -82,7 +88,7 @@ def random_region_graph(rng):
         tasks = [Task(0, j, tuple(region() for _ in range(rng.randint(0, 3))),
                       tuple(region() for _ in range(rng.randint(0, 2))), bytes=rng.randint(0, 100))
                  for j in range(rng.randint(1, 10))]
-        g.add_op(Op(f"op{o}", rng.choice(["gemv", "norm", "attn"]), {}, {}), tasks)
+        g.add_op(Op(f"op{o}", K(rng.choice(["gemv", "norm", "attn"])), {}, {}), tasks)
     return g
 
 
@@ -108,12 +114,12 @@ def test_small_graph_dependencies():
     X = lambda lo, hi: Region("x", ((0, 2), (lo, hi)))  # noqa: E731
     Y = lambda lo, hi: Region("y", ((0, 2), (lo, hi)))  # noqa: E731
     W = Region("w", ((0, 8), (0, 8)))
-    g.add_op(Op("embed", "embed", {}, {}), [Task(0, i, (), (X(4 * i, 4 * i + 4),)) for i in range(2)])   # 0, 1
-    g.add_op(Op("gemv", "gemv", {}, {}), [Task(0, i, (X(0, 8), W), (Y(4 * i, 4 * i + 4),))
+    g.add_op(Op("embed", K("embed"), {}, {}), [Task(0, i, (), (X(4 * i, 4 * i + 4),)) for i in range(2)])   # 0, 1
+    g.add_op(Op("gemv", K("gemv"), {}, {}), [Task(0, i, (X(0, 8), W), (Y(4 * i, 4 * i + 4),))
                                           for i in range(2)])                                        # 2, 3
-    g.add_op(Op("add", "add", {}, {}), [Task(0, i, (X(4 * i, 4 * i + 4), Y(4 * i, 4 * i + 4)),
+    g.add_op(Op("add", K("add"), {}, {}), [Task(0, i, (X(4 * i, 4 * i + 4), Y(4 * i, 4 * i + 4)),
                                                (X(4 * i, 4 * i + 4),)) for i in range(2)])           # 4, 5
-    g.add_op(Op("gemv2", "gemv", {}, {}), [Task(0, 0, (X(0, 8), W), (Y(0, 2),))])                     # 6
+    g.add_op(Op("gemv2", K("gemv"), {}, {}), [Task(0, 0, (X(0, 8), W), (Y(0, 2),))])                     # 6
     full = derive_dependencies(g, full=True)
     assert full == [[], [], [0, 1], [0, 1], [0, 2, 3], [1, 2, 3], [0, 1, 2, 4, 5]]  # WAR: 4, 5 after 2, 3
     assert full == oracle_deps(g)
@@ -207,10 +213,10 @@ def test_large_graph_runs():
     for i in range(L):
         g.add_buffer(f"w{i}", (D, D), torch.float32, "weight")
         for k in range(8):
-            g.add_op(Op(f"norm{i}.{k}", "norm", {}, {}), [Task(0, 0, (Region("x", ((0, 1), (0, D))),),
+            g.add_op(Op(f"norm{i}.{k}", K("norm"), {}, {}), [Task(0, 0, (Region("x", ((0, 1), (0, D))),),
                                                                 (Region("h", ((0, 1), (0, D))),))])
             s = D // T
-            g.add_op(Op(f"gemv{i}.{k}", "gemv", {}, {}), [
+            g.add_op(Op(f"gemv{i}.{k}", K("gemv"), {}, {}), [
                 Task(0, j, (Region("h", ((0, 1), (0, D))), Region(f"w{i}", ((j * s, j * s + s), (0, D)))),
                      (Region("x", ((0, 1), (j * s, j * s + s))),), bytes=s * D * 4) for j in range(T)])
     deps = derive_dependencies(g)

@@ -4,16 +4,13 @@ Every output element is checked against (a) the ops' PyTorch references and (b) 
 attention formula with GQA over positions 0..seq_lens[b]. Outputs start as NaN so unwritten slots fail.
 """
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from onekernel.exec.codegen import launch_op
 from onekernel.graph.ir import Graph
-from onekernel.ops import attention
-from onekernel.ops.attention import add_attention, choose_split
-from onekernel.ops.base import OP_KINDS
+from onekernel.ops.attention import add_attn_merge, add_attn_partial, choose_split
 
 
 def naive_attention(q, k, v, seq_lens):
@@ -30,20 +27,31 @@ def naive_attention(q, k, v, seq_lens):
     return out
 
 
-def build(B, Hq, Hkv, hd, S, lens, split=None, layer=0, seed=0):
+def attention_graph(B, Hq, Hkv, hd, S, split=None, dtype=torch.float32):
+    """q [B, Hq, hd], the caches [B, Hkv, S, hd] and seq_lens [B] declared; attn_partial then attn_merge.
+    Buffers: "q", "kc", "vc", "seq_lens", "attn.o_part", "attn.lse_part", "merge.out"."""
     g = Graph()
-    cfg = SimpleNamespace(n_heads=Hq, n_kv_heads=Hkv, head_dim=hd)
-    ops = add_attention(g, cfg, layer, B, S, torch.float32, split=split)
+    q = g.add_buffer("q", (B, Hq, hd), dtype, "activation")
+    kc = g.add_buffer("kc", (B, Hkv, S, hd), dtype, "kv")
+    vc = g.add_buffer("vc", (B, Hkv, S, hd), dtype, "kv")
+    sl = g.add_buffer("seq_lens", (B,), torch.int32, "input")
+    o_part, lse_part = add_attn_partial(g, "attn", q, kc, vc, sl, split=split)
+    add_attn_merge(g, "merge", o_part, lse_part, dtype)
+    return g
+
+
+def build(B, Hq, Hkv, hd, S, lens, split=None, seed=0):
+    g = attention_graph(B, Hq, Hkv, hd, S, split)
     gen = torch.Generator().manual_seed(seed)
     t = {}
     for name, buf in g.buffers.items():
-        if buf.kind in ("activation", "kv") and name != f"attn.{layer}":
+        if name in ("q", "kc", "vc"):
             t[name] = torch.randn(buf.shape, generator=gen, dtype=buf.dtype)
         else:
             t[name] = torch.full(buf.shape, float("nan"), dtype=buf.dtype) if buf.dtype.is_floating_point \
                 else torch.empty(buf.shape, dtype=buf.dtype)
     t["seq_lens"] = torch.tensor(lens, dtype=torch.int32) - 1
-    return g, ops, t
+    return g, g.ops, t
 
 
 CASES = [  # B, Hq, Hkv, hd, S, lengths (seq_lens + 1), split override
@@ -57,25 +65,25 @@ CASES = [  # B, Hq, Hkv, hd, S, lengths (seq_lens + 1), split override
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,hd,S,lens,split", CASES)
-def test_attention(B, Hq, Hkv, hd, S, lens, split):
-    g, (partial, merge), t = build(B, Hq, Hkv, hd, S, lens, split)
+def test_attention(B, Hq, Hkv, hd, S, lens, split, seed):
+    g, (partial, merge), t = build(B, Hq, Hkv, hd, S, lens, split, seed)
     SPLIT, NSPLIT = partial.params["SPLIT"], partial.params["NSPLIT"]
     assert NSPLIT == -(-S // SPLIT) and partial.n_tiles == B * Hkv * NSPLIT and merge.n_tiles == B * Hq
     launch_op(g, partial, t)
     launch_op(g, merge, t)
-    o, lse, out = t["attn_o.0"], t["attn_lse.0"], t["attn.0"]
+    o, lse, out = t["attn.o_part"], t["attn.lse_part"], t["merge.out"]
     assert not o.isnan().any() and not lse.isnan().any() and not out.isnan().any()
 
     # (a) op references: partials from the same inputs, merge from the kernel's partials
     ref = {k: v.clone() for k, v in t.items()}
-    ref["attn_o.0"].fill_(float("nan"))
-    ref["attn_lse.0"].fill_(float("nan"))
-    OP_KINDS["attn_partial"].reference(partial, ref)
-    torch.testing.assert_close(o, ref["attn_o.0"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(lse, ref["attn_lse.0"], rtol=1e-5, atol=1e-5)  # equal -inf passes
-    ref["attn.0"].fill_(float("nan"))
-    OP_KINDS["attn_merge"].reference(merge, {**ref, "attn_o.0": o, "attn_lse.0": lse})
-    torch.testing.assert_close(out, ref["attn.0"], rtol=1e-4, atol=1e-5)
+    ref["attn.o_part"].fill_(float("nan"))
+    ref["attn.lse_part"].fill_(float("nan"))
+    partial.kind.reference(partial, ref)
+    torch.testing.assert_close(o, ref["attn.o_part"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, ref["attn.lse_part"], rtol=1e-5, atol=1e-5)  # equal -inf passes
+    ref["merge.out"].fill_(float("nan"))
+    merge.kind.reference(merge, {**ref, "attn.o_part": o, "attn.lse_part": lse})
+    torch.testing.assert_close(out, ref["merge.out"], rtol=1e-4, atol=1e-5)
 
     # empty splits: lse = -inf and zeros, exactly
     for b, n in enumerate(lens):
@@ -86,7 +94,7 @@ def test_attention(B, Hq, Hkv, hd, S, lens, split):
                 assert (o[b, :, s] == 0).all()
 
     # (b) independent formula
-    want = naive_attention(t["q.0"], t["layers.0.k_cache"], t["layers.0.v_cache"], t["seq_lens"])
+    want = naive_attention(t["q"], t["kc"], t["vc"], t["seq_lens"])
     torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
 
 
@@ -100,17 +108,17 @@ def test_regions_and_costs():
     assert m.writes[0].box == ((1, 2), (80, 96)) and m.reads[0].box == ((1, 2), (5, 6), (0, 3), (0, 16))
     # every partial slot is written by exactly one partial task, every output element by one merge task
     assert sum(math.prod(hi - lo for lo, hi in tk.writes[0].box) for tk in (g.tasks[i] for i in partial.task_ids)) \
-        == math.prod(g.buffers["attn_o.0"].shape)
+        == math.prod(g.buffers["attn.o_part"].shape)
     assert sum(math.prod(hi - lo for lo, hi in tk.writes[0].box) for tk in (g.tasks[i] for i in merge.task_ids)) \
-        == math.prod(g.buffers["attn.0"].shape)
+        == math.prod(g.buffers["merge.out"].shape)
 
 
 def test_choose_split():
     assert choose_split(8, 8192) == (128, 64)      # 512 tiles <= 4 waves of 132
     assert choose_split(8, 65536) == (256, 256)    # capped at 256
     assert choose_split(2, 512) == (64, 8)
-    with pytest.raises(ValueError):
-        add_attention(Graph(), SimpleNamespace(n_heads=6, n_kv_heads=4, head_dim=64), 0, 1, 64, torch.float32)
+    with pytest.raises(ValueError, match="Hq % Hkv"):
+        attention_graph(1, 6, 4, 64, 64)
 
 
 @pytest.mark.gpu
@@ -120,16 +128,13 @@ def test_choose_split():
 @pytest.mark.parametrize("B,Hq,Hkv,hd,S,lens", [(1, 32, 8, 128, 4096, [4096]),
                                                  (4, 9, 3, 64, 1000, [1, 97, 512, 1000])])
 def test_attention_gpu(B, Hq, Hkv, hd, S, lens, dtype):
-    g = Graph()
-    ops = add_attention(g, SimpleNamespace(n_heads=Hq, n_kv_heads=Hkv, head_dim=hd), 0, B, S, dtype)
-    t = {n: (torch.randn(b.shape, device="cuda").to(b.dtype) if b.kind in ("activation", "kv")
+    g = attention_graph(B, Hq, Hkv, hd, S, dtype=dtype)
+    t = {n: (torch.randn(b.shape, device="cuda").to(b.dtype) if n in ("q", "kc", "vc")
              else torch.full(b.shape, float("nan"), device="cuda", dtype=b.dtype)) for n, b in g.buffers.items()
          if n != "seq_lens"}
     t["seq_lens"] = torch.tensor(lens, dtype=torch.int32, device="cuda") - 1
-    t["attn.0"].fill_(float("nan"))
-    for op in ops:
+    for op in g.ops:
         launch_op(g, op, t)
-    want = naive_attention(t["q.0"].cpu().float(), t["layers.0.k_cache"].cpu().float(),
-                           t["layers.0.v_cache"].cpu().float(), t["seq_lens"].cpu())
+    want = naive_attention(t["q"].cpu().float(), t["kc"].cpu().float(), t["vc"].cpu().float(), t["seq_lens"].cpu())
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(t["attn.0"].cpu().double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(t["merge.out"].cpu().double(), want, rtol=tol, atol=tol)

@@ -11,7 +11,6 @@ GPU rounds to nearest even, as ``rnd`` does), so interpreter bf16 stores cannot 
 """
 import math
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -21,8 +20,7 @@ import torch
 from onekernel.exec.codegen import launch_op
 from onekernel.graph.deps import derive_dependencies
 from onekernel.graph.ir import Graph
-from onekernel.ops.attention import add_attention
-from onekernel.ops.base import OP_KINDS
+from onekernel.ops.attention import add_attn_partial
 from onekernel.ops.oproj_merge import MERGE_TILE_ELEMS, add_oproj_merge
 from test_ops_attention import naive_attention
 
@@ -37,21 +35,29 @@ CASES = [  # B, Hq, Hkv, hd, S, lengths (seq_lens + 1), SPLIT, N, BLOCK_N, BLOCK
 IDS = [f"B{c[0]}-Hq{c[1]}-hd{c[3]}-SPLIT{c[6]}-CH{c[10]}-{str(c[11])[6:]}" for c in CASES]
 
 
-def build(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype, seed=0):
-    """Graph (attn_partial + oproj_merge), its two ops and fresh tensors: random q/K/V/w/res, poisoned rest."""
+def partials_graph(B, Hq, Hkv, hd, S, dtype, split=None):
+    """q "q" [B, Hq, hd], caches "kc"/"vc" [B, Hkv, S, hd], "seq_lens"; then attn_partial (op "attn")."""
     g = Graph()
-    partial, = add_attention(g, SimpleNamespace(n_heads=Hq, n_kv_heads=Hkv, head_dim=hd), 0, B, S, dtype,
-                             split=split, merge=False)
-    assert "attn.0" not in g.buffers
-    g.add_buffer("wo", (N, Hq * hd), dtype, "weight")
-    g.add_buffer("res", (B, N), dtype, "activation")
-    g.add_buffer("h", (B, N), dtype, "activation")
-    op = add_oproj_merge(g, "o_proj.0", "attn_o.0", "attn_lse.0", "wo", "res", "h",
-                         blocks={"BLOCK_N": block_n, "BLOCK_K": block_k, **({"CH": ch} if ch else {})})
+    q = g.add_buffer("q", (B, Hq, hd), dtype, "activation")
+    kc = g.add_buffer("kc", (B, Hkv, S, hd), dtype, "kv")
+    vc = g.add_buffer("vc", (B, Hkv, S, hd), dtype, "kv")
+    sl = g.add_buffer("seq_lens", (B,), torch.int32, "input")
+    return g, add_attn_partial(g, "attn", q, kc, vc, sl, split=split)
+
+
+def build(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype, seed=0):
+    """Graph (attn_partial + oproj_merge, output "o_proj.out"), its two ops and fresh tensors: random
+    q/K/V/w/res, poisoned rest."""
+    g, (o_part, lse_part) = partials_graph(B, Hq, Hkv, hd, S, dtype, split)
+    wo = g.add_buffer("wo", (N, Hq * hd), dtype, "weight")
+    res = g.add_buffer("res", (B, N), dtype, "activation")
+    add_oproj_merge(g, "o_proj", o_part, lse_part, wo, res,
+                    blocks={"BLOCK_N": block_n, "BLOCK_K": block_k, **({"CH": ch} if ch else {})})
+    partial, op = g.ops
     gen = torch.Generator().manual_seed(seed)
     t = {}
     for name, buf in g.buffers.items():
-        if buf.kind in ("activation", "kv", "weight") and name != "h":
+        if name in ("q", "kc", "vc", "wo", "res"):
             scale = 1 / math.sqrt(Hq * hd) if name == "wo" else 1.0
             t[name] = (torch.randn(buf.shape, generator=gen) * scale).to(buf.dtype)
         else:
@@ -62,8 +68,8 @@ def build(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype, seed=0
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,hd,S,lens,split,N,block_n,block_k,ch,dtype", CASES, ids=IDS)
-def test_oproj_merge(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype):
-    g, partial, op, t = build(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype)
+def test_oproj_merge(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype, seed):
+    g, partial, op, t = build(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dtype, seed)
     NSPLIT = partial.params["NSPLIT"]
     assert op.params["NSPLIT"] == NSPLIT and op.params["K"] == Hq * hd and op.n_tiles == -(-N // block_n)
     assert op.params["CH"] == (ch or min(op.params["NSP2"], MERGE_TILE_ELEMS // block_k))
@@ -74,22 +80,21 @@ def test_oproj_merge(B, Hq, Hkv, hd, S, lens, split, N, block_n, block_k, ch, dt
     for b, n in enumerate(lens):  # the O of an empty split must never be read: poison it
         for s in range(NSPLIT):
             if s * split >= n:
-                assert torch.isinf(t["attn_lse.0"][b, :, s]).all()
-                t["attn_o.0"][b, :, s] = float("nan")
+                assert torch.isinf(t["attn.lse_part"][b, :, s]).all()
+                t["attn.o_part"][b, :, s] = float("nan")
                 empty += 1
     assert empty > 0
     launch_op(g, op, t)
-    out = t["h"]
+    out = t["o_proj.out"]
     assert not out.isnan().any()
 
     # (a) the op's reference on the same (unpoisoned) partials
-    OP_KINDS["oproj_merge"].reference(op, ref)
+    op.kind.reference(op, ref)
     tol = dict(rtol=2e-3, atol=2e-2) if dtype == torch.float16 else dict(rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out, ref["h"], **tol)
+    torch.testing.assert_close(out, ref["o_proj.out"], **tol)
 
     # (b) independent formula: x + softmax attention @ wo^T
-    attn = naive_attention(t["q.0"].float(), t["layers.0.k_cache"].float(), t["layers.0.v_cache"].float(),
-                           t["seq_lens"])
+    attn = naive_attention(t["q"].float(), t["kc"].float(), t["vc"].float(), t["seq_lens"])
     want = t["res"].double() + attn @ t["wo"].double().T
     tol = dict(rtol=2e-3, atol=2e-2) if dtype == torch.float16 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.double(), want, **tol)
@@ -113,10 +118,8 @@ def test_regions_dependencies_and_costs():
 
 
 def test_shape_mismatch_is_rejected():
-    g = Graph()
-    add_attention(g, SimpleNamespace(n_heads=4, n_kv_heads=2, head_dim=16), 0, 1, 64, torch.float32, merge=False)
-    g.add_buffer("wo", (40, 48), torch.float32, "weight")  # K should be 4 * 16 = 64
-    g.add_buffer("res", (1, 40), torch.float32, "activation")
-    g.add_buffer("h", (1, 40), torch.float32, "activation")
+    g, (o_part, lse_part) = partials_graph(1, 4, 2, 16, 64, torch.float32)
+    wo = g.add_buffer("wo", (40, 48), torch.float32, "weight")  # K should be 4 * 16 = 64
+    res = g.add_buffer("res", (1, 40), torch.float32, "activation")
     with pytest.raises(ValueError, match="do not fit"):
-        add_oproj_merge(g, "o", "attn_o.0", "attn_lse.0", "wo", "res", "h")
+        add_oproj_merge(g, "o", o_part, lse_part, wo, res)

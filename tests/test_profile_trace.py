@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from onekernel.models.config import get_config
-from onekernel.models.decode_graph import build_decode_graph
+from onekernel.models.decode_graph import decode_graph
+from onekernel.ops.tiling import Tiling
 from onekernel.profile.trace import breakdown, perfetto, timeline_png
 
 
@@ -43,7 +44,7 @@ def _reference(graph, prof, n_sm):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_breakdown_counts_each_sm_once(seed):
-    graph = build_decode_graph(get_config("tiny"), 2, 32, torch.float32, n_sm=4)
+    graph, _, _ = decode_graph(get_config("tiny"), 2, 32, torch.float32, tiling=Tiling(4))
     n_sm = 3  # more tiles than SMs: CTAs share SMs and overlap
     prof = _fake_profile(graph, n_sm, seed)
     bd = breakdown(graph, prof, n_sm)
@@ -57,7 +58,7 @@ def test_breakdown_counts_each_sm_once(seed):
     p = prof.numpy()
     by_kind = {}
     for op in graph.ops:
-        by_kind[op.kind] = by_kind.get(op.kind, 0.0) + sum((p[t, 2] - p[t, 1]) / 1e3 for t in op.task_ids)
+        by_kind[op.kind.name] = by_kind.get(op.kind.name, 0.0) + sum((p[t, 2] - p[t, 1]) / 1e3 for t in op.task_ids)
     assert bd["computing_by_kind_us"] == pytest.approx(by_kind)
     gaps = sum(max(p[b.task_ids, 0].min() - p[a.task_ids, 2].max(), 0) / 1e3
                for a, b in zip(graph.ops, graph.ops[1:]))
@@ -65,7 +66,7 @@ def test_breakdown_counts_each_sm_once(seed):
 
 
 def test_perfetto_and_png(tmp_path):
-    graph = build_decode_graph(get_config("tiny"), 1, 16, torch.float32, n_sm=4)
+    graph, _, _ = decode_graph(get_config("tiny"), 1, 16, torch.float32, tiling=Tiling(4))
     prof = _fake_profile(graph, 4, 7)
     perfetto(graph, prof, tmp_path / "t.json", "graph")
     ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]

@@ -4,7 +4,7 @@ import torch
 
 from onekernel.models.load import load_model
 from onekernel.runtime.kv_cache import KVCache
-from onekernel.runtime.reference import ReferenceRunner, decode_step, prefill
+from onekernel.runtime.reference import ReferenceRunner, prefill
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-qwen3"])
@@ -19,7 +19,7 @@ def test_decode_matches_prefill_of_longer_prompt(model):
     cache = KVCache(model.config, 2, 16, torch.float32, "cpu")
     prefill(model, cache, prompts)
     assert cache.seq_lens.tolist() == [5, 2]
-    got = decode_step(model, cache, torch.tensor(nxt, dtype=torch.int32))
+    got = ReferenceRunner(model, cache).step(torch.tensor(nxt, dtype=torch.int32))[0]
     assert cache.seq_lens.tolist() == [5, 2]  # the caller increments
     for b, (p, t) in enumerate(zip(prompts, nxt)):
         c1 = KVCache(model.config, 1, 16, torch.float32, "cpu")

@@ -8,19 +8,19 @@ from onekernel.bench.baselines import StaticDecoder, TorchCompileRunner
 from onekernel.bench.modes import make_bench_runner
 from onekernel.models.load import load_model
 from onekernel.runtime.kv_cache import KVCache
-from onekernel.runtime.reference import decode_step
+from onekernel.runtime.reference import ReferenceRunner
 
 
 @pytest.mark.parametrize("name,backend", [("tiny", "aot_eager"), ("tiny-qwen3", "eager")])
-def test_compiled_module_matches_reference(name, backend, twin_caches):
-    seed = int(torch.randint(0, 10_000, ()))
+def test_compiled_module_matches_reference(name, backend, twin_caches, seed):
     model = load_model(name, random_weights=True, seed=seed)
     caches, g = twin_caches(model, 3, 24, [0, 7, 21], seed)
+    ref = ReferenceRunner(model, caches[0])
     r = TorchCompileRunner(model, caches[1], compile_kwargs={"backend": backend, "fullgraph": True})
     assert r.module.k_cache.data_ptr() == caches[1].k.data_ptr()  # the cache is aliased, not copied
     for _ in range(3):  # positions advance: the compiled step reads seq_lens from its buffer
         tokens = torch.randint(0, model.config.vocab_size, (3,), generator=g, dtype=torch.int32)
-        want = decode_step(model, caches[0], tokens)
+        want = ref.step(tokens)[0].clone()
         logits, nxt = r.step(tokens)
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         assert torch.equal(nxt, want.argmax(-1).to(torch.int32))
@@ -39,5 +39,5 @@ def test_module_buffers_are_static_and_tied_head_is_shared():
     for n, b in m.named_buffers():
         assert getattr(b, "_dynamo_static_input_type", None), n
     assert m.seq_lens is cache.seq_lens and m.tokens.shape == (2,)
-    assert isinstance(make_bench_runner("torch+compile", model, cache, 2, compile_kwargs={"backend": "eager"}),
+    assert isinstance(make_bench_runner("torch+compile", model, cache, compile_kwargs={"backend": "eager"}),
                       TorchCompileRunner)

@@ -15,19 +15,18 @@ import torch
 
 from onekernel.bench.baselines import TorchCompileRunner, TorchGraphRunner
 from onekernel.bench.timing import floor_ms, median_ms, step_bytes
-from onekernel.exec import make_runner
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import ReferenceRunner
+from onekernel.runtime.runners import make_step_runner
+
+BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+compile": TorchCompileRunner}
 
 
-def make_bench_runner(mode, model, cache, batch, **opts):
-    if mode == "torch":
-        return ReferenceRunner(model, cache)
-    if mode == "torch+graph":
-        return TorchGraphRunner(model, cache)
-    if mode == "torch+compile":
-        return TorchCompileRunner(model, cache, **opts)
-    return make_runner(mode, model, cache, batch, **opts)
+def make_bench_runner(mode, model, cache, **opts):
+    """A runner of ``mode``: one of the PyTorch baselines (BASELINES) or a mode of ``make_step_runner``."""
+    if mode in BASELINES:
+        return BASELINES[mode](model, cache, **opts)
+    return make_step_runner(mode, model, cache, **opts)
 
 
 def random_decode_state(model, batch: int, context: int):
@@ -65,14 +64,13 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
             started(mode)
         try:
             opts = dict((options or {}).get(mode, {}))
-            r = make_bench_runner(mode, model, cache, batch, **opts)
-            fn = (lambda: r.step(tokens, check=False)) if mode == "megakernel" else (lambda: r.step(tokens))
-            lg, nt = fn()
+            r = make_bench_runner(mode, model, cache, **opts)
+            lg, nt = r.step(tokens)
+            r.check()
             rec.update(rel_err_vs_torch=float((lg.float() - ref_logits.float()).norm() / ref_logits.float().norm()),
                        argmax_agree=f"{int((nt.view(-1) == ref_next.view(-1)).sum())}/{batch}")
-            t = median_ms(fn, steps=steps, warmup=10)
-            if hasattr(r, "check"):
-                r.check()
+            t = median_ms(lambda: r.step(tokens), steps=steps, warmup=10)
+            r.check()
             rec.update(ms_per_step=t["median_ms"], p10_ms=t["p10_ms"], p90_ms=t["p90_ms"], steps=t["steps"],
                        tokens_per_s=batch * 1e3 / t["median_ms"], pct_of_floor=100 * floor / t["median_ms"])
             del r

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from onekernel.bench.timing import graph_median_ms
-from onekernel.exec import make_runner
 from onekernel.exec.codegen import launch_op
 from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.runners import make_step_runner
 
 GEMV_KINDS = ("qkv_rope", "oproj_merge", "gemv_residual", "gate_up", "lm_head")  # those with a weight "w"
 
@@ -21,11 +21,11 @@ def gemv_bandwidth(model, name: str, bw_gbs: float, batch: int = 1, context: int
     """One record per (op kind, shape): model, kind, N x K, tiles, us per op, GB/s, % of copy bandwidth."""
     cache = KVCache(model.config, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
     cache.seq_lens.fill_(context - 1)
-    r = make_runner("eager", model, cache, batch)
+    r = make_step_runner("eager", model, cache)
     r.step(torch.zeros(batch, dtype=torch.int32, device="cuda"))
     out = []
     for kind in GEMV_KINDS:
-        ops = [o for o in r.graph.ops if o.kind == kind]
+        ops = [o for o in r.graph.ops if o.kind.name == kind]
         if not ops:
             continue
         shapes: dict[tuple, list] = {}  # O- and down-projection share a kind but not a shape

@@ -40,9 +40,8 @@ def study_variants(n_sm: int) -> list[tuple[str, str, dict, str]]:
          ("megakernel-opevents", "megakernel", {"events": "op"}, "c"),
          ("megakernel-covertiles", "megakernel", {"tiles": "cover"}, "c"),
          ("megakernel-roundrobin", "megakernel", {"policy": "round_robin"}, "d")]
-    # Fewer workers run the default's graph (its tiles: n_sm = n_sm // 2 + 1), so only the worker count varies.
-    v += [(f"megakernel-w{w}", "megakernel", {"n_workers": w, "n_sm": n_sm // 2 + 1}, "d")
-          for w in WORKERS if w != n_sm]
+    # Fewer workers run the default's graph (tiled for n_sm SMs), so only the worker count varies.
+    v += [(f"megakernel-w{w}", "megakernel", {"n_workers": w}, "d") for w in WORKERS if w != n_sm]
     v += [("megakernel-8warps", "megakernel", {"num_warps": 8}, "d")]
     return v
 
@@ -70,11 +69,11 @@ def profile_gaps(model, batch: int, context: int, mode: str, options: dict, step
     import torch
 
     from onekernel.bench.modes import random_decode_state
-    from onekernel.exec import make_runner
     from onekernel.profile.trace import breakdown
+    from onekernel.runtime.runners import make_step_runner
 
     cache, tokens = random_decode_state(model, batch, context)
-    r = make_runner(mode, model, cache, batch, profile=True, **options)
+    r = make_step_runner(mode, model, cache, profile=True, **options)
     for _ in range(steps):
         r.step(tokens)
     torch.cuda.synchronize()

@@ -14,13 +14,13 @@ import hashlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from onekernel.graph.ir import Graph, Op
-from onekernel.ops.base import OP_KINDS, OpKind
+from onekernel.ops.base import OpKind
 
 _TL_DTYPES = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -30,29 +30,27 @@ _TL_DTYPES = {
 
 @dataclass(frozen=True)
 class Variant:
-    """Key of one compiled tile function: kind name, sorted constexpr params, pointer element dtypes."""
+    """Key of one compiled tile function: kind name, sorted constexpr params, pointer element dtypes
+    (``kind``, the OpKind itself, rides along and is not part of the key)."""
 
-    kind: str
+    name: str
     params: tuple[tuple[str, object], ...]
     dtypes: tuple[str, ...]
-
-    @property
-    def okind(self) -> OpKind:
-        return OP_KINDS[self.kind]
+    kind: OpKind = field(compare=False, repr=False)
 
     def const_values(self) -> list:
         p = dict(self.params)
-        return [p[c] for c in self.okind.consts]
+        return [p[c] for c in self.kind.consts]
 
 
 def variant_of(graph: Graph, op: Op) -> Variant:
-    kind = OP_KINDS[op.kind]
+    kind = op.kind
     missing = [c for c in kind.consts if c not in op.params]
     if missing:
-        raise ValueError(f"op {op.name!r} lacks constexpr params {missing} of kind {op.kind!r}")
+        raise ValueError(f"op {op.name!r} lacks constexpr params {missing} of kind {kind.name!r}")
     params = tuple(sorted((c, op.params[c]) for c in kind.consts))
     dtypes = tuple(_TL_DTYPES[graph.buffers[op.args[a]].dtype] for a in kind.args)
-    return Variant(op.kind, params, dtypes)
+    return Variant(kind.name, params, dtypes, kind)
 
 
 def cache_dir() -> Path:
@@ -147,12 +145,11 @@ def eager_source(kind: OpKind) -> str:
 _EAGER: dict[str, object] = {}
 
 
-def eager_kernel(kind_name: str):
-    """The compiled-on-demand per-op kernel (a ``triton.JITFunction``) of op kind ``kind_name``."""
-    if kind_name not in _EAGER:
-        kind = OP_KINDS[kind_name]
-        _EAGER[kind_name] = load_source(eager_source(kind), f"eager_{kind_name}").kernel
-    return _EAGER[kind_name]
+def eager_kernel(kind: OpKind):
+    """The compiled-on-demand per-op kernel (a ``triton.JITFunction``) of op kind ``kind``."""
+    if kind.name not in _EAGER:
+        _EAGER[kind.name] = load_source(eager_source(kind), f"eager_{kind.name}").kernel
+    return _EAGER[kind.name]
 
 
 def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bool = False,
@@ -160,16 +157,16 @@ def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bo
               trigger_end: bool = False):
     """Launch ``op`` as one kernel with one program per tile (eager/graph/pdl modes).
 
-    tensors: buffer name -> tensor (bound by ``models.decode_graph.bind``). prof: int64 [n_tasks, 4] or None.
+    tensors: buffer name -> tensor (a BoundStep's). prof: int64 [n_tasks, 4] or None.
     prologue_split (PDL only): False waits on the previous kernel before the prologue instead of after it.
     trigger_end (PDL only): trigger the dependent launch after the body instead of at entry.
     """
-    kind = OP_KINDS[op.kind]
+    kind = op.kind
     ptrs = [tensors[op.args[a]] for a in kind.args]
     consts = {c: op.params[c] for c in kind.consts}
     profile = prof is not None
     if prof is None:
         prof = ptrs[0]
-    eager_kernel(op.kind)[(op.n_tiles,)](
-        *ptrs, prof, prof_base, **consts, PDL=pdl, PROFILE=profile,
-        PROLOGUE_SPLIT=prologue_split, TRIGGER_END=trigger_end, num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))
+    eager_kernel(kind)[(op.n_tiles,)](
+        *ptrs, prof, prof_base, **consts, PDL=pdl, PROFILE=profile, PROLOGUE_SPLIT=prologue_split,
+        TRIGGER_END=trigger_end, num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))

@@ -5,7 +5,7 @@ order, grid = the op's tiles.
 
 * eager: Triton launches from Python every step.
 * graph: the launch sequence is captured once into a ``torch.cuda.CUDAGraph`` and replayed. Graphs are
-  cached by (batch, every bound tensor's address); when the KV cache moves, the next step re-captures.
+  cached by every bound tensor's address; when the KV cache moves, the next step re-captures.
   ``ONEKERNEL_NO_CUDA_GRAPH=1`` (or ``use_cuda_graph=False``) turns capture off: launches run eagerly.
 * pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel triggers its
   dependents at entry, runs its prologue, then ``gdc_wait`` before its body, so the next kernel's prologue
@@ -15,22 +15,23 @@ order, grid = the op's tiles.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from onekernel.exec.base import GraphRunnerBase
+from onekernel.errors import InputError
+from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 from onekernel.exec.codegen import launch_op
 
 
-class EagerRunner(GraphRunnerBase):
+class EagerRunner(StepRunner):
+    """Options: ``profile`` (StepRunner); ``prologue_split``, ``trigger`` (read with PDL only: module doc)."""
+
     mode = "eager"
     pdl = False
 
-    def __init__(self, *args, prologue_split: bool = True, trigger: str = "entry", **kw):
-        super().__init__(*args, **kw)
+    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "entry", profile: bool = False):
+        super().__init__(step, profile=profile)
         if trigger not in ("entry", "end"):
-            raise ValueError(f"unknown PDL trigger {trigger!r}; choose 'entry' or 'end'")
+            raise InputError(f"unknown PDL trigger {trigger!r}; choose 'entry' or 'end'")
         self.prologue_split = prologue_split  # read only with PDL (PdlRunner)
         self.trigger = trigger  # read only with PDL
 
@@ -45,19 +46,19 @@ class EagerRunner(GraphRunnerBase):
 
 
 class CudaGraphRunner(EagerRunner):
+    """Options: those of EagerRunner, and ``use_cuda_graph`` (None: on unless ONEKERNEL_NO_CUDA_GRAPH is set)."""
+
     mode = "graph"
 
-    def __init__(self, *args, use_cuda_graph: bool | None = None, **kw):
-        super().__init__(*args, **kw)
-        if use_cuda_graph is None:
-            use_cuda_graph = os.environ.get("ONEKERNEL_NO_CUDA_GRAPH", "0") in ("", "0")
-        self.use_cuda_graph = use_cuda_graph and self.cache.k.is_cuda
+    def __init__(self, step, *, use_cuda_graph: bool | None = None, **kw):
+        super().__init__(step, **kw)
+        self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and step.device.type == "cuda"
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._key: tuple | None = None
         self.captures = 0
 
     def address_key(self) -> tuple:
-        return (self.batch, tuple(t.data_ptr() for t in self.tensors.values()))
+        return tuple(t.data_ptr() for t in self.tensors.values())
 
     def _capture(self) -> torch.cuda.CUDAGraph:
         # Compile and warm up outside the capture. A decode step is idempotent (it rewrites the same KV row

@@ -283,7 +283,7 @@ def summary(graph: Graph, deps: list[list[int]], events: EventTable | None = Non
     weights / KV / activations from the regions, longest dependency chain in tasks and in bytes)."""
     rows: dict[str, list[int]] = {}
     for op in graph.ops:
-        r = rows.setdefault(op.kind, [0, 0, 0])
+        r = rows.setdefault(op.kind.name, [0, 0, 0])
         r[:] = r[0] + 1, r[1] + len(op.task_ids), r[2] + sum(graph.tasks[t].bytes for t in op.task_ids)
     lines = [f"{'op kind':<20}{'ops':>8}{'tasks':>10}{'bytes':>16}"]
     for kind, (o, t, b) in sorted(rows.items(), key=lambda kv: -kv[1][2]):

@@ -80,13 +80,14 @@ class Task:
 class Op:
     """One operator instance, e.g. layer 3's QKV GEMV.
 
-    kind: key of an :class:`onekernel.ops.base.OpKind` (selects the tile function);
-    args: argument role -> buffer name, in the order of ``OpKind.args``;
-    params: compile-time constants of the tile function (dimensions, tile sizes, eps), ``OpKind.consts``.
+    kind: the op's :class:`onekernel.ops.base.OpKind` (its tile functions, argument roles, reference); the graph
+    stores it and reads nothing but its ``name``, so this layer knows no operator;
+    args: argument role -> buffer name, in the order of ``kind.args``;
+    params: compile-time constants of the tile function (dimensions, tile sizes, eps), ``kind.consts``.
     """
 
     name: str
-    kind: str
+    kind: Any
     args: dict[str, str]
     params: dict[str, Any]
     n_tiles: int = 0
@@ -104,6 +105,7 @@ class Graph:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def add_buffer(self, name: str, shape, dtype: torch.dtype, kind: str) -> Buffer:
+        """Declare a buffer and return its handle (raises ValueError when ``name`` is taken)."""
         if name in self.buffers:
             raise ValueError(f"buffer {name!r} defined twice")
         b = Buffer(name, tuple(int(s) for s in shape), dtype, kind)

@@ -1,35 +1,61 @@
-"""A model config -> the task graph of one decode step; binding its buffers to tensors; the graph reference.
+"""A model config -> the task graph of one decode step, and that graph bound to weights and a KV cache.
 
-Program order (layer i = 0..L-1), buffers in docs/DESIGN.md / the op files:
-    embed                      tokens, tok_embeddings -> x.0
-    qkv_rope.{i}               x.{i}, attn_norm, wqkv, rope_inv_freq, seq_lens -> q.{i}, k/v cache row seq_lens[b]
-    attn_partial.{i}           (ops/attention.py)  q.{i}, k/v cache -> attn_o.{i}, attn_lse.{i} (split-KV partials)
+Program order (layer i = 0..L-1); each builder names its outputs after its op (``down.3.out``, ...):
+    embed                      tokens, tok_embeddings -> x_0
+    qkv_rope.{i}               x_i, attn_norm, wqkv, rope_inv_freq, seq_lens -> q, k/v cache row seq_lens[b]
+    attn_partial.{i}           q, k/v cache -> split-KV partials (ops/attention.py)
     then either (``fuse_merge=True``; measured slower, off by default: docs/DESIGN.md)
-    o_proj.{i}  oproj_merge    h.{i}   = x.{i} + merge(attn_o.{i}, attn_lse.{i}) @ wo^T   (ops/oproj_merge.py)
+    o_proj.{i}  oproj_merge    h_i = x_i + merge(partials) @ wo^T      (ops/oproj_merge.py)
     or (separate)
-    attn_merge.{i}             attn.{i} = merge(attn_o.{i}, attn_lse.{i})
-    o_proj.{i}  gemv_residual  h.{i}   = x.{i} + attn.{i} @ wo^T
-    gate_up.{i}                act.{i} = silu(norm(h.{i}) Wg^T) * (norm(h.{i}) Wu^T)
-    down.{i}    gemv_residual  x.{i+1} = h.{i} + act.{i} @ w_down^T
-    lm_head, argmax            x.{L}, norm, lm_head -> logits fp32 [B, V], next_tokens int32 [B]
-Fused weights (made once by :func:`bind`): ``layers.{i}.wqkv`` = cat(wq, wk, wv) [(Hq+2Hkv)hd, D],
-``layers.{i}.w_gate_up`` = cat(w_gate, w_up) [2F, D].
+    attn_merge.{i}             attn_i = merge(partials)
+    o_proj.{i}  gemv_residual  h_i = x_i + attn_i @ wo^T
+    gate_up.{i}                act_i = silu(norm(h_i) Wg^T) * (norm(h_i) Wu^T)
+    down.{i}    gemv_residual  x_{i+1} = h_i + act_i @ w_down^T
+    lm_head, lm_head.argmax    x_L, norm, lm_head -> logits fp32 [B, V], next_tokens int32 [B]
+Fused weights (made once when the graph is bound): ``layers.{i}.wqkv`` = cat(wq, wk, wv) [(Hq+2Hkv)hd, D],
+``layers.{i}.w_gate_up`` = cat(w_gate, w_up) [2F, D]. Weight buffers keep the canonical names of
+docs/DESIGN.md; the KV cache of layer i is ``layers.{i}.k_cache`` / ``v_cache`` [B, Hkv, S, hd].
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from onekernel.errors import InputError, UnsupportedModelError
 from onekernel.graph.ir import Graph
-from onekernel.ops.base import OP_KINDS
-from onekernel.ops.embed import add_embed
-from onekernel.ops.gemv import add_gate_up, add_gemv_residual
-from onekernel.ops.lm_head import add_lm_head
-from onekernel.ops.qkv import add_qkv_rope
-from onekernel.ops.tiling import MAX_BATCH
+from onekernel.graph.step import BoundStep
+from onekernel.models.config import rope_inv_freq
+from onekernel.ops.attention import ATTN_MERGE, ATTN_PARTIAL, add_attn_merge, add_attn_partial
+from onekernel.ops.embed import EMBED, add_embed
+from onekernel.ops.gemv import GATE_UP, GEMV_RESIDUAL, add_gate_up, add_gemv_residual
+from onekernel.ops.lm_head import ARGMAX, LM_HEAD, add_lm_head
+from onekernel.ops.oproj_merge import OPROJ_MERGE, add_oproj_merge
+from onekernel.ops.qkv import QKV_ROPE, add_qkv_rope
+from onekernel.ops.tiling import MAX_BATCH, Tiling
 
+# Every op kind a decode step is made of (the explicit list; nothing registers itself at import).
+OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP, LM_HEAD, ARGMAX)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-FUSED = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """What a weight buffer is bound to: the canonical weights ``parts`` concatenated along dim 0, or (the RoPE
+    table) a tensor computed from the config by ``compute()``."""
+
+    parts: tuple[str, ...] = ()
+    compute: Callable[[], torch.Tensor] | None = None
+
+    def tensor(self, weights: dict) -> torch.Tensor:
+        if self.compute is not None:
+            return self.compute()
+        missing = [p for p in self.parts if p not in weights]
+        if missing:
+            raise InputError(f"weight {missing[0]!r} is missing from the weight dict; load the model with load_model")
+        ts = [weights[p] for p in self.parts]
+        return ts[0] if len(ts) == 1 else torch.cat(ts)
 
 
 def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> None:
@@ -54,68 +80,63 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
         raise InputError(f"max_seq_len={max_seq_len} must be >= 1")
 
 
-def build_decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16,
-                       n_sm: int = 132, fuse_merge: bool = False) -> Graph:
-    """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions
-    and model dtype ``dtype``; ``n_sm`` (SMs of the target GPU) sizes the tiles. ``fuse_merge``: merge the
-    attention partials inside the O-projection (``oproj_merge``) instead of ``attn_merge`` + ``gemv_residual``;
-    measured slower on the H200, so off by default (docs/DESIGN.md); recorded in ``meta``. Raises
-    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch."""
-    from onekernel.ops.attention import add_attention  # the attention family registers its kinds here
-    from onekernel.ops.oproj_merge import add_oproj_merge
+def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
+                 tiling: Tiling = Tiling(), fuse_merge: bool = False) -> tuple[Graph, dict, dict]:
+    """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
+    model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
+    ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
+    ``attn_merge`` + ``gemv_residual``; measured slower on the H200, so off by default (docs/DESIGN.md).
 
+    Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
+    the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
+    graph's ``io`` meta names the tokens input and the logits / next_tokens outputs. Raises
+    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch."""
     check_supported(cfg, batch, max_seq_len, dtype)
-    fuse = bool(fuse_merge)
     B, S, D, F, V, L = batch, max_seq_len, cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.n_layers
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
-    g.meta.update(cfg=cfg, batch=B, max_seq_len=S, dtype=dtype, n_sm=n_sm, fuse_merge=fuse)
-    g.add_buffer("tokens", (B,), torch.int32, "input")
-    g.add_buffer("seq_lens", (B,), torch.int32, "input")
-    g.add_buffer("rope_inv_freq", (HD // 2,), torch.float32, "weight")
-    g.add_buffer("tok_embeddings", (V, D), dtype, "weight")
-    g.add_buffer("norm", (D,), dtype, "weight")
-    g.add_buffer("lm_head", (V, D), dtype, "weight")
-    for i in range(L):
-        p = f"layers.{i}."
-        g.add_buffer(p + "attn_norm", (D,), dtype, "weight")
-        g.add_buffer(p + "wqkv", ((HQ + 2 * HKV) * HD, D), dtype, "weight")
-        if cfg.qk_norm:
-            g.add_buffer(p + "q_norm", (HD,), dtype, "weight")
-            g.add_buffer(p + "k_norm", (HD,), dtype, "weight")
-        g.add_buffer(p + "wo", (D, HQ * HD), dtype, "weight")
-        g.add_buffer(p + "ffn_norm", (D,), dtype, "weight")
-        g.add_buffer(p + "w_gate_up", (2 * F, D), dtype, "weight")
-        g.add_buffer(p + "w_down", (D, F), dtype, "weight")
-        g.add_buffer(p + "k_cache", (B, HKV, S, HD), dtype, "kv")
-        g.add_buffer(p + "v_cache", (B, HKV, S, HD), dtype, "kv")
-    for i in range(L + 1):
-        g.add_buffer(f"x.{i}", (B, D), dtype, "activation")
-    for i in range(L):
-        g.add_buffer(f"q.{i}", (B, HQ, HD), dtype, "activation")
-        if not fuse:
-            g.add_buffer(f"attn.{i}", (B, HQ * HD), dtype, "activation")
-        g.add_buffer(f"h.{i}", (B, D), dtype, "activation")
-        g.add_buffer(f"act.{i}", (B, F), dtype, "activation")
-    g.add_buffer("logits", (B, V), torch.float32, "output")
-    g.add_buffer("next_tokens", (B,), torch.int32, "output")
+    g.meta.update(model=cfg.name, batch=B, max_seq_len=S, dtype=dtype, tiling=tiling, fuse_merge=bool(fuse_merge))
+    wsrc: dict = {}
+    csrc: dict = {}
 
-    add_embed(g, "embed", "tokens", "tok_embeddings", "x.0")
+    def weight(name, shape, parts=None):
+        wsrc[name] = WeightSource(parts or (name,))
+        return g.add_buffer(name, shape, dtype, "weight")
+
+    def cached(name, shape, kind, get):
+        csrc[name] = get
+        return g.add_buffer(name, shape, dtype if kind == "kv" else torch.int32, kind)
+
+    tokens = g.add_buffer("tokens", (B,), torch.int32, "input")
+    seq_lens = cached("seq_lens", (B,), "input", lambda c: c.seq_lens)
+    inv_freq = g.add_buffer("rope_inv_freq", (HD // 2,), torch.float32, "weight")
+    wsrc[inv_freq.name] = WeightSource(compute=lambda: rope_inv_freq(cfg))
+    x = add_embed(g, "embed", tokens, weight("tok_embeddings", (V, D)))
     for i in range(L):
         p = f"layers.{i}."
-        qn, kn = (p + "q_norm", p + "k_norm") if cfg.qk_norm else (p + "attn_norm", p + "attn_norm")
-        add_qkv_rope(g, f"qkv_rope.{i}", x=f"x.{i}", nw=p + "attn_norm", w=p + "wqkv", inv_freq="rope_inv_freq",
-                     seq_lens="seq_lens", qn=qn, kn=kn, q=f"q.{i}", k_cache=p + "k_cache", v_cache=p + "v_cache",
-                     eps=cfg.norm_eps, qk_norm=cfg.qk_norm, n_sm=n_sm)
-        add_attention(g, cfg, i, B, S, dtype, merge=not fuse)
-        if fuse:
-            add_oproj_merge(g, f"o_proj.{i}", f"attn_o.{i}", f"attn_lse.{i}", p + "wo", f"x.{i}", f"h.{i}", n_sm)
+        k_cache = cached(p + "k_cache", (B, HKV, S, HD), "kv", lambda c, i=i: c.k[i])
+        v_cache = cached(p + "v_cache", (B, HKV, S, HD), "kv", lambda c, i=i: c.v[i])
+        attn_norm = weight(p + "attn_norm", (D,))
+        qn, kn = (weight(p + "q_norm", (HD,)), weight(p + "k_norm", (HD,))) if cfg.qk_norm else (None, None)
+        q = add_qkv_rope(g, f"qkv_rope.{i}", x, attn_norm, weight(p + "wqkv", ((HQ + 2 * HKV) * HD, D),
+                                                                    (p + "wq", p + "wk", p + "wv")),
+                         inv_freq, seq_lens, k_cache, v_cache, eps=cfg.norm_eps, qn=qn, kn=kn, tiling=tiling)
+        o_part, lse_part = add_attn_partial(g, f"attn_partial.{i}", q, k_cache, v_cache, seq_lens,
+                                            n_sm=tiling.n_sm)
+        wo = weight(p + "wo", (D, HQ * HD))
+        if fuse_merge:
+            h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, x, tiling=tiling)
         else:
-            add_gemv_residual(g, f"o_proj.{i}", f"attn.{i}", p + "wo", f"x.{i}", f"h.{i}", n_sm)
-        add_gate_up(g, f"gate_up.{i}", f"h.{i}", p + "ffn_norm", p + "w_gate_up", f"act.{i}", cfg.norm_eps, n_sm)
-        add_gemv_residual(g, f"down.{i}", f"act.{i}", p + "w_down", f"h.{i}", f"x.{i + 1}", n_sm)
-    add_lm_head(g, f"x.{L}", "norm", "lm_head", "logits", "next_tokens", cfg.norm_eps, n_sm)
-    return g
+            attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
+            h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, x, tiling=tiling)
+        act = add_gate_up(g, f"gate_up.{i}", h, weight(p + "ffn_norm", (D,)),
+                          weight(p + "w_gate_up", (2 * F, D), (p + "w_gate", p + "w_up")), eps=cfg.norm_eps,
+                          tiling=tiling)
+        x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), h, tiling=tiling)
+    logits, next_tokens = add_lm_head(g, "lm_head", x, weight("norm", (D,)), weight("lm_head", (V, D)),
+                                      eps=cfg.norm_eps, tiling=tiling)
+    g.meta["io"] = {"tokens": tokens.name, "logits": logits.name, "next_tokens": next_tokens.name}
+    return g, wsrc, csrc
 
 
 def _poisoned(shape, dtype, device) -> torch.Tensor:
@@ -124,60 +145,35 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, -1, dtype=dtype, device=device)
 
 
-def bind(graph: Graph, weights: dict, cache, device=None) -> dict[str, torch.Tensor]:
-    """Every buffer name of ``graph`` -> a tensor on ``device`` (default: the cache's device).
+def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
+                      fuse_merge: bool = False) -> BoundStep:
+    """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
-    weights: canonical name -> tensor (docs/DESIGN.md); cast to the model dtype if needed; the fused
-    ``wqkv``/``w_gate_up`` are concatenated here, once. ``rope_inv_freq`` from the config. cache: a KVCache
-    (its ``k[i]``/``v[i]`` views become ``layers.{i}.k_cache``/``v_cache``, its ``seq_lens`` the
-    ``seq_lens`` input). ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1
-    for integers) so a missed write shows. Raises InputError when the cache does not match the graph.
-    """
-    from onekernel.models.config import rope_inv_freq
-
-    m = graph.meta
-    cfg, dtype = m["cfg"], m["dtype"]
-    device = torch.device(device) if device is not None else cache.k.device
-    if device.type == cache.k.device.type and device.index is None:
-        device = cache.k.device
-    want = (cfg.n_layers, m["batch"], cfg.n_kv_heads, m["max_seq_len"], cfg.head_dim)
-    if tuple(cache.k.shape) != want or cache.k.dtype != dtype or cache.k.device != device:
-        raise InputError(f"KV cache {tuple(cache.k.shape)} {cache.k.dtype} on {cache.k.device} does not match "
-                         f"the graph ({want}, {dtype}, {device}); build the cache from the same config/batch")
-    out: dict[str, torch.Tensor] = {}
-
-    def w(name):
-        if name not in weights:
-            raise InputError(f"weight {name!r} is missing from the weight dict")
-        return weights[name].to(device=device, dtype=dtype).contiguous()
-
-    for name, buf in graph.buffers.items():
-        leaf = name.rsplit(".", 1)[-1]
-        if name == "rope_inv_freq":
-            t = rope_inv_freq(cfg).to(device)
-        elif buf.kind == "weight" and leaf in FUSED:
-            pre = name[: -len(leaf)]
-            t = torch.cat([w(pre + part) for part in FUSED[leaf]], dim=0)
-        elif buf.kind == "weight":
-            t = w(name)
-        elif buf.kind == "kv":
-            i = int(name.split(".")[1])
-            t = (cache.k if leaf == "k_cache" else cache.v)[i]
-        elif name == "seq_lens":
-            t = cache.seq_lens
-        elif name == "tokens":
-            t = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
-        else:
-            t = _poisoned(buf.shape, buf.dtype, device)
+    weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
+    fused ``wqkv``/``w_gate_up`` are concatenated here, once. cache: a KV cache (``k``, ``v`` [L, B, Hkv, S, hd],
+    ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
+    ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
+    write shows. Raises InputError (a missing weight, a cache or weight of the wrong shape),
+    UnsupportedModelError (see ``check_supported``)."""
+    L, B, HKV, S, HD = cache.k.shape
+    if (L, HKV, HD) != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim):
+        raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
+                         f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
+    g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge)
+    dev = cache.k.device
+    tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
+               for name, src in wsrc.items()}
+    tensors.update({name: f(cache) for name, f in csrc.items()})
+    io = g.meta["io"]
+    for name, buf in g.buffers.items():
+        if name == io["tokens"]:
+            tensors[name] = torch.zeros(buf.shape, dtype=buf.dtype, device=dev)
+        elif name not in tensors:
+            tensors[name] = _poisoned(buf.shape, buf.dtype, dev)
+        t = tensors[name]
         if tuple(t.shape) != buf.shape or t.dtype != buf.dtype:
-            raise InputError(f"buffer {name!r}: got {tuple(t.shape)} {t.dtype}, graph expects {buf.shape} "
+            raise InputError(f"buffer {name!r}: got {tuple(t.shape)} {t.dtype}, the graph expects {buf.shape} "
                              f"{buf.dtype}")
-        out[name] = t
-    return out
-
-
-@torch.no_grad()
-def run_reference(graph: Graph, tensors: dict[str, torch.Tensor]) -> None:
-    """Run every op's PyTorch reference in program order (the "graph reference"); writes into ``tensors``."""
-    for op in graph.ops:
-        OP_KINDS[op.kind].reference(op, tensors)
+    return BoundStep(g, tensors, io["tokens"], io["logits"], io["next_tokens"],
+                     external=lambda: {name: f(cache) for name, f in csrc.items()},
+                     external_key=lambda: (cache.k.data_ptr(), cache.v.data_ptr(), cache.seq_lens.data_ptr()))

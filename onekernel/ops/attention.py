@@ -3,13 +3,13 @@
 Source: Tri Dao, Daniel Haziza, Francisco Massa, Grigory Sizov, "Flash-Decoding for long-context inference"
 (2023), and the online softmax of FlashAttention (Dao et al., 2022).
 
-Layouts (layer i, model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation always fp32):
+Layouts (model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation always fp32):
   ``seq_lens`` int32 [B]: position of the token being decoded; row b attends to KV positions 0..seq_lens[b]
   inclusive. Read from memory, so one compiled kernel serves every step.
-  ``q.{i}`` T [B, Hq, hd] (RoPE applied); ``layers.{i}.k_cache``/``v_cache`` T [B, Hkv, S, hd] (this step's
-  k/v already at row seq_lens[b]); ``attn.{i}`` T [B, Hq*hd] (absent when the O-projection merges the
-  partials itself: ops/oproj_merge.py). GQA: q head h uses kv head h // (Hq // Hkv).
-  Partials: ``attn_o.{i}`` fp32 [B, Hq, NSPLIT, hd], ``attn_lse.{i}`` fp32 [B, Hq, NSPLIT].
+  q T [B, Hq, hd] (RoPE applied); k_cache/v_cache T [B, Hkv, S, hd] (this step's k/v already at row
+  seq_lens[b]); merged output T [B, Hq*hd] (``add_attn_merge``; the O-projection can merge the partials
+  itself instead: ops/oproj_merge.py). GQA: q head h uses kv head h // (Hq // Hkv).
+  Partials: o_part fp32 [B, Hq, NSPLIT, hd], lse_part fp32 [B, Hq, NSPLIT].
 
 ``attn_partial`` tile (b, g, s), s-th split of kv head g: positions [s*SPLIT, min((s+1)*SPLIT, len_b)),
 len_b = seq_lens[b] + 1. With x_j = scale * q . k_j for the R = Hq/Hkv heads of group g (K/V read once):
@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from onekernel.graph.ir import Graph, Op, Region, Task
-from onekernel.ops.base import OpKind, register
+from onekernel.graph.ir import Buffer, Graph, Op, Task
+from onekernel.ops.base import OpKind
+from onekernel.ops.tiling import region
 
 BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64 needs 78 KiB and was slower)
 SPLITS = (64, 128, 256)
@@ -166,13 +167,13 @@ def _merge_reference(op: Op, t: dict) -> None:
     out.copy_(merge_partials(t[op.args["o_part"]], t[op.args["lse_part"]], out.dtype))
 
 
-PARTIAL = register(OpKind(
+ATTN_PARTIAL = OpKind(
     "attn_partial", attn_partial_prologue, attn_partial_body,
     ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part"),
-    ("HQ", "HKV", "HD", "S", "SPLIT", "NSPLIT", "GP", "BLOCK_N", "SM_SCALE"), 4, _partial_reference))
-MERGE = register(OpKind(
+    ("HQ", "HKV", "HD", "S", "SPLIT", "NSPLIT", "GP", "BLOCK_N", "SM_SCALE"), 4, _partial_reference)
+ATTN_MERGE = OpKind(
     "attn_merge", attn_merge_prologue, attn_merge_body, ("o_part", "lse_part", "out"),
-    ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference))
+    ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference)
 
 
 def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[int, int]:
@@ -193,53 +194,27 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[i
     return SPLITS[-1], -(-max_seq_len // SPLITS[-1])
 
 
-def _ensure(graph: Graph, name: str, shape, dtype, kind: str):
-    buf = graph.buffers.get(name)
-    if buf is None:
-        return graph.add_buffer(name, shape, dtype, kind)
-    if buf.shape != tuple(shape):
-        raise ValueError(f"buffer {name!r} has shape {buf.shape}, attention expects {tuple(shape)}")
-    return buf
+def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cache: Buffer, seq_lens: Buffer, *,
+                     split: int | None = None, n_sm: int = 132) -> tuple[Buffer, Buffer]:
+    """Append the split-KV partials of decode attention (module doc) and return them: ``{name}.o_part`` fp32
+    [B, Hq, NSPLIT, hd] and ``{name}.lse_part`` fp32 [B, Hq, NSPLIT] (scratch).
 
-
-def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, dtype: torch.dtype,
-                  split: int | None = None, merge: bool = True) -> list[Op]:
-    """Add layer ``layer``'s decode attention (``attn_partial`` then ``attn_merge``) to ``graph``.
-
-    Uses (creating any that are missing) ``q.{i}``, ``layers.{i}.k_cache``/``v_cache``, ``seq_lens`` and
-    ``attn.{i}``; always adds the scratch buffers ``attn_o.{i}``/``attn_lse.{i}``. Returns ``[partial, merge]``.
-    ``merge=False`` adds only ``attn_partial`` (returns ``[partial]``) and neither uses nor creates ``attn.{i}``:
-    the caller merges the partials itself (``oproj_merge``, ops/oproj_merge.py). cfg needs ``n_heads``,
-    ``n_kv_heads``, ``head_dim`` (a power of two). ``split`` overrides :func:`choose_split` (a multiple of 16).
-    Task costs are at full context (every split full, S = max_seq_len):
-    partial: bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) + R*(hd+1)*4 (partials), flops =
-    4*R*rows*hd (QK^T and PV) + 5*R*rows (softmax), rows = KV rows in the split, e = element size;
-    merge: bytes = NSPLIT*(hd+1)*4 + hd*e, flops = 2*NSPLIT*hd + 3*NSPLIT.
-    """
-    i, B, S = layer, batch, max_seq_len
-    HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    if HQ % HKV or HD & (HD - 1) or HD < 16:
-        raise ValueError(f"attention needs Hq % Hkv == 0 and a power-of-two head_dim >= 16 "
-                         f"(got Hq={HQ}, Hkv={HKV}, head_dim={HD})")
+    q [B, Hq, hd] (RoPE applied), k_cache/v_cache [B, Hkv, S, hd] (model dtype; this step's k/v already at row
+    seq_lens[b]), seq_lens int32 [B]. ``split`` overrides :func:`choose_split` (a multiple of 16; ``n_sm`` is
+    its SM count). Raises ValueError unless Hq % Hkv == 0 and hd is a power of two >= 16.
+    Task costs at full context (every split full): bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) +
+    R*(hd+1)*4 (partials), flops = 4*R*rows*hd (QK^T and PV) + 5*R*rows (softmax), rows = KV rows in the split,
+    R = Hq/Hkv, e = element size."""
+    B, HQ, HD = q.shape
+    _, HKV, S, _ = k_cache.shape
+    if HQ % HKV or HD & (HD - 1) or HD < 16 or k_cache.shape != (B, HKV, S, HD) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"{name}: attention needs Hq % Hkv == 0, a power-of-two head_dim >= 16 and caches "
+                         f"[B, Hkv, S, hd] (got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape})")
     R = HQ // HKV
-    SPLIT, NSPLIT = choose_split(HKV, S) if split is None else (split, -(-S // split))
-    e = torch.empty((), dtype=dtype).element_size()
-    qn, kn, vn, on, ln, outn = f"q.{i}", f"layers.{i}.k_cache", f"layers.{i}.v_cache", \
-        f"attn_o.{i}", f"attn_lse.{i}", f"attn.{i}"
-    _ensure(graph, qn, (B, HQ, HD), dtype, "activation")
-    _ensure(graph, kn, (B, HKV, S, HD), dtype, "kv")
-    _ensure(graph, vn, (B, HKV, S, HD), dtype, "kv")
-    _ensure(graph, "seq_lens", (B,), torch.int32, "input")
-    if merge:
-        _ensure(graph, outn, (B, HQ * HD), dtype, "activation")
-    graph.add_buffer(on, (B, HQ, NSPLIT, HD), torch.float32, "scratch")
-    graph.add_buffer(ln, (B, HQ, NSPLIT), torch.float32, "scratch")
-
-    GP = max(16, triton.next_power_of_2(R))
-    partial = Op(f"attn_partial.{i}", "attn_partial",
-                 {"q": qn, "k_cache": kn, "v_cache": vn, "seq_lens": "seq_lens", "o_part": on, "lse_part": ln},
-                 {"HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "SPLIT": SPLIT, "NSPLIT": NSPLIT, "GP": GP,
-                  "BLOCK_N": min(BLOCK_N, SPLIT), "SM_SCALE": 1.0 / math.sqrt(HD)})
+    SPLIT, NSPLIT = choose_split(HKV, S, n_sm) if split is None else (split, -(-S // split))
+    e = q.nbytes // (B * HQ * HD)
+    o_part = graph.add_buffer(f"{name}.o_part", (B, HQ, NSPLIT, HD), torch.float32, "scratch")
+    lse_part = graph.add_buffer(f"{name}.lse_part", (B, HQ, NSPLIT), torch.float32, "scratch")
     tasks = []
     for b in range(B):
         for g in range(HKV):
@@ -249,24 +224,35 @@ def add_attention(graph: Graph, cfg, layer: int, batch: int, max_seq_len: int, d
                 kv = ((b, b + 1), (g, g + 1), (lo, hi), (0, HD))
                 tasks.append(Task(
                     0, len(tasks),
-                    reads=(Region(qn, ((b, b + 1), hs, (0, HD))), Region(kn, kv), Region(vn, kv),
-                           Region("seq_lens", ((b, b + 1),))),
-                    writes=(Region(on, ((b, b + 1), hs, (s, s + 1), (0, HD))),
-                            Region(ln, ((b, b + 1), hs, (s, s + 1)))),
+                    reads=(region(q, (b, b + 1), hs, (0, HD)), region(k_cache, *kv), region(v_cache, *kv),
+                           region(seq_lens, (b, b + 1))),
+                    writes=(region(o_part, (b, b + 1), hs, (s, s + 1), (0, HD)),
+                            region(lse_part, (b, b + 1), hs, (s, s + 1))),
                     bytes=R * HD * e + 2 * (hi - lo) * HD * e + 4 + R * (HD + 1) * 4,
                     flops=4 * R * (hi - lo) * HD + 5 * R * (hi - lo)))
-    graph.add_op(partial, tasks)
-    if not merge:
-        return [partial]
+    args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": seq_lens, "o_part": o_part,
+            "lse_part": lse_part}
+    graph.add_op(Op(name, ATTN_PARTIAL, {role: b.name for role, b in args.items()},
+                    {"HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "SPLIT": SPLIT, "NSPLIT": NSPLIT,
+                     "GP": max(16, triton.next_power_of_2(R)), "BLOCK_N": min(BLOCK_N, SPLIT),
+                     "SM_SCALE": 1.0 / math.sqrt(HD)}), tasks)
+    return o_part, lse_part
 
+
+def add_attn_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, dtype: torch.dtype) -> Buffer:
+    """Append the log-sum-exp merge of the partials (module doc) and return ``{name}.out`` [B, Hq*hd] in
+    ``dtype`` (the model dtype). Task costs: bytes = NSPLIT*(hd+1)*4 + hd*e, flops = 2*NSPLIT*hd + 3*NSPLIT."""
+    B, HQ, NSPLIT, HD = o_part.shape
+    out = graph.add_buffer(f"{name}.out", (B, HQ * HD), dtype, "activation")
+    e = out.nbytes // (B * HQ * HD)
     NSP2 = triton.next_power_of_2(NSPLIT)
-    merge = Op(f"attn_merge.{i}", "attn_merge", {"o_part": on, "lse_part": ln, "out": outn},
-               {"HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": NSP2, "CH": min(NSP2, max(1, 4096 // HD))})
     tasks = [Task(0, b * HQ + h,
-                  reads=(Region(on, ((b, b + 1), (h, h + 1), (0, NSPLIT), (0, HD))),
-                         Region(ln, ((b, b + 1), (h, h + 1), (0, NSPLIT)))),
-                  writes=(Region(outn, ((b, b + 1), (h * HD, h * HD + HD))),),
+                  reads=(region(o_part, (b, b + 1), (h, h + 1), (0, NSPLIT), (0, HD)),
+                         region(lse_part, (b, b + 1), (h, h + 1), (0, NSPLIT))),
+                  writes=(region(out, (b, b + 1), (h * HD, h * HD + HD)),),
                   bytes=NSPLIT * (HD + 1) * 4 + HD * e, flops=2 * NSPLIT * HD + 3 * NSPLIT)
              for b in range(B) for h in range(HQ)]
-    graph.add_op(merge, tasks)
-    return [partial, merge]
+    graph.add_op(Op(name, ATTN_MERGE, {"o_part": o_part.name, "lse_part": lse_part.name, "out": out.name},
+                    {"HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": NSP2, "CH": min(NSP2, max(1, 4096 // HD))}),
+                 tasks)
+    return out

@@ -1,7 +1,8 @@
 """The contract between an operator family and the executors.
 
-Every operator kind is described by one :class:`OpKind`. Executors never know what an op computes: they
-only call its Triton tile functions through generated wrappers (``onekernel.exec.codegen``):
+Every operator kind is described by one :class:`OpKind`, a module-level constant of its op file; an ``Op`` of
+the graph holds its kind directly (no registry, nothing happens at import). Executors never know what an op
+computes: they only call its Triton tile functions through generated wrappers (``onekernel.exec.codegen``):
 
     state = prologue(tile, <args...>, <consts...>)      # reads weights / inputs ready before the step
     <wait>   (PDL: gdc_wait; megakernel: spin on the task's events; eager/graph: nothing)
@@ -13,13 +14,16 @@ only call its Triton tile functions through generated wrappers (``onekernel.exec
 * Activation loads inside ``body`` use ``cache_modifier=".cg"`` so that data written by another CTA of the
   same persistent kernel is never served from a stale L1 line (DESIGN.md, "Tasks and dependencies").
 * ``reference(op, tensors)`` computes the same outputs with PyTorch (``tensors``: buffer name -> tensor).
+
+An op file's builder (``add_<op>(graph, name, <input Buffers>, *, <options>) -> <output Buffer(s)>``) declares
+the op's outputs and scratch buffers (named after the op), splits it into tasks and appends it to the graph.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-OP_KINDS: dict[str, "OpKind"] = {}
+import torch
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,8 @@ class OpKind:
     num_warps: int = 4
 
 
-def register(kind: OpKind) -> OpKind:
-    """Add ``kind`` to :data:`OP_KINDS` (raises ValueError on a duplicate name)."""
-    if kind.name in OP_KINDS and OP_KINDS[kind.name] is not kind:
-        raise ValueError(f"op kind {kind.name!r} registered twice")
-    OP_KINDS[kind.name] = kind
-    return kind
+@torch.no_grad()
+def run_reference(graph, tensors: dict[str, torch.Tensor]) -> None:
+    """Run every op's PyTorch reference in program order (the "graph reference"); writes into ``tensors``."""
+    for op in graph.ops:
+        op.kind.reference(op, tensors)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from onekernel.graph.ir import Op
-from onekernel.ops.base import OpKind, register
+from onekernel.graph.ir import Buffer, Graph, Op
+from onekernel.ops.base import OpKind
 from onekernel.ops.tiling import pow2_ceil, region, row_tiled_tasks
 
 
@@ -38,21 +38,23 @@ def embed_reference(op: Op, t: dict) -> None:
     t[a["out"]].copy_(t[a["table"]][t[a["tokens"]].long()])
 
 
-EMBED = register(OpKind("embed", embed_prologue, embed_body, ("tokens", "table", "out"),
-                        ("B", "V", "D", "BLOCK_B", "BLOCK_D"), 1, embed_reference))
+EMBED = OpKind("embed", embed_prologue, embed_body, ("tokens", "table", "out"),
+               ("B", "V", "D", "BLOCK_B", "BLOCK_D"), 1, embed_reference)
 
 
-def add_embed(graph, name: str, tokens: str, table: str, out: str, block_d: int | None = None) -> Op:
-    """Append ``out[B, D] = table[tokens]`` tiled over D (BLOCK_D <= 256 columns unless block_d)."""
-    B, D = graph.buffers[out].shape
-    V = graph.buffers[table].shape[0]
-    es = graph.buffers[out].nbytes // (B * D)
-    p = {"B": B, "V": V, "D": D, "BLOCK_B": pow2_ceil(B),
-         "BLOCK_D": block_d or min(pow2_ceil(D), 256)}
+def add_embed(graph: Graph, name: str, tokens: Buffer, table: Buffer, block_d: int | None = None) -> Buffer:
+    """Append ``out[B, D] = table[tokens]`` tiled over D (BLOCK_D <= 256 columns unless block_d); returns
+    ``out`` (``{name}.out``, the table's dtype)."""
+    B, = tokens.shape
+    V, D = table.shape
+    out = graph.add_buffer(f"{name}.out", (B, D), table.dtype, "activation")
+    es = out.nbytes // (B * D)
+    p = {"B": B, "V": V, "D": D, "BLOCK_B": pow2_ceil(B), "BLOCK_D": block_d or min(pow2_ceil(D), 256)}
 
     def make(t, d0, d1):
-        return ([region(tokens, (0, B)), region(table, (0, V), (d0, d1))], [region(out, (0, B), (d0, d1))],
+        return ([region(tokens), region(table, (0, V), (d0, d1))], [region(out, (0, B), (d0, d1))],
                 2 * B * (d1 - d0) * es + 4 * B, 0)
 
-    return graph.add_op(Op(name, "embed", {"tokens": tokens, "table": table, "out": out}, p),
-                        row_tiled_tasks(D, p["BLOCK_D"], make))
+    graph.add_op(Op(name, EMBED, {"tokens": tokens.name, "table": table.name, "out": out.name}, p),
+                 row_tiled_tasks(D, p["BLOCK_D"], make))
+    return out

@@ -32,9 +32,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from onekernel.graph.ir import Op
-from onekernel.ops.base import OpKind, register
-from onekernel.ops.tiling import MAX_TILE_ELEMS, gemv_blocks, gemv_cost, region, row_tiled_tasks
+from onekernel.graph.ir import Buffer, Graph, Op
+from onekernel.ops.base import OpKind
+from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
 
 
 # ----------------------------------------------------------------------------------------- shared helpers
@@ -264,27 +264,29 @@ def gemv_residual_reference(op: Op, t: dict) -> None:
     t[a["out"]].copy_(t[a["res"]] + F.linear(t[a["x"]], t[a["w"]]))
 
 
-GEMV_RESIDUAL = register(OpKind(
+GEMV_RESIDUAL = OpKind(
     "gemv_residual", gemv_residual_prologue, gemv_residual_body, ("x", "w", "res", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, gemv_residual_reference))
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, gemv_residual_reference)
 
 
-def add_gemv_residual(graph, name: str, x: str, w: str, res: str, out: str, n_sm: int = 132,
-                      blocks: dict | None = None) -> Op:
-    """Append ``out[B, N] = res + x[B, K] @ w[N, K]^T`` (all model dtype) tiled over N.
-    blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
-    B, K = graph.buffers[x].shape
-    N = graph.buffers[w].shape[0]
-    es = graph.buffers[w].nbytes // (N * K)
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm), **(blocks or {})}
+def add_gemv_residual(graph: Graph, name: str, x: Buffer, w: Buffer, res: Buffer, *, tiling: Tiling = Tiling(),
+                      blocks: dict | None = None) -> Buffer:
+    """Append ``out[B, N] = res + x[B, K] @ w[N, K]^T`` (all model dtype) tiled over N; returns ``out``
+    (``{name}.out``). blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
+    B, K = x.shape
+    N = w.shape[0]
+    es = w.nbytes // (N * K)
+    out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(n1 - n0, K, B, es, 2 * B * (n1 - n0) * es)
-        return ([region(x, (0, B), (0, K)), region(w, (n0, n1), (0, K)), region(res, (0, B), (n0, n1))],
+        return ([region(x), region(w, (n0, n1), (0, K)), region(res, (0, B), (n0, n1))],
                 [region(out, (0, B), (n0, n1))], nbytes, flops)
 
-    return graph.add_op(Op(name, "gemv_residual", {"x": x, "w": w, "res": res, "out": out}, p),
-                        row_tiled_tasks(N, p["BLOCK_N"], make))
+    graph.add_op(Op(name, GEMV_RESIDUAL, {"x": x.name, "w": w.name, "res": res.name, "out": out.name}, p),
+                 row_tiled_tasks(N, p["BLOCK_N"], make))
+    return out
 
 
 # ----------------------------------------------------------------------------------------- gate_up
@@ -342,25 +344,27 @@ def gate_up_reference(op: Op, t: dict) -> None:
     t[a["out"]].copy_(F.silu(F.linear(h, w[:N])) * F.linear(h, w[N:]))
 
 
-GATE_UP = register(OpKind(
+GATE_UP = OpKind(
     "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 2, gate_up_reference))
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 2, gate_up_reference)
 
 
-def add_gate_up(graph, name: str, x: str, nw: str, w: str, out: str, eps: float, n_sm: int = 132,
-                blocks: dict | None = None) -> Op:
-    """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)``; w = cat(w_gate, w_up) [2F, D]."""
-    B, K = graph.buffers[x].shape
-    N = graph.buffers[out].shape[1]
-    es = graph.buffers[w].nbytes // (2 * N * K)
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm, max_elems=MAX_TILE_ELEMS // 2), "EPS": float(eps),
-         **(blocks or {})}
+def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
+                tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+    """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
+    returns ``out`` (``{name}.out``)."""
+    B, K = x.shape
+    N = w.shape[0] // 2
+    es = w.nbytes // (2 * N * K)
+    out = graph.add_buffer(f"{name}.out", (B, N), x.dtype, "activation")
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=MAX_TILE_ELEMS // 2),
+         "EPS": float(eps), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)
-        return ([region(x, (0, B), (0, K)), region(nw, (0, K)), region(w, (n0, n1), (0, K)),
-                 region(w, (N + n0, N + n1), (0, K))],
+        return ([region(x), region(nw), region(w, (n0, n1), (0, K)), region(w, (N + n0, N + n1), (0, K))],
                 [region(out, (0, B), (n0, n1))], nbytes, flops + 8 * B * (n1 - n0))
 
-    return graph.add_op(Op(name, "gate_up", {"x": x, "nw": nw, "w": w, "out": out}, p),
-                        row_tiled_tasks(N, p["BLOCK_N"], make))
+    graph.add_op(Op(name, GATE_UP, {"x": x.name, "nw": nw.name, "w": w.name, "out": out.name}, p),
+                 row_tiled_tasks(N, p["BLOCK_N"], make))
+    return out

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from onekernel.graph.ir import Op, Task
-from onekernel.ops.base import OpKind, register
+from onekernel.graph.ir import Buffer, Graph, Op, Task
+from onekernel.ops.base import OpKind
 from onekernel.ops.gemv import gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd, tile_rows
-from onekernel.ops.tiling import cdiv, gemv_blocks, gemv_cost, pow2_ceil, region, row_tiled_tasks
+from onekernel.ops.tiling import Tiling, cdiv, gemv_blocks, gemv_cost, pow2_ceil, region, row_tiled_tasks
 
 
 @triton.jit
@@ -60,9 +60,9 @@ def lm_head_reference(op: Op, t: dict) -> None:
     t[a["pidx"]].copy_((i + torch.arange(T, device=lg.device) * BN).to(torch.int32))
 
 
-LM_HEAD = register(OpKind(
+LM_HEAD = OpKind(
     "lm_head", lm_head_prologue, lm_head_body, ("x", "nw", "w", "logits", "pmax", "pidx"),
-    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 1, lm_head_reference))
+    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 1, lm_head_reference)
 
 
 @triton.jit
@@ -97,36 +97,39 @@ def argmax_reference(op: Op, t: dict) -> None:
     t[a["out"]].copy_(pi.gather(1, best)[:, 0])
 
 
-ARGMAX = register(OpKind("argmax", argmax_prologue, argmax_body, ("pmax", "pidx", "out"),
-                         ("B", "T", "BLOCK_B", "BLOCK_T"), 1, argmax_reference))
+ARGMAX = OpKind("argmax", argmax_prologue, argmax_body, ("pmax", "pidx", "out"),
+                ("B", "T", "BLOCK_B", "BLOCK_T"), 1, argmax_reference)
 
 
-def add_lm_head(graph, x: str, nw: str, w: str, logits: str, next_tokens: str, eps: float,
-                n_sm: int = 132, blocks: dict | None = None) -> list[Op]:
-    """Append ``lm_head`` and ``argmax``; creates the partial buffers ``lm_head.pmax``/``lm_head.pidx``.
-    blocks: tiling overrides (BLOCK_N, BLOCK_K of lm_head; BLOCK_T, tiles per argmax chunk)."""
-    B, K = graph.buffers[x].shape
-    N = graph.buffers[w].shape[0]
-    es = graph.buffers[w].nbytes // (N * K)
+def add_lm_head(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
+                tiling: Tiling = Tiling(), blocks: dict | None = None) -> tuple[Buffer, Buffer]:
+    """Append ``lm_head`` (op ``name``) and ``argmax`` (op ``{name}.argmax``); returns ``{name}.logits`` fp32
+    [B, V] and ``{name}.next_tokens`` int32 [B] (outputs), with the partials ``{name}.pmax``/``.pidx`` as
+    scratch. blocks: tiling overrides (BLOCK_N, BLOCK_K of lm_head; BLOCK_T, tiles per argmax chunk)."""
+    B, K = x.shape
+    N = w.shape[0]
+    es = w.nbytes // (N * K)
     blocks = dict(blocks or {})
     block_t = blocks.pop("BLOCK_T", None)
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, n_sm), "EPS": float(eps), **blocks}
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling), "EPS": float(eps), **blocks}
     T = p["T"] = cdiv(N, p["BLOCK_N"])
-    graph.add_buffer("lm_head.pmax", (B, T), torch.float32, "scratch")
-    graph.add_buffer("lm_head.pidx", (B, T), torch.int32, "scratch")
+    logits = graph.add_buffer(f"{name}.logits", (B, N), torch.float32, "output")
+    next_tokens = graph.add_buffer(f"{name}.next_tokens", (B,), torch.int32, "output")
+    pmax = graph.add_buffer(f"{name}.pmax", (B, T), torch.float32, "scratch")
+    pidx = graph.add_buffer(f"{name}.pidx", (B, T), torch.int32, "scratch")
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(n1 - n0, K, B, es, K * es + 4 * B * (n1 - n0) + 8 * B)
-        return ([region(x, (0, B), (0, K)), region(nw, (0, K)), region(w, (n0, n1), (0, K))],
-                [region(logits, (0, B), (n0, n1)), region("lm_head.pmax", (0, B), (t, t + 1)),
-                 region("lm_head.pidx", (0, B), (t, t + 1))], nbytes, flops)
+        return ([region(x), region(nw), region(w, (n0, n1), (0, K))],
+                [region(logits, (0, B), (n0, n1)), region(pmax, (0, B), (t, t + 1)),
+                 region(pidx, (0, B), (t, t + 1))], nbytes, flops)
 
-    args = {"x": x, "nw": nw, "w": w, "logits": logits, "pmax": "lm_head.pmax", "pidx": "lm_head.pidx"}
-    head = graph.add_op(Op("lm_head", "lm_head", args, p), row_tiled_tasks(N, p["BLOCK_N"], make))
+    args = {"x": x, "nw": nw, "w": w, "logits": logits, "pmax": pmax, "pidx": pidx}
+    graph.add_op(Op(name, LM_HEAD, {role: b.name for role, b in args.items()}, p),
+                 row_tiled_tasks(N, p["BLOCK_N"], make))
     bb = pow2_ceil(B)
     ap = {"B": B, "T": T, "BLOCK_B": bb, "BLOCK_T": block_t or min(pow2_ceil(T), max(16, 4096 // bb))}
-    task = Task(-1, 0, (region("lm_head.pmax", (0, B), (0, T)), region("lm_head.pidx", (0, B), (0, T))),
-                (region(next_tokens, (0, B)),), 8 * B * T + 4 * B, B * T)
-    am = graph.add_op(Op("argmax", "argmax", {"pmax": "lm_head.pmax", "pidx": "lm_head.pidx",
-                                              "out": next_tokens}, ap), [task])
-    return [head, am]
+    task = Task(-1, 0, (region(pmax), region(pidx)), (region(next_tokens),), 8 * B * T + 4 * B, B * T)
+    graph.add_op(Op(f"{name}.argmax", ARGMAX, {"pmax": pmax.name, "pidx": pidx.name, "out": next_tokens.name},
+                    ap), [task])
+    return logits, next_tokens

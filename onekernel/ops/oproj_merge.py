@@ -36,11 +36,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from onekernel.graph.ir import Op
+from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.attention import merge_partials
-from onekernel.ops.base import OpKind, register
+from onekernel.ops.base import OpKind
 from onekernel.ops.gemv import last_chunk, load_w_chunk, rnd, row_dot, tile_rows
-from onekernel.ops.tiling import gemv_blocks, region, row_tiled_tasks
+from onekernel.ops.tiling import Tiling, gemv_blocks, region, row_tiled_tasks
 
 # Elements of one [CH, BLOCK_K] partials tile (CH splits x BLOCK_K columns; CH = min(next_pow2(NSPLIT),
 # MERGE_TILE_ELEMS // BLOCK_K), never B-dependent): 1024 fp32 = 8 registers per thread at 4 warps per tile.
@@ -154,44 +154,42 @@ def oproj_merge_reference(op: Op, t: dict) -> None:
     out.copy_(t[a["res"]] + F.linear(attn, t[a["w"]]))
 
 
-OPROJ_MERGE = register(OpKind(
+OPROJ_MERGE = OpKind(
     "oproj_merge", oproj_merge_prologue, oproj_merge_body, ("o_part", "lse_part", "w", "res", "out"),
-    ("B", "N", "K", "HQ", "HD", "NSPLIT", "NSP2", "CH", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, oproj_merge_reference))
+    ("B", "N", "K", "HQ", "HD", "NSPLIT", "NSP2", "CH", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, oproj_merge_reference)
 
 
-def add_oproj_merge(graph, name: str, o_part: str, lse_part: str, w: str, res: str, out: str, n_sm: int = 132,
-                    blocks: dict | None = None) -> Op:
-    """Append ``out[B, N] = res + merge(o_part, lse_part)[B, K] @ w[N, K]^T`` tiled over N (see module doc).
+def add_oproj_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, w: Buffer, res: Buffer, *,
+                    tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+    """Append ``out[B, N] = res + merge(o_part, lse_part)[B, K] @ w[N, K]^T`` tiled over N (module doc) and
+    return ``out`` (``{name}.out``).
 
-    o_part fp32 [B, Hq, NSPLIT, HD], lse_part fp32 [B, Hq, NSPLIT], w/res/out in the model dtype; K = Hq*HD.
+    o_part fp32 [B, Hq, NSPLIT, HD], lse_part fp32 [B, Hq, NSPLIT], w/res in the model dtype; K = Hq*HD.
     blocks: overrides of the tiling (BLOCK_N, BLOCK_K; CH = splits merged per partials tile; tests and tuning).
     Raises ValueError when the shapes do not fit together. Task costs, e = model element size: bytes =
     rows*K*e (weights) + B*Hq*NSPLIT*(HD+1)*4 (all partials of the batch, re-read by every tile) + 2*B*rows*e
     (res, out); flops = 2*B*rows*K + 5*B*K*NSPLIT (merge: max, exp, weight sum, multiply-add per split)."""
-    B, HQ, NSPLIT, HD = graph.buffers[o_part].shape
+    B, HQ, NSPLIT, HD = o_part.shape
     K = HQ * HD
-    N, Kw = graph.buffers[w].shape
-    if graph.buffers[lse_part].shape != (B, HQ, NSPLIT) or Kw != K or graph.buffers[res].shape != (B, N) \
-            or graph.buffers[out].shape != (B, N):
-        raise ValueError(f"{name}: o_part {graph.buffers[o_part].shape}, lse_part {graph.buffers[lse_part].shape}, "
-                         f"w {graph.buffers[w].shape}, res {graph.buffers[res].shape} and out "
-                         f"{graph.buffers[out].shape} do not fit [B, Hq, NSPLIT, HD], [B, Hq, NSPLIT], "
-                         f"[N, Hq*HD], [B, N], [B, N]")
-    es = graph.buffers[w].nbytes // (N * K)
+    N, Kw = w.shape
+    if lse_part.shape != (B, HQ, NSPLIT) or Kw != K or res.shape != (B, N):
+        raise ValueError(f"{name}: o_part {o_part.shape}, lse_part {lse_part.shape}, w {w.shape} and res "
+                         f"{res.shape} do not fit [B, Hq, NSPLIT, HD], [B, Hq, NSPLIT], [N, Hq*HD], [B, N]")
+    out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
+    es = w.nbytes // (N * K)
     nsp2 = triton.next_power_of_2(NSPLIT)
-    p = {"B": B, "N": N, "K": K, "HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": nsp2, **gemv_blocks(N, K, B, n_sm)}
+    p = {"B": B, "N": N, "K": K, "HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": nsp2, **gemv_blocks(N, K, B, tiling)}
     p["CH"] = max(1, min(nsp2, MERGE_TILE_ELEMS // p["BLOCK_K"]))
     p.update(blocks or {})
     part_bytes = B * HQ * NSPLIT * (HD + 1) * 4
 
     def make(t, n0, n1):
         rows = n1 - n0
-        return ([region(o_part, (0, B), (0, HQ), (0, NSPLIT), (0, HD)),
-                 region(lse_part, (0, B), (0, HQ), (0, NSPLIT)), region(w, (n0, n1), (0, K)),
-                 region(res, (0, B), (n0, n1))],
+        return ([region(o_part), region(lse_part), region(w, (n0, n1), (0, K)), region(res, (0, B), (n0, n1))],
                 [region(out, (0, B), (n0, n1))],
                 rows * K * es + part_bytes + 2 * B * rows * es, 2 * B * rows * K + 5 * B * K * NSPLIT)
 
-    return graph.add_op(Op(name, "oproj_merge", {"o_part": o_part, "lse_part": lse_part, "w": w, "res": res,
-                                                 "out": out}, p),
-                        row_tiled_tasks(N, p["BLOCK_N"], make))
+    args = {"o_part": o_part, "lse_part": lse_part, "w": w, "res": res, "out": out}
+    graph.add_op(Op(name, OPROJ_MERGE, {role: b.name for role, b in args.items()}, p),
+                 row_tiled_tasks(N, p["BLOCK_N"], make))
+    return out

@@ -24,10 +24,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from onekernel.graph.ir import Op, Task
-from onekernel.ops.base import OpKind, register
+from onekernel.graph.ir import Buffer, Graph, Op, Task
+from onekernel.ops.base import OpKind
 from onekernel.ops.gemv import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
-from onekernel.ops.tiling import batch_block, block_k_for, region
+from onekernel.ops.tiling import Tiling, batch_block, block_k_for, region
 
 @triton.jit
 def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
@@ -122,49 +122,57 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
     t[a["v_cache"]][bidx, :, pos] = vh
 
 
-QKV_ROPE = register(OpKind(
+QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
     ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM"), 1,
-    qkv_rope_reference))
+    qkv_rope_reference)
 
 
-def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, n_sm: int) -> int:
+def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) -> int:
     """P, rotation pairs per tile: hd/2 with QK_NORM (whole head); else the largest P (power of two,
-    2P >= 16) whose tile count n_heads_total * hd / (2P) reaches n_sm."""
+    2P >= 16) whose tile count n_heads_total * hd / (2P) reaches min_tiles."""
     if qk_norm:
         return head_dim // 2
     ch = 1
-    while n_heads_total * ch < n_sm and head_dim // (2 * ch) >= 16:
+    while n_heads_total * ch < min_tiles and head_dim // (2 * ch) >= 16:
         ch *= 2
     return head_dim // (2 * ch)
 
 
-def add_qkv_rope(graph, name: str, *, x: str, nw: str, w: str, inv_freq: str, seq_lens: str, qn: str,
-                 kn: str, q: str, k_cache: str, v_cache: str, eps: float, qk_norm: bool,
-                 n_sm: int = 132, blocks: dict | None = None) -> Op:
-    """Append a qkv_rope op (module doc). Without qk_norm, pass any model-dtype buffer as qn/kn (unread).
-    blocks: overrides of the tiling (P, BLOCK_K; tests and tuning)."""
-    B, HQ, HD = graph.buffers[q].shape
-    _, HKV, S, _ = graph.buffers[k_cache].shape
-    D = graph.buffers[x].shape[1]
-    NH = HQ + 2 * HKV
-    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, n_sm))
+def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
+                 k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
+                 kn: Buffer | None = None, tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+    """Append a qkv_rope op (module doc) and return ``q`` (``{name}.q``, [B, Hq, hd]); K and V are written
+    into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
+    cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
+    blocks: overrides of the tiling (P, BLOCK_K; tests and tuning). Raises ValueError for shapes that do not
+    fit together."""
+    B, D = x.shape
+    _, HKV, S, HD = k_cache.shape
+    NH = w.shape[0] // HD
+    HQ = NH - 2 * HKV
+    qk_norm = qn is not None
+    if w.shape != (NH * HD, D) or HQ < 1 or v_cache.shape != k_cache.shape or (qk_norm and kn is None):
+        raise ValueError(f"{name}: x {x.shape}, w {w.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape} do "
+                         f"not fit [B, D], [(Hq + 2 Hkv) hd, D], [B, Hkv, S, hd] (qn and kn come together)")
+    q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
+    qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
+    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.min_tiles))
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": batch_block(B),
-         "BLOCK_K": block_k_for(D, 2 * P), "EPS": float(eps), "QK_NORM": bool(qk_norm), **(blocks or {})}
+         "BLOCK_K": block_k_for(D, 2 * P), "EPS": float(eps), "QK_NORM": qk_norm, **(blocks or {})}
     if HD % (2 * P) or (qk_norm and 2 * P != HD):
         raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm)")
-    es = graph.buffers[x].nbytes // (B * D)
+    es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     tasks = []
     for t in range(NH * ch):
         h, c = divmod(t, ch)
         halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
-        reads = [region(x, (0, B), (0, D)), region(nw, (0, D)), region(inv_freq, (c * P, c * P + P)),
-                 region(seq_lens, (0, B))]
+        reads = [region(x), region(nw), region(inv_freq, (c * P, c * P + P)), region(seq_lens)]
         reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
         if qk_norm and h < HQ + HKV:
-            reads.append(region(qn if h < HQ else kn, (0, HD)))
+            reads.append(region(qn if h < HQ else kn))
         if h < HQ:
             writes = [region(q, (0, B), (h, h + 1), hv) for hv in halves]
         else:
@@ -174,5 +182,5 @@ def add_qkv_rope(graph, name: str, *, x: str, nw: str, w: str, inv_freq: str, se
         tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * 2 * P * D + 12 * B * 2 * P))
     args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "q": q,
             "k_cache": k_cache, "v_cache": v_cache}
-    return graph.add_op(Op(name, "qkv_rope", args, p), tasks)
-
+    graph.add_op(Op(name, QKV_ROPE, {role: b.name for role, b in args.items()}, p), tasks)
+    return q

@@ -8,18 +8,51 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
   (8 bf16 per thread per load); smaller only when K itself is smaller; capped so the weight chunk of one
   tile stays <= 8192 elements (16 KB in bf16; gate_up: 4096 per matrix) per pipeline stage; the bodies
   double-buffer, so two chunks are in registers.
-* ``BLOCK_N``: power of two in [lo, 64], the largest that still gives >= n_sm tiles (every SM streams),
-  the smallest (lo) when N is too small for that.
+* ``BLOCK_N``: power of two in [lo, 64], the largest that still gives >= ``Tiling.min_tiles`` tiles, the
+  smallest (lo) when N is too small for that. ``Tiling`` says how many tiles an op should have: "cover" (at
+  least one per SM: the separate kernels, where up to two CTAs share an SM) or "fit" (more than half the SMs
+  and at most one per SM: the megakernel, one worker per SM, where a worker running two tiles of one op in a
+  row doubles that stage's latency; measured -289 us per step on SmolLM2-135M against "cover").
 * Batch: ``BLOCK_B = next_pow2(B)`` rows of accumulator; BLOCK_N and BLOCK_K do NOT depend on B (they are
   the B=1 choices), so that each batch row's arithmetic is the same for every B (batch invariance, see
   ops/gemv.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row.
 """
 from __future__ import annotations
 
-from onekernel.graph.ir import Region, Task
+from dataclasses import dataclass
 
-MAX_BATCH = 64
+from onekernel.errors import InputError
+from onekernel.graph.ir import Buffer, Region, Task
+
+# The largest batch a decode step runs: BLOCK_B = next_pow2(B) accumulator rows live in registers beside the
+# weight chunks (compile_check.py: 255 registers at 8), so 16 is the limit every layer above checks against.
+MAX_BATCH = 16
 MAX_TILE_ELEMS = 8192
+TILINGS = ("cover", "fit")
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How finely the decode step's ops are split into tiles on a GPU of ``n_sm`` SMs (module doc).
+
+    policy: "cover" (>= n_sm tiles per op) or "fit" (n_sm // 2 + 1 .. n_sm tiles where the tile-size limits
+    allow). Raises InputError for another policy or n_sm < 1."""
+
+    n_sm: int = 132
+    policy: str = "cover"
+
+    def __post_init__(self):
+        if self.policy not in TILINGS:
+            raise InputError(f"unknown tiling {self.policy!r}; choose 'cover' (at least one tile per SM, the "
+                             "separate kernels' choice) or 'fit' (at most one tile per SM, the megakernel's)")
+        if self.n_sm < 1:
+            raise InputError(f"Tiling needs n_sm >= 1, got {self.n_sm}")
+
+    @property
+    def min_tiles(self) -> int:
+        """The tile count an op should reach: n_sm ("cover") or n_sm // 2 + 1 ("fit": with power-of-two tile
+        sizes the count then lands in (n_sm / 2, n_sm])."""
+        return self.n_sm if self.policy == "cover" else self.n_sm // 2 + 1
 
 
 def pow2_ceil(n: int) -> int:
@@ -41,9 +74,9 @@ def batch_block(batch: int) -> int:
     return pow2_ceil(batch)
 
 
-def block_n_for(n: int, n_sm: int, lo: int = 4, hi: int = 64) -> int:
-    """Largest power of two BLOCK_N in [lo, hi] with ceil(n / BLOCK_N) >= n_sm; ``lo`` if none."""
-    bn = pow2_floor(max(1, n // max(1, n_sm)))
+def block_n_for(n: int, min_tiles: int, lo: int = 4, hi: int = 64) -> int:
+    """Largest power of two BLOCK_N in [lo, hi] with ceil(n / BLOCK_N) >= min_tiles; ``lo`` if none."""
+    bn = pow2_floor(max(1, n // max(1, min_tiles)))
     return max(lo, min(hi, bn))
 
 
@@ -56,18 +89,20 @@ def block_k_for(k: int, block_n: int, max_elems: int = MAX_TILE_ELEMS) -> int:
     return max(16, bk)
 
 
-def gemv_blocks(n: int, k: int, batch: int, n_sm: int, lo: int = 4, hi: int = 64,
+def gemv_blocks(n: int, k: int, batch: int, tiling: Tiling, lo: int = 4, hi: int = 64,
                 max_elems: int = MAX_TILE_ELEMS) -> dict:
     """The constexpr tile params of a row-tiled GEMV: BLOCK_B, BLOCK_N, BLOCK_K (see module doc).
     Only BLOCK_B depends on ``batch``. ``max_elems``: weight elements per chunk of one matrix (gate_up
     streams two matrices, double-buffered, and uses half)."""
-    bn = block_n_for(n, n_sm, lo, hi)
+    bn = block_n_for(n, tiling.min_tiles, lo, hi)
     return {"BLOCK_B": batch_block(batch), "BLOCK_N": bn, "BLOCK_K": block_k_for(k, bn, max_elems)}
 
 
-def region(buffer: str, *box) -> Region:
-    """Region(buffer, ((lo, hi), ...)) with ints."""
-    return Region(buffer, tuple((int(lo), int(hi)) for lo, hi in box))
+def region(buffer: Buffer, *box) -> Region:
+    """The box ``((lo, hi), ...)`` of ``buffer`` as a Region (ints); no box means the whole buffer."""
+    if not box:
+        return buffer.full()
+    return Region(buffer.name, tuple((int(lo), int(hi)) for lo, hi in box))
 
 
 def gemv_cost(rows: int, k: int, batch: int, elem: int, extra_bytes: int = 0) -> tuple[int, int]:

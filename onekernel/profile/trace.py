@@ -60,7 +60,7 @@ def breakdown(graph: Graph, prof: torch.Tensor, n_sm: int) -> dict:
     idle = max(span * n_sm - compute - wait, 0.0)
     by_kind = defaultdict(float)
     for r in rows:
-        by_kind[r[1].kind] += r[4] - r[3]
+        by_kind[r[1].kind.name] += r[4] - r[3]
     first = defaultdict(lambda: float("inf"))
     last = defaultdict(float)
     for r in rows:
@@ -80,7 +80,7 @@ def perfetto(graph: Graph, prof: torch.Tensor, path: str | Path, label: str = ""
         if r > s:
             ev.append({"name": f"wait {op.name}", "cat": "wait", "ph": "X", "ts": s, "dur": r - s, "pid": 0,
                        "tid": sm, "args": {"task": t}})
-        ev.append({"name": op.name, "cat": op.kind, "ph": "X", "ts": r, "dur": max(e - r, 1e-3), "pid": 0,
+        ev.append({"name": op.name, "cat": op.kind.name, "ph": "X", "ts": r, "dur": max(e - r, 1e-3), "pid": 0,
                    "tid": sm, "args": {"task": t, "tile": graph.tasks[t].tile}})
     meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"onekernel {label}"}}]
     Path(path).write_text(json.dumps({"traceEvents": meta + ev, "displayTimeUnit": "ns"}))
@@ -93,7 +93,7 @@ def timeline_png(graph: Graph, prof: torch.Tensor, path: str | Path, title: str 
     import matplotlib.pyplot as plt
 
     rows = _rows(graph, prof)
-    kinds = sorted({r[1].kind for r in rows})
+    kinds = sorted({r[1].kind.name for r in rows})
     cmap = plt.get_cmap("tab10")
     colour = {k: cmap(i % 10) for i, k in enumerate(kinds)}
     fig, ax = plt.subplots(figsize=(14, 7), dpi=120)
@@ -101,7 +101,7 @@ def timeline_png(graph: Graph, prof: torch.Tensor, path: str | Path, title: str 
     for t, op, s, r, e, sm in rows:
         if r > s:
             bars[(sm, "wait")].append((s, r - s))
-        bars[(sm, op.kind)].append((r, max(e - r, 0.01)))
+        bars[(sm, op.kind.name)].append((r, max(e - r, 0.01)))
     for (sm, key), spans in bars.items():
         ax.broken_barh(spans, (sm - 0.45, 0.9), color="0.85" if key == "wait" else colour[key], linewidth=0)
     for k in kinds:

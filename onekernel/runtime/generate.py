@@ -2,8 +2,8 @@
 
 Every mode shares this loop and the KV cache; only the decode step differs. Prefill always runs the PyTorch
 reference (``runtime.reference.prefill``); the decode step comes from
-``onekernel.exec.make_runner(mode, model, cache, batch)`` (every mode, "reference" included). After each step the loop
-does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step").
+``runtime.runners.make_step_runner(mode, model, cache)`` (every mode, "reference" included). After each step the
+loop does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step").
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from typing import Callable
 
 import torch
 
-from onekernel.errors import DeviceError, InputError
-from onekernel.exec import GPU_MODES, MODES, make_runner
+from onekernel.errors import InputError
+from onekernel.exec import STEP_MODES, check_device
+from onekernel.ops.tiling import MAX_BATCH
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import prefill
+from onekernel.runtime.runners import make_step_runner
 from onekernel.runtime.sampling import SamplingParams, make_generator, sample
-
-MAX_BATCH = 16
 
 
 @dataclass
@@ -105,7 +105,8 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
              sampling: SamplingParams | None = None, chat: bool = False,
              on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
              interpret: bool = False, ignore_eos: bool = False) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` tokens for each of 1..16 prompts of any lengths.
+    """Generate up to ``max_new_tokens`` tokens for each of 1..MAX_BATCH (16, ops/tiling.py) prompts of
+    any lengths.
 
     Args:
         model: LoadedModel (config, weights, tokenizer, source).
@@ -118,7 +119,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         interpret: allow GPU-only modes on the CPU through the Triton interpreter (sets TRITON_INTERPRET=1).
         ignore_eos: keep generating past EOS (for benchmarks).
     Raises (all before anything runs):
-        InputError: no prompts, more than 16, an empty prompt, max_new_tokens < 1, an unknown mode,
+        InputError: no prompts, more than MAX_BATCH, an empty prompt, max_new_tokens < 1, an unknown mode,
             or prompt + max_new_tokens longer than the context.
         DeviceError: a GPU-only mode with the model not on a CUDA device and ``interpret`` False.
     """
@@ -146,13 +147,13 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
                          f"split them into runs of at most {MAX_BATCH}")
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
-    if mode not in MODES:
-        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode not in STEP_MODES:
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
     device, dtype = _model_device_dtype(model)
-    if mode in GPU_MODES and device.type != "cuda" and not interpret:
-        raise DeviceError(f"mode {mode!r} runs Triton kernels on a CUDA GPU, but the model is on {device.type} "
-                          f"(GPU available: {torch.cuda.is_available()}); use --mode reference, or --interpret "
-                          f"to run the kernels in the Triton interpreter on the CPU (slow; use fp32)")
+    if interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # takes effect only if triton is not imported yet
+    if mode != "reference":
+        check_device(mode, device, interpret)
     ctx = cfg.max_seq_len
     if max_seq_len is not None:
         if not 1 <= max_seq_len <= cfg.max_seq_len:
@@ -187,9 +188,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
 
     B = len(ids)
     cache = KVCache(cfg, B, max_seq_len or max(map(len, ids)) + max_new_tokens, dtype, device)
-    if interpret:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # takes effect only if triton is not imported yet
-    runner = make_runner(mode, model, cache, B, interpret=interpret)
+    runner = make_step_runner(mode, model, cache, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
     streams = [_Stream(tok, eos) for _ in range(B)]
     done = [False] * B
@@ -217,6 +216,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         t0 = time.perf_counter()
         logits, greedy = runner.step(tokens)
         cache.seq_lens += 1
+        runner.check()  # raises a device-side error (a megakernel wait that timed out) before its tokens are used
         _sync(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         tokens = greedy if sampling.greedy else sample(logits, sampling, gen)

@@ -74,12 +74,6 @@ def _mlp(w: dict, i: int, h: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(h, w[p + "w_gate"])) * F.linear(h, w[p + "w_up"]), w[p + "w_down"])
 
 
-def _logits(model, x: torch.Tensor) -> torch.Tensor:
-    """x: [B, D] model dtype -> float32 logits [B, V] (lm_head matmul in the model dtype, as HF)."""
-    w, cfg = model.weights, model.config
-    return F.linear(rms_norm(x, w["norm"], cfg.norm_eps), w["lm_head"]).float()
-
-
 @torch.no_grad()
 def prefill(model, cache, prompts: list[list[int]]) -> torch.Tensor:
     """One batched forward pass over right-padded prompts; fills the cache and returns next-token logits.
@@ -124,54 +118,67 @@ def prefill(model, cache, prompts: list[list[int]]) -> torch.Tensor:
         x = x + F.linear(_attend(cfg, q, k, v, mask), w[f"layers.{i}.wo"])
         x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
     cache.seq_lens.copy_(lens_t.to(torch.int32))
-    return _logits(model, x[torch.arange(B, device=dev), lens_t - 1])
+    x = x[torch.arange(B, device=dev), lens_t - 1]
+    return F.linear(rms_norm(x, w["norm"], cfg.norm_eps), w["lm_head"]).float()
 
 
-@torch.no_grad()
-def decode_step(model, cache, tokens: torch.Tensor) -> torch.Tensor:
-    """One decode step for B sequences.
+def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq_lens: torch.Tensor,
+                     tokens: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """One decode step with static shapes (gpt-fast's ``decode_one_token``): no host sync, so it can be
+    captured in a CUDA graph or compiled; the reference mode and the PyTorch baselines all run it.
 
     Args:
-        tokens: int32 (or int64) [B], the token at position ``cache.seq_lens[b]`` of each sequence.
+        cfg: ModelConfig; w: canonical weight dict (docs/DESIGN.md).
+        k_all, v_all: the KV cache [L, B, Hkv, S, hd] (model dtype); seq_lens: int32 [B], the position of each
+            sequence's token (< S; not checked here: no host sync); tokens: int32 or int64 [B].
+        inv_freq: float32 [hd / 2], ``config.rope_inv_freq(cfg)`` on the cache's device.
     Returns:
-        logits float32 [B, V].
-    Writes K/V at position seq_lens[b] and attends over keys 0..seq_lens[b] inclusive. Does NOT increment
-    seq_lens (the generation loop does). Reads ``seq_lens.max()`` on the host to bound the attention span.
+        logits float32 [B, V]. Writes K/V at position seq_lens[b] and attends over all S positions with a
+        device-side mask (keys 0..seq_lens[b]). Does NOT increment seq_lens (the generation loop does).
+        Call it under ``torch.no_grad()`` (the runners do; torch.compile traces it as is).
     """
-    cfg, w = model.config, model.weights
-    B = cache.batch
-    dev = cache.k.device
-    pos = cache.seq_lens.long()
-    span = int(pos.max().item()) + 1
-    if span > cache.max_seq_len:
-        raise InputError(f"decode past the end of the KV cache ({cache.max_seq_len} positions)")
+    dev, B, S = k_all.device, k_all.shape[1], k_all.shape[3]
+    pos = seq_lens.long()
     bidx = torch.arange(B, device=dev)
-    mask = (torch.arange(span, device=dev)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, span]
-    cos, sin = rope_cos_sin(cfg, pos[:, None], cache.dtype)
-
+    layer_idx = torch.arange(cfg.n_layers, device=dev)[:, None].expand(-1, B)  # one launch, not one per layer
+    mask = (torch.arange(S, device=dev)[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, S]
+    freqs = pos[:, None, None].float() * inv_freq  # rope_cos_sin with a precomputed table
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(k_all.dtype), emb.sin().to(k_all.dtype)
     x = F.embedding(tokens.long()[:, None], w["tok_embeddings"])  # [B, 1, D]
     for i in range(cfg.n_layers):
         q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)
-        cache.k[i, bidx, :, pos] = k[:, :, 0]
-        cache.v[i, bidx, :, pos] = v[:, :, 0]
-        o = _attend(cfg, q, cache.k[i, :, :, :span], cache.v[i, :, :, :span], mask)
-        x = x + F.linear(o, w[f"layers.{i}.wo"])
+        # one index_put_ on the whole cache tensor (a tensor layer index, not a view of layer i): Inductor
+        # then updates the cache in place; through a view it copied the whole cache every step
+        k_all[layer_idx[i], bidx, :, pos] = k[:, :, 0]
+        v_all[layer_idx[i], bidx, :, pos] = v[:, :, 0]
+        x = x + F.linear(_attend(cfg, q, k_all[i], v_all[i], mask), w[f"layers.{i}.wo"])
         x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
-    return _logits(model, x[:, 0])
+    return F.linear(rms_norm(x[:, 0], w["norm"], cfg.norm_eps), w["lm_head"]).float()
 
 
 class ReferenceRunner:
     """StepRunner over the reference decoder: ``step(tokens int32 [B]) -> (logits fp32 [B, V], next int32 [B])``
-    where next is the greedy argmax. Uses the same KVCache tensors every executor uses."""
+    where next is the greedy argmax; ``check()`` is a no-op (nothing runs on the device unchecked). Uses the
+    same KVCache tensors every executor uses. Raises InputError when a sequence would decode past the cache."""
 
     mode = "reference"
 
     def __init__(self, model, cache):
         self.model, self.cache = model, cache
+        self.inv_freq = rope_inv_freq(model.config).to(device=cache.k.device, dtype=torch.float32)
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         return prefill(self.model, self.cache, prompts)
 
+    @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = decode_step(self.model, self.cache, tokens)
+        c = self.cache
+        if int(c.seq_lens.max()) >= c.max_seq_len:
+            raise InputError(f"decode past the end of the KV cache ({c.max_seq_len} positions)")
+        logits = decode_one_token(self.model.config, self.model.weights, c.k, c.v, c.seq_lens, tokens,
+                                  self.inv_freq)
         return logits, logits.argmax(dim=-1).to(torch.int32)
+
+    def check(self) -> None:
+        """Nothing to check: the reference raises its errors at once."""

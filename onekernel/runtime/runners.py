@@ -1,0 +1,35 @@
+"""One entry point for a decode-step runner of any mode, over a model and a KV cache.
+
+``make_step_runner(mode, model, cache)`` is what the generation loop, the CLI tools and the benchmarks call:
+
+* ``reference``: the PyTorch decoder (``runtime.reference.ReferenceRunner``);
+* ``eager | graph | pdl | megakernel``: the decode step built and bound by
+  ``models.decode_graph.build_decode_step`` (tiled as the mode wants: ``exec.DEFAULT_TILING``), handed to
+  ``exec.make_runner``.
+
+Every runner has ``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens int32 [B])`` and ``check()``.
+"""
+from __future__ import annotations
+
+from onekernel.exec import DEFAULT_TILING, check_device, make_runner, sm_count
+from onekernel.models.decode_graph import build_decode_step
+from onekernel.ops.tiling import Tiling
+from onekernel.runtime.reference import ReferenceRunner
+
+
+def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles: str | None = None,
+                     n_sm: int | None = None, fuse_merge: bool = False, **options):
+    """The runner of ``mode`` for ``model`` (a LoadedModel) over ``cache`` (a KVCache of the model's dtype and
+    device; its batch is the step's).
+
+    tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
+    the cache's device); fuse_merge: see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
+    the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
+    Raises InputError (unknown mode or option value), DeviceError (a Triton mode without a GPU),
+    UnsupportedModelError (a model the kernels can't run)."""
+    if mode == "reference":
+        return ReferenceRunner(model, cache)
+    check_device(mode, cache.k.device, interpret)
+    tiling = Tiling(n_sm or sm_count(cache.k.device), tiles or DEFAULT_TILING[mode])
+    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
+    return make_runner(mode, step, interpret=interpret, **options)
