@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from onekernel.bench.ops import gemv_bandwidth
-from onekernel.exec import make_runner
+from onekernel.runtime.runners import make_step_runner
 from onekernel.models.load import load_model
 from onekernel.profile.trace import breakdown, perfetto, timeline_png
 from onekernel.runtime.kv_cache import KVCache
@@ -41,7 +41,7 @@ def run_real_bench(real_model, section, R):
         for mode in ["megakernel", "graph", "pdl"]:
             cache = KVCache(real_model.config, 1, 512, torch.bfloat16, "cuda")
             cache.seq_lens.fill_(511)
-            r = make_runner(mode, real_model, cache, 1, profile=True)
+            r = make_step_runner(mode, real_model, cache, profile=True)
             tok = torch.tensor([5], dtype=torch.int32, device="cuda")
             for _ in range(5):
                 r.step(tok)

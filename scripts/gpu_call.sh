@@ -100,6 +100,42 @@ case "$1" in
     run 50 bench-8b-b8 $B8 --batch 8 --modes torch+graph,megakernel
     run 50 bench-qwen3-8b-compile $Q --batch 1 --modes torch+graph,torch+compile
     ;;
+8)  # session 4 (issue 10): Llama-3.2-1B batch 1 before (.before = 0fa025f, carried) and after the architecture
+    # change, same commands, same process layout; both compile caches warmed in parallel first, then timed one
+    # process at a time, before/after/before/after. Then the random-weight GPU checks of the new tree.
+    cp .model/smol.part-aa /tmp/model/
+    B1="--model llama-3.2-1b --random-weights --batch 1 --modes torch+graph,eager,graph,pdl,megakernel"
+    log "warm-up: before and after in parallel"
+    (timeout 200 env PYTHONPATH=/tmp/site:$PWD/.before python3 -m onekernel.cli bench $B1 --steps 2 \
+        --out /tmp/warm/before >"$W/warm-before.log" 2>&1) &
+    (timeout 200 python3 -m onekernel.cli bench $B1 --steps 2 --out /tmp/warm/after >"$W/warm-after.log" 2>&1) &
+    wait
+    log "warm-up done"
+    for i in 1 2; do
+        mkdir -p "$W/before$i" "$W/after$i"
+        lim=80; step $lim bench-before-$i env PYTHONPATH=/tmp/site:$PWD/.before ONEKERNEL_COMMIT=0fa025f \
+            python3 -m onekernel.cli bench $B1 --out "$W/before$i"
+        step $lim bench-after-$i python3 -m onekernel.cli bench $B1 --out "$W/after$i"
+    done
+    step 170 random $suite random
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/random.json"
+    ;;
+9)  # at once after 8: greedy tokens of the real model in every mode, before and after (checks: in parallel);
+    # then the weight-streaming prototypes of issue 11 (timed, one at a time)
+    cat /tmp/model/smol.part-aa .model/smol.part-ab >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    (timeout 240 env PYTHONPATH=/tmp/site:$PWD/.before python3 scripts/greedy_tokens.py "$GGUF" "$W/tokens-before.json" \
+        >"$W/tokens-before.log" 2>&1) &
+    (timeout 240 python3 scripts/greedy_tokens.py "$GGUF" "$W/tokens-after.json" >"$W/tokens-after.log" 2>&1) &
+    wait
+    log "tokens: $(tail -n 5 "$W/tokens-after.log" | tr '\n' ' ')"
+    python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i])) for i in (1,2)); print('TOKENS equal before/after:', {f'{m}-{k}': a[m][k]==b[m][k] for m in a for k in ('b1','b3')})" \
+        "$W/tokens-before.json" "$W/tokens-after.json" 2>&1 | tee -a "$OUT/log.txt"
+    step 200 tl-stream python3 scripts/stream_proto/tl_stream.py --sweep --out "$W/tl_stream_sweep.json"
+    for p in llama-1b llama-8b; do for v in deps nodeps; do
+        step 60 "gluon-$p-$v" python3 scripts/stream_proto/gluon_stream.py --preset $p --variant $v --workers 132 \
+            --out "$W/gluon_${p}_$v.json"
+    done; done
+    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"

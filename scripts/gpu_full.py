@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from onekernel.exec import make_runner
+from onekernel.runtime.runners import make_step_runner
 from onekernel.models.load import load_model
 from onekernel.runtime.generate import generate
 from onekernel.runtime.kv_cache import KVCache
@@ -28,13 +28,13 @@ def batch_invariance_check(model, mode, batch=8, context=200, steps=2):
     big.seq_lens.copy_(torch.randint(0, context, (batch,), device="cuda", generator=g, dtype=torch.int32))
     toks = torch.randint(0, cfg.vocab_size, (steps, batch), device="cuda", generator=g, dtype=torch.int32)
     snap = (big.k.clone(), big.v.clone(), big.seq_lens.clone())
-    rb = make_runner(mode, model, big, batch)
+    rb = make_step_runner(mode, model, big)
     want = []
     for s in range(steps):
         want.append(rb.step(toks[s])[0].clone())
         big.seq_lens += 1
     one = KVCache(cfg, 1, context + steps, torch.bfloat16, "cuda")
-    r1 = make_runner(mode, model, one, 1)
+    r1 = make_step_runner(mode, model, one)
     equal = []
     for row in range(batch):
         one.k.copy_(snap[0][:, row:row + 1]); one.v.copy_(snap[1][:, row:row + 1])
@@ -70,7 +70,7 @@ def teacher_forced(model, mode, ids, n=32):
     caches = [KVCache(model.config, 1, len(ids) + n + 1, w.dtype, w.device) for _ in range(2)]
     lg = [prefill(model, c, [ids]) for c in caches]
     ref = ReferenceRunner(model, caches[0])
-    other = make_runner(mode, model, caches[1], 1, interpret=not w.is_cuda)
+    other = make_step_runner(mode, model, caches[1], interpret=not w.is_cuda)
     diffs = []
     tok = lg[0].argmax(-1).to(torch.int32)
     for step in range(n):
@@ -90,7 +90,7 @@ def recapture_check(model):
     position 60), replay: must re-capture and equal eager on the new cache bitwise."""
     cache = KVCache(model.config, 2, 128, torch.bfloat16, "cuda")
     cache.k.normal_(); cache.v.normal_(); cache.seq_lens.copy_(torch.tensor([50, 90]))
-    r = make_runner("graph", model, cache, 2)
+    r = make_step_runner("graph", model, cache)
     tok = torch.tensor([7, 99], dtype=torch.int32, device="cuda")
     a = r.step(tok)[0].clone()
     a2 = r.step(tok)[0].clone()
@@ -100,7 +100,7 @@ def recapture_check(model):
     cache.k.copy_(k); cache.v.copy_(v); cache.seq_lens.copy_(s)
     cache.k[:, :, :, 60:].normal_()  # new contents the old graph could not have seen: row 1 changes
     b = r.step(tok)[0].clone()
-    e = make_runner("eager", model, cache, 2).step(tok)[0].clone()
+    e = make_step_runner("eager", model, cache).step(tok)[0].clone()
     return {"captures": r.captures, "moved": cache.k.data_ptr() != old_ptr, "A==A'": torch.equal(a, a2),
             "B == eager on the new cache (bitwise)": torch.equal(b, e), "row0 B==A": torch.equal(a[0], b[0]),
             "row1 B!=A (new contents seen)": not torch.equal(a[1], b[1])}
@@ -143,7 +143,7 @@ def run_full(gguf: str, section, R):
         for mode in ["graph", "pdl", "megakernel"]:
             cache = KVCache(model.config, 1, 256, torch.bfloat16, "cuda")
             cache.k.normal_(); cache.v.normal_(); cache.seq_lens.fill_(200)
-            r = make_runner(mode, model, cache, 1)
+            r = make_step_runner(mode, model, cache)
             tok = torch.tensor([42], dtype=torch.int32, device="cuda")
             first = r.step(tok)[0].clone()
             out[mode] = f"{sum(int(torch.equal(r.step(tok)[0], first)) for _ in range(1000))}/1000"

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onekernel.bench.timing import copy_bandwidth_gbs  # noqa
-from onekernel.exec import make_runner  # noqa
+from onekernel.runtime.runners import make_step_runner  # noqa
 from onekernel.models.load import load_model  # noqa
 from onekernel.runtime.kv_cache import KVCache  # noqa
 from onekernel.runtime.reference import ReferenceRunner  # noqa
@@ -97,14 +97,14 @@ def step_all(model, batch, context, modes, steps=3, **opts):
         cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
         errs, agree = [], 0
         try:
-            r = make_runner(mode, model, cache, batch, **opts.get(mode, {}))
+            r = make_step_runner(mode, model, cache, **opts.get(mode, {}))
         except Exception as e:  # noqa: BLE001
             out[mode] = {"error": repr(e)[:1500]}
             traceback.print_exc()
             continue
         mine = []
         for s in range(steps):
-            r.tensors["logits"].fill_(float("nan"))
+            r.tensors[r.bound.logits].fill_(float("nan"))
             lg, nt = r.step(toks[s])
             mine.append(lg.clone())
             rl, rn = ref_logits[s]
