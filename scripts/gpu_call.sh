@@ -130,6 +130,8 @@ case "$1" in
     log "tokens: $(tail -n 5 "$W/tokens-after.log" | tr '\n' ' ')"
     python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i])) for i in (1,2)); print('TOKENS equal before/after:', {f'{m}-{k}': a[m][k]==b[m][k] for m in a for k in ('b1','b3')})" \
         "$W/tokens-before.json" "$W/tokens-after.json" 2>&1 | tee -a "$OUT/log.txt"
+    step 60 eager-host-before env PYTHONPATH=/tmp/site:$PWD/.before python3 scripts/eager_overhead.py
+    step 60 eager-host-after python3 scripts/eager_overhead.py
     step 200 tl-stream python3 scripts/stream_proto/tl_stream.py --sweep --out "$W/tl_stream_sweep.json"
     for p in llama-1b llama-8b; do for v in deps nodeps; do
         step 60 "gluon-$p-$v" python3 scripts/stream_proto/gluon_stream.py --preset $p --variant $v --workers 132 \
