@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from onekernel.bench.ops import gemv_bandwidth
+from onekernel.bench.ops import attention_bandwidth, gemv_bandwidth
 from onekernel.runtime.runners import make_step_runner
 from onekernel.models.load import load_model
 from onekernel.profile.trace import breakdown, perfetto, timeline_png
@@ -30,7 +30,13 @@ def run_random_bench(section, R):
         R["gemv"] = out
         return [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()} for r in out]
 
+    @section("bench: decode attention (partial + merge) vs SDPA, one layer, bf16")
+    def attention_bench():
+        R["attention"] = out = attention_bandwidth(bw)
+        return [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in out]
+
     gemv_bench()
+    attention_bench()
 
 
 def run_real_bench(real_model, section, R):

@@ -226,8 +226,7 @@ def test_load_model_flag_and_dtype_kinds(kw, msg):
 
 @pytest.mark.parametrize("name,want", [("bf16", torch.bfloat16), ("float16", torch.float16), ("FP32", torch.float32),
                                        ("torch.bfloat16", torch.bfloat16)])
-def test_load_model_dtype_names(name, want):
-    seed = int(torch.randint(0, 1000, ()))
+def test_load_model_dtype_names(name, want, seed):
     m = load_model("tiny", random_weights=True, dtype=name, seed=seed)
     ref = load_model("tiny", random_weights=True, dtype=want, seed=seed)
     assert all(t.dtype == want for t in m.weights.values() if t.is_floating_point())

@@ -45,3 +45,18 @@ def test_no_gpu_note_on_cpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2"]) == 0
     assert "no GPU" in capsys.readouterr().err
+
+
+def test_dtype_spellings(capsys):
+    """--dtype takes the serving tools' names (auto, bfloat16, float16, float32) and the short aliases; auto
+    is float32 on the CPU; anything else is a one-line argparse error naming the choices."""
+    import pytest
+
+    for flag, want in (("auto", "float32"), ("float32", "float32"), ("fp32", "float32"), ("bfloat16", "bfloat16"),
+                       ("bf16", "bfloat16")):
+        assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2", "--json", "--dtype", flag]) == 0
+        assert json.loads(capsys.readouterr().out)["dtype"] == want, flag
+    with pytest.raises(SystemExit) as e:
+        main(TINY + ["--prompt", "hi", "--dtype", "float64"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid choice: 'float64'" in err and len(err.strip().splitlines()) == 1

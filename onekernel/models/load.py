@@ -61,8 +61,7 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     file, default package absent), UnsupportedModelError (architecture, tensor type, dtype, unknown name),
     DeviceError (cuda without a GPU)."""
     from onekernel.models import gguf_loader, hf_loader
-    from onekernel.models.random_init import random_weights as make_random
-    from onekernel.runtime.sampling import check_seed
+    from onekernel.models.random_init import check_seed, random_weights as make_random
 
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise InputError(f"model must be None (the default model), a config name, or the path (str or "

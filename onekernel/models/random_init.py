@@ -3,8 +3,18 @@ from __future__ import annotations
 
 import torch
 
-from onekernel.errors import UnsupportedModelError
+from onekernel.errors import InputError, UnsupportedModelError
 from onekernel.models.config import ModelConfig, expected_shapes
+
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def check_seed(seed) -> int:
+    """``seed`` if it is an integer torch can seed a generator with, else InputError naming --seed (used for
+    random weights here and for sampling in runtime.sampling)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise InputError(f"seed (--seed) must be an integer between -2**63 and 2**64-1, got {seed!r}")
+    return seed
 
 MATRIX_STD = 0.02  # HF `initializer_range` default for Llama / Qwen3
 NORM_NOISE = 0.02  # norm weights are 1 + N(0, NORM_NOISE^2): ~1 like trained RMSNorm gains, not exactly 1

@@ -12,19 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from onekernel.errors import InputError
+from onekernel.models.random_init import check_seed
 
 
 MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow float32
-SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
-
-
-def check_seed(seed) -> int:
-    """``seed`` if it is an integer torch can seed a generator with, else InputError naming --seed."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise InputError(f"seed (--seed) must be an integer between -2**63 and 2**64-1, got {seed!r}")
-    return seed
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 -> greedy (argmax). top_k 0/None -> off. top_p 1.0 -> off. seed seeds the generator."""
