@@ -22,7 +22,7 @@ STEP_MODES = ("reference", *MODES)  # every mode a decode step runs in (referenc
 DEFAULT_TILING = {"eager": "cover", "graph": "cover", "pdl": "cover", "megakernel": "fit"}
 
 
-def check_device(mode: str, device: torch.device, interpret: bool = False) -> None:
+def check_device(mode: str, device, interpret: bool = False) -> None:
     """The one check that ``mode`` can run on ``device``: InputError for an unknown mode; DeviceError for a
     Triton mode off a CUDA device unless ``interpret`` (then TRITON_INTERPRET=1 must be set before Triton is
     imported: the CLI sets it for --interpret)."""

