@@ -122,3 +122,26 @@ def test_unsatisfiable_event_times_out_with_named_task(check_every):
         else:
             r.step(tok)  # does not read the error word
             r.check()
+
+
+def test_generate_raises_a_megakernel_timeout_before_emitting_its_tokens(monkeypatch):
+    """The pipelined generation loop polls the runner for a device-side error of step k before it emits step
+    k's tokens: a megakernel whose every wait times out raises KernelTimeoutError naming a task, and only the
+    prefill's token (which no decode step produced) reached on_token."""
+    import onekernel.runtime.generate as gen_mod
+    from onekernel.runtime.generate import generate
+
+    def broken_runner(mode, model, cache, **kw):
+        r = make_step_runner(mode, model, cache, spin_limit=50, **kw)
+        for ev in range(r.events.n_events):
+            r.events.expected[ev] = 1_000_000  # no producer can ever reach this count
+        r.write_tables()
+        return r
+
+    monkeypatch.setattr(gen_mod, "make_step_runner", broken_runner)
+    model = load_model("tiny", random_weights=True)
+    seen = []
+    with pytest.raises(KernelTimeoutError, match="megakernel: task \\d+ \\("):
+        generate(model, [[1, 2, 3]], mode="megakernel", interpret=True, max_new_tokens=4,
+                 on_token=lambda b, t, piece: seen.append(t))
+    assert len(seen) == 1

@@ -52,6 +52,8 @@ class TorchGraphRunner:
     def check(self) -> None:
         """Nothing to check."""
 
+    poll = check
+
 
 class StaticDecoder(torch.nn.Module):
     """``decode_one_token`` as a module without inputs: weights, the KV cache (the caller's ``cache.k/v``,
@@ -128,3 +130,5 @@ class TorchCompileRunner:
         if self.warm and counters["stats"]["unique_graphs"] != self.frames:
             raise RuntimeError("torch.compile recompiled the decode step after warm-up; the timing is not "
                                "steady-state")
+
+    poll = check

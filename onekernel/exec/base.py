@@ -6,8 +6,10 @@
 * returns ``(logits, next_tokens)``: float32 [B, V] and int32 [B] (greedy argmax), both tensors owned by the
   step and overwritten by the next one. The caller advances ``seq_lens`` afterwards.
 
-``check()`` raises an error the device recorded (only the megakernel has one: a bounded spin that gave up);
-it is a no-op elsewhere, so callers treat every runner alike. When the caller's KV cache moves, the next step
+``check()`` raises an error the device recorded (only the megakernel has one: a bounded spin that gave up),
+waiting for every queued step; ``poll()`` raises one of the steps that have already finished without waiting
+for the rest (a pipelined caller that synchronised on step k's outputs polls while step k+1 runs). Both are
+no-ops elsewhere, so callers treat every runner alike. When the caller's KV cache moves, the next step
 re-points the views first (``BoundStep.repoint``), and graph-based modes re-capture.
 """
 from __future__ import annotations
@@ -55,6 +57,9 @@ class StepRunner:
 
     def check(self) -> None:
         """Raise a device-side error of the steps run so far (none in this mode)."""
+
+    def poll(self) -> None:
+        """Raise a device-side error of the steps that have finished (none in this mode)."""
 
     def _run(self, moved: bool) -> None:
         raise NotImplementedError

@@ -14,9 +14,10 @@ with ``Tiling(policy="fit")``: at most one tile per worker per op, see ops/tilin
 4. per step: one launch (optionally inside a CUDA graph). Counters are monotonic, never reset.
 
 A bounded spin that gave up leaves (task, event, seen, expected) in the error word; ``check()`` reads it
-(a device sync) and raises ``KernelTimeoutError`` naming the task, its op and tile. By default ``step`` never
-reads it (the caller calls ``check()`` when it syncs anyway, as every runner offers it); ``check_every=N``
-makes ``step`` call it every N-th step.
+(a device sync) and raises ``KernelTimeoutError`` naming the task, its op and tile; ``poll()`` reads it
+through a side stream, without waiting for the steps still queued (for a caller that synchronised on the
+step it wants checked). By default ``step`` reads it never (the caller calls ``check()`` or ``poll()``, as
+every runner offers them); ``check_every=N`` makes ``step`` call ``check()`` every N-th step.
 """
 from __future__ import annotations
 
@@ -114,6 +115,9 @@ class MegakernelRunner(StepRunner):
         self.num_warps = num_warps or max(v.kind.num_warps for v in self.variants)
         self.prof_buf = self.prof if self.prof is not None else torch.zeros(1, 4, dtype=torch.int64, device=dev)
         self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and dev.type == "cuda" and not interpret
+        on_gpu = dev.type == "cuda" and not interpret
+        self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
+        self._err_host = torch.zeros(5, dtype=torch.int32, pin_memory=on_gpu)
         self._cuda_graph = None
         self.compiled = None
         if dev.type == "cuda" and not interpret:
@@ -193,7 +197,19 @@ class MegakernelRunner(StepRunner):
 
     def check(self) -> None:
         """Raise KernelTimeoutError if a bounded spin gave up (reads 5 ints from the device: a sync)."""
-        err = self.err.tolist()
+        self._raise_if(self.err.tolist())
+
+    def poll(self) -> None:
+        """Raise KernelTimeoutError if a finished step's spin gave up: copies the error word on a side stream,
+        so it waits for that copy only, not for the steps queued on the main stream."""
+        if self._side is None:
+            return self.check()
+        with torch.cuda.stream(self._side):
+            self._err_host.copy_(self.err, non_blocking=True)
+        self._side.synchronize()
+        self._raise_if(self._err_host.tolist())
+
+    def _raise_if(self, err: list[int]) -> None:
         if err[0]:
             t, e, seen, want = err[1:]
             task = self.graph.tasks[t]

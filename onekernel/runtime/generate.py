@@ -194,6 +194,18 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     done = [False] * B
     gen = make_generator(sampling, device)
 
+    def emit_step(slot: int) -> None:
+        """Wait for the step whose tokens went to host[slot], check the runner for an error of that step (a
+        megakernel wait that timed out: raised before its tokens are used), then emit the tokens."""
+        nonlocal t_last
+        if events[slot] is not None:
+            events[slot].synchronize()
+        runner.poll()
+        now = time.perf_counter()
+        step_ms.append((now - t_last) * 1e3)
+        t_last = now
+        emit(host[slot])
+
     def emit(tokens: torch.Tensor) -> None:
         for b, t in enumerate(tokens.tolist()):
             if done[b]:
@@ -211,16 +223,25 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     prefill_ms = (time.perf_counter() - t0) * 1e3
     tokens = sample(logits, sampling, gen)
     emit(tokens)
-    step_ms = []
+    # Pipelined: step k+1 is queued on the device before the host waits for step k's tokens (the next step's
+    # input never leaves the device), so detokenizing, streaming and the launch overlap the GPU. The tokens
+    # of each step are copied to pinned host memory behind it, with an event the host waits on. When the
+    # last sequence finishes, the one step already queued beyond it is discarded (its position is inside the
+    # cache: prompt + max_new_tokens <= its length).
+    pinned = device.type == "cuda"
+    host = [torch.empty(B, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+    events = [torch.cuda.Event() if pinned else None for _ in range(2)]
+    step_ms, pending, k, t_last = [], None, 0, time.perf_counter()
     while not all(done):
-        t0 = time.perf_counter()
         logits, greedy = runner.step(tokens)
         cache.seq_lens += 1
-        runner.check()  # raises a device-side error (a megakernel wait that timed out) before its tokens are used
-        _sync(device)
-        step_ms.append((time.perf_counter() - t0) * 1e3)
-        tokens = greedy if sampling.greedy else sample(logits, sampling, gen)
-        emit(tokens)
+        tokens = (greedy if sampling.greedy else sample(logits, sampling, gen)).clone()  # the runner reuses greedy
+        host[k % 2].copy_(tokens, non_blocking=pinned)
+        if pinned:
+            events[k % 2].record()
+        if pending is not None:
+            emit_step(pending)
+        pending, k = k % 2, k + 1
 
     seqs = [SequenceResult(p, s.ids, s.text, "eos" if s.ids and s.ids[-1] in eos else "length")
             for p, s in zip(ids, streams)]

@@ -159,7 +159,8 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
 
 class ReferenceRunner:
     """StepRunner over the reference decoder: ``step(tokens int32 [B]) -> (logits fp32 [B, V], next int32 [B])``
-    where next is the greedy argmax; ``check()`` is a no-op (nothing runs on the device unchecked). Uses the
+    where next is the greedy argmax; ``check()`` and ``poll()`` are no-ops (nothing runs on the device
+unchecked). Uses the
     same KVCache tensors every executor uses. Raises InputError when a sequence would decode past the cache."""
 
     mode = "reference"
@@ -182,3 +183,5 @@ class ReferenceRunner:
 
     def check(self) -> None:
         """Nothing to check: the reference raises its errors at once."""
+
+    poll = check
