@@ -44,8 +44,10 @@ TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch
          torch.float16: "*fp16"}
 
 
-def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str) -> dict:
-    """Compile JITFunction ``fn`` for sm_90 with ``args`` (tensors -> aligned pointers, ints -> i32/i64)."""
+def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, out_dir: Path | None = None,
+                 ttgir: bool = False) -> dict:
+    """Compile JITFunction ``fn`` for sm_90 with ``args`` (tensors -> aligned pointers, ints -> i32/i64).
+    Writes ``name``.ptx (and with ``ttgir`` ``name``.ttgir) to ``out_dir`` (default $PTXDIR)."""
     sig, consts, attrs = {}, {}, {}
     for i, (n, a) in enumerate(zip(fn.arg_names, args)):
         if isinstance(a, torch.Tensor):
@@ -59,8 +61,11 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str) ->
     t0 = time.time()
     k = triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET, options={"num_warps": num_warps})
     ptx = k.asm["ptx"]
-    PTXDIR.mkdir(parents=True, exist_ok=True)
-    (PTXDIR / f"{name}.ptx").write_text(ptx)
+    out_dir = out_dir or PTXDIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.ptx").write_text(ptx)
+    if ttgir:
+        (out_dir / f"{name}.ttgir").write_text(k.asm["ttgir"])
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     rep = subprocess.run([str(PTXAS), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],

@@ -138,6 +138,21 @@ case "$1" in
             --out "$W/gluon_${p}_$v.json"
     done; done
     ;;
+10) # session 4 (issue 11): the weight-streaming prototypes again (tl with the deferred-reduction layout; Gluon
+    # with the Triton 3.6 loop-carry workaround and bounded waits), then the generation loop's overhead
+    step 150 tl-stream python3 scripts/stream_proto/tl_stream.py --sweep --out "$W/tl_stream_sweep.json"
+    step 60 gluon-1b-deps python3 scripts/stream_proto/gluon_stream.py --tiny-check --preset llama-1b --variant deps \
+        --workers 132 --out "$W/gluon_llama-1b_deps.json"
+    if grep -q "ms/step" "$W/gluon-1b-deps.log"; then
+        step 60 gluon-1b-nodeps python3 scripts/stream_proto/gluon_stream.py --preset llama-1b --variant nodeps \
+            --workers 132 --out "$W/gluon_llama-1b_nodeps.json"
+        for v in deps nodeps; do
+            step 60 "gluon-8b-$v" python3 scripts/stream_proto/gluon_stream.py --preset llama-8b --variant $v \
+                --workers 132 --out "$W/gluon_llama-8b_$v.json"
+        done
+    fi
+    step 150 generate-overhead python3 scripts/generate_overhead.py "$W/generate_overhead.json"
+    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"
