@@ -27,12 +27,16 @@ def gguf_name(name):
     return {"tok_embeddings": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}[name]
 
 
-def write_gguf(path, cfg, weights, arch=None, qtype=None, qtype_tensor="layers.0.wv", extra=None):
+def write_gguf(path, cfg, weights, arch=None, qtype=None, qtype_tensor="layers.0.wv", extra=None, raw=None,
+               tokenizer_from=None, **writer_args):
     """Write `weights` (canonical names, HF row order) as llama.cpp would: q/k permuted for arch llama,
-    1-D tensors F32, matrices F16 except layers.0.w_up (F32) and `qtype_tensor` (quantized as `qtype`)."""
+    1-D tensors F32, matrices F16 except layers.0.w_up (F32) and `qtype_tensor` (quantized as `qtype`).
+    `raw` maps a canonical name to (array, GGMLQuantizationType) written as given instead of its weight;
+    `tokenizer_from` is a GGUF file whose `tokenizer.*` metadata is copied; `writer_args` go to
+    `gguf.GGUFWriter` (`endianess`, `split_max_tensors`)."""
     import gguf
     arch = arch or cfg.arch
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, **writer_args)
     w.add_block_count(cfg.n_layers)
     w.add_context_length(cfg.max_seq_len)
     w.add_embedding_length(cfg.dim)
@@ -44,6 +48,9 @@ def write_gguf(path, cfg, weights, arch=None, qtype=None, qtype_tensor="layers.0
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_vocab_size(cfg.vocab_size)
+    for key, f in (gguf.GGUFReader(tokenizer_from).fields if tokenizer_from else {}).items():
+        if key.startswith("tokenizer."):
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
     for name, arr in (extra or {}).items():
         w.add_tensor(name, arr)
     for name, t in weights.items():
@@ -52,7 +59,9 @@ def write_gguf(path, cfg, weights, arch=None, qtype=None, qtype_tensor="layers.0
         if arch == "llama" and name.endswith((".wq", ".wk")):
             t = permute_qk(t, cfg.n_heads if name.endswith(".wq") else cfg.n_kv_heads)
         arr = t.float().numpy()
-        if name == qtype_tensor and qtype is not None:
+        if name in (raw or {}):
+            w.add_tensor(gguf_name(name), raw[name][0], raw_dtype=raw[name][1])
+        elif name == qtype_tensor and qtype is not None:
             w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         elif arr.ndim == 1 or name == "layers.0.w_up":
             w.add_tensor(gguf_name(name), arr)

@@ -160,8 +160,10 @@ def _llama3_from_rope_freqs(rope_freqs, cfg: ModelConfig) -> dict:
 
 
 def config_from_gguf(reader, name: str | None = None) -> ModelConfig:
-    """ModelConfig from a `gguf.GGUFReader`'s `{arch}.*` metadata (llama.cpp key names). Raises
-    UnsupportedModelError naming the arch when it is not llama or qwen3."""
+    """ModelConfig from the `{arch}.*` metadata (llama.cpp key names) and tensor list of `reader`: a
+    `gguf.GGUFReader` or a `gguf_file.GGUFModel` (all shards of a split file; `tie_embeddings` is true only
+    when no shard holds `output.weight`). Raises UnsupportedModelError naming the arch when it is not llama or
+    qwen3."""
     f = reader.fields
 
     def get(key, default=None):

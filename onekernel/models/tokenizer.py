@@ -4,6 +4,7 @@ named configs without a checkpoint, a byte-level fallback."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from onekernel.errors import InputError, ModelFileError
@@ -39,12 +40,19 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path) -> "Tokenizer":
-        """From a GGUF file's metadata via transformers' GGUF tokenizer conversion (offline; the chat
-        template comes from `tokenizer.chat_template`). Raises ModelFileError when it cannot be built."""
+        """From the metadata of the GGUF file `path` (of a split model's first shard: the others hold none) via
+        transformers' GGUF tokenizer conversion (offline; the chat template comes from
+        `tokenizer.chat_template`). transformers reads only little-endian files, so a big-endian file's
+        metadata is first copied to a little-endian one in a temporary folder
+        (`gguf_file.little_endian_metadata`). Raises ModelFileError when it cannot be built."""
         from transformers import AutoTokenizer
+
+        from onekernel.models.gguf_file import is_big_endian, little_endian_metadata
         path = Path(path)
         try:
-            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            with tempfile.TemporaryDirectory(prefix="onekernel_gguf_") as tmp:
+                file = little_endian_metadata(path, Path(tmp) / path.name) if is_big_endian(path) else path
+                hf = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
         except Exception as e:
             raise ModelFileError(f"cannot build the tokenizer from {path} ({type(e).__name__}: {_one_line(e)}); "
                                  "re-download the file") from e
