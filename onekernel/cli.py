@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say
 from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
 from onekernel.exec import STEP_MODES
@@ -53,6 +54,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
                    help="run GPU modes' Triton kernels in the Triton interpreter on the CPU (slow; fp32 is "
                         "the tested dtype: the interpreter rounds fp32 -> bf16 by truncation)")
     p.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress display and no notes on stderr (errors are still reported)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random weights")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -67,16 +70,44 @@ def _collect_prompts(args) -> list[str]:
     prompts = list(args.prompt)
     if args.batch_file:
         try:
-            with open(args.batch_file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
+            with open(args.batch_file, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not text
+                from_file = [line.rstrip("\n") for line in f if line.strip()]
         except OSError as e:
             raise InputError(f"cannot read --batch-file {args.batch_file!r}: {e.strerror}") from None
         except UnicodeDecodeError as e:
             raise InputError(f"--batch-file {args.batch_file!r} is not UTF-8 text (byte {e.object[e.start]:#04x} "
                              f"at offset {e.start}); save it as UTF-8 text, one prompt per line") from None
+        if not from_file:
+            raise InputError(f"--batch-file {args.batch_file!r} has no prompt (every line is empty); write one "
+                             f"prompt per line")
+        prompts += from_file
     if not prompts:
         raise InputError("no prompt given; pass --prompt TEXT (repeat it for a batch) or --batch-file PATH")
     return prompts
+
+
+# Tokens a chat template and special tokens may add to a prompt's own (SmolLM2's template with its default system
+# prompt adds ~40); a prompt's own tokens are at most its UTF-8 bytes (every BPE token holds a byte or more).
+TEMPLATE_TOKENS = 256
+
+
+def _early_prompt_check(args, prompts) -> None:
+    """Before the weights load: the prompt checks of ``generate`` (``runtime.prompts``, their one home) on the
+    model's tokenizer and context length (``models.meta``). A prompt whose UTF-8 bytes + TEMPLATE_TOKENS +
+    --max-new-tokens fit the context fits, so the tokenizer (seconds from a GGUF file, and load_model builds
+    its own) is only built here when a prompt may not fit; ``generate`` checks the prompts again either way."""
+    from onekernel.models.meta import prompt_limits
+    from onekernel.runtime.prompts import context_limit, encode_prompts
+
+    limits = prompt_limits(args.model, args.random_weights)
+    if limits is None:
+        return
+    model_context, tokenizer = limits
+    ctx = context_limit(model_context, args.max_seq_len)
+    if all(len(p.encode("utf-8", "surrogatepass")) + TEMPLATE_TOKENS + args.max_new_tokens <= ctx for p in prompts):
+        return
+    encode_prompts(tokenizer(), prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                   model_context=model_context, max_seq_len=args.max_seq_len)
 
 
 def _run_generate(args) -> int:
@@ -84,6 +115,7 @@ def _run_generate(args) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
+    from onekernel.cli_progress import GenerateProgress
     from onekernel.models.load import load_model
     from onekernel.runtime.generate import generate
     from onekernel.runtime.sampling import SamplingParams
@@ -104,7 +136,7 @@ def _run_generate(args) -> int:
             mode = "reference"
             if not has_cuda:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
-    # Cheap checks before the model loads (the rest, which needs the tokenizer, runs in generate()).
+    # Cheap checks before the model loads (the prompt checks, which need the tokenizer, come next).
     from onekernel.exec import check_device
     from onekernel.ops.tiling import MAX_BATCH
     if len(prompts) > MAX_BATCH:
@@ -117,21 +149,40 @@ def _run_generate(args) -> int:
     if mode != "reference":
         check_device(mode, torch.device(device), args.interpret)
     dtype = getattr(torch, DTYPES[args.dtype] or ("bfloat16" if device == "cuda" else "float32"))
-    model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
 
     stream = not args.json and len(prompts) == 1
     pending_note = [note] if note else []  # printed with the first token: bad input stays one error line
+    with GenerateProgress(prompts, args.max_new_tokens, compile_note=mode != "reference" and not args.interpret,
+                          enabled=not args.quiet and sys.stderr is not None) as progress:
+        progress.phase("checking the prompts")
+        _early_prompt_check(args, prompts)
+        progress.phase("loading the model")
+        model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device,
+                           seed=args.seed)
+        progress.phase("prefill")
 
-    def on_token(i: int, token: int, piece: str) -> None:
-        if pending_note:
-            print(pending_note.pop(), file=sys.stderr)
-        if stream and piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        eos, counts = set() if args.ignore_eos else model.tokenizer.eos_token_ids, [0] * len(prompts)
 
-    res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
-                   chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
-                   ignore_eos=args.ignore_eos)
+        def on_token(i: int, token: int, piece: str) -> None:
+            if pending_note:
+                progress.note(pending_note.pop())
+            counts[i] += 1
+            progress.token(i, done=token in eos or counts[i] == args.max_new_tokens)  # generate's stop rule
+            if stream and piece:
+                if sys.stdout.isatty():
+                    progress.release_terminal()  # the text itself shows the progress on this terminal
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+
+        res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
+                       chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
+                       ignore_eos=args.ignore_eos)
+    _print_result(args, prompts, model, res, stream)
+    return 0
+
+
+def _print_result(args, prompts, model, res, stream: bool) -> None:
+    """The JSON record, or the texts (unless streamed) and the stats line, on stdout."""
     t = res.timings
     if args.json:
         record = {"model": str(model.source), "mode": res.mode, "device": res.device, "dtype": res.dtype,
@@ -141,7 +192,7 @@ def _run_generate(args) -> int:
                   "timings": {"prefill_ms": t.prefill_ms, "decode_ms_per_step": t.decode_ms_per_step,
                               "decode_steps": t.decode_steps, "total_ms": t.total_ms}}
         print(json.dumps(record))
-        return 0
+        return
     if stream:
         print()
     else:
@@ -152,7 +203,6 @@ def _run_generate(args) -> int:
     batch = f", batch {len(prompts)}" if len(prompts) > 1 else ""
     print(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
           f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")
-    return 0
 
 
 # name -> (help, add_arguments, run).
@@ -174,28 +224,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onekernel`` console script. Returns the exit code: 2 for a OneKernelError or a bad
-    argument (one line on stderr), 130 when interrupted, 1 when stdout is closed early (``| head``)."""
+    argument (one line on stderr), 130 when interrupted, 1 when stdout is closed early (``| head``: quietly),
+    closed (``>&-``) or cannot be written (``> /dev/full``: one line on stderr). Nothing but the command's
+    output goes to stdout; with stderr closed (``2>&-``) notes and errors are dropped, the exit code stays."""
     args, extra = build_parser().parse_known_args(argv)
     if extra:  # reported by the subcommand's parser, so the hint names `onekernel COMMAND --help`
         args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if sys.stdout is None:  # started with stdout closed: say so before any work
+        say("onekernel: error: standard output is closed; redirect it to a file or to /dev/null instead")
+        return 1
+    real_stdout, sys.stdout = sys.stdout, CheckedStdout(sys.stdout)
     try:
-        return args._run(args)
+        code = args._run(args)
+        sys.stdout.flush()
+        return code
     except OneKernelError as e:
         try:
             sys.stdout.flush()
-        except BrokenPipeError:
+        except (BrokenPipeError, OutputError):
             pass
-        print(f"onekernel: error: {' '.join(str(e).split())}", file=sys.stderr)  # always one line
+        say(f"onekernel: error: {' '.join(str(e).split())}")  # always one line
         return 2
-    except BrokenPipeError:  # the reader of stdout went away; stop quietly (Python docs, "Note on SIGPIPE")
-        try:  # so that the interpreter's own flush at exit does not fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+    except OutputError as e:
+        say(f"onekernel: error: cannot write to standard output ({e}); redirect it to a file on a disk with "
+             f"space, or to /dev/null")
+        drop_stdout()
+        return 1
+    except BrokenPipeError:  # the reader of stdout went away; stop quietly
+        drop_stdout()
         return 1
     except KeyboardInterrupt:
-        print("\nonekernel: interrupted", file=sys.stderr)
+        say("\nonekernel: interrupted")
         return 130
+    finally:
+        sys.stdout = real_stdout
 
 
 if __name__ == "__main__":

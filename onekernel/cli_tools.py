@@ -11,12 +11,14 @@ from pathlib import Path
 
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
+from onekernel.ops.tiling import MAX_BATCH
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
+def _add_model(p: argparse.ArgumentParser, batch_help: str) -> None:
+    """The options every tool shares; ``batch_help`` is the tool's own wording of --batch."""
     p.add_argument("--model", default=None, metavar="PATH|NAME", help="a .gguf, an HF folder or a config name")
     p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
-    p.add_argument("--batch", default="1", help="batch size (bench: a comma-separated list)")
+    p.add_argument("--batch", default="1", help=batch_help)
     p.add_argument("--context", type=int, default=None,
                    help="KV positions every sequence attends over (default: 512, or the model's context if smaller)")
     p.add_argument("--seed", type=int, default=0)
@@ -40,7 +42,7 @@ def _context(args, cfg) -> int:
 
 
 def _add_graph(p):
-    _add_model(p)
+    _add_model(p, f"batch size the graph is built for (1..{MAX_BATCH})")
     p.add_argument("--workers", type=int, default=132,
                    help="megakernel workers (one per SM): the graph is tiled as the megakernel's, and scheduled")
     p.add_argument("--events", choices=("tile", "op"), default="tile")
@@ -56,7 +58,7 @@ def _run_graph(args) -> int:
     from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph
     from onekernel.models.load import load_model
-    from onekernel.ops.tiling import MAX_BATCH, Tiling
+    from onekernel.ops.tiling import Tiling
 
     batch = _check_int(args.batch, "--batch", 1, MAX_BATCH)
     workers = _check_int(args.workers, "--workers", 1, 4096)
@@ -79,7 +81,7 @@ def _run_graph(args) -> int:
 
 
 def _add_profile(p):
-    _add_model(p)
+    _add_model(p, f"batch size of the profiled step (1..{MAX_BATCH})")
     p.add_argument("--mode", choices=("eager", "graph", "pdl", "megakernel"), default="megakernel")
     p.add_argument("--out", default="profile_out", help="folder for trace.json and timeline.png")
 
@@ -100,7 +102,6 @@ def _run_profile(args) -> int:
 
     from onekernel.profile.trace import breakdown, perfetto, timeline_png
     from onekernel.runtime.kv_cache import KVCache
-    from onekernel.ops.tiling import MAX_BATCH
     from onekernel.runtime.runners import make_step_runner
 
     b = _check_int(args.batch, "--batch", 1, MAX_BATCH)
@@ -131,7 +132,7 @@ BENCH_MODES = ("torch", "torch+graph", "torch+compile", *GPU_MODES)
 
 
 def _add_bench(p):
-    _add_model(p)
+    _add_model(p, f"comma-separated batch sizes, each timed (1..{MAX_BATCH}; e.g. 1,8)")
     p.add_argument("--modes", default=",".join(BENCH_MODES), help=f"comma-separated, of {', '.join(BENCH_MODES)}")
     p.add_argument("--steps", type=int, default=200, help="timed steps per mode (median reported; at least 200 "
                                                            "for published numbers)")
@@ -145,7 +146,6 @@ def _add_bench(p):
 
 def _bench_args(args) -> tuple[list[int], list[str]]:
     """Parse and check --batch, --modes, --steps, --context before anything runs."""
-    from onekernel.ops.tiling import MAX_BATCH
 
     try:
         batches = [int(x) for x in args.batch.split(",")]

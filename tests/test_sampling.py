@@ -72,3 +72,35 @@ def test_generate_with_sampling_is_reproducible():
     a = generate(m, ["hello", "hi"], max_new_tokens=8, sampling=p)
     b = generate(m, ["hello", "hi"], max_new_tokens=8, sampling=p)
     assert [s.generated_ids for s in a.sequences] == [s.generated_ids for s in b.sequences]
+
+
+def test_each_sequence_has_its_own_random_stream():
+    """A sequence's samples depend only on its prompt, seed and sampling parameters: alone, beside another
+    prompt, twice in one batch (both copies) and in another row it gives the same tokens (the generator was
+    once shared by the whole batch, so every one of these differed)."""
+    m = load_model("tiny", random_weights=True)
+    p = SamplingParams(temperature=1.0, seed=7)
+
+    def run(prompts, sampling=p):
+        return [s.generated_ids for s in generate(m, prompts, max_new_tokens=12, sampling=sampling).sequences]
+
+    alone = run(["The cat sat"])[0]
+    assert run(["The cat sat", "Hello there"]) == [alone, run(["Hello there"])[0]]
+    assert run(["The cat sat", "The cat sat"]) == [alone, alone]
+    assert run(["Hello there", "The cat sat"])[1] == alone
+    # one SamplingParams per prompt: each row keeps its own seed and parameters; a greedy row stays greedy
+    other = SamplingParams(temperature=0.7, top_k=20, seed=3)
+    greedy = run(["The cat sat"], SamplingParams())[0]
+    assert run(["The cat sat"] * 3, [p, other, SamplingParams()]) == [alone, run(["The cat sat"], other)[0], greedy]
+    assert alone != greedy  # it really samples
+
+
+def test_per_prompt_sampling_must_match_the_prompts():
+    import pytest
+
+    from onekernel.errors import InputError
+    m = load_model("tiny", random_weights=True)
+    with pytest.raises(InputError, match="one SamplingParams per prompt"):
+        generate(m, ["a", "b"], max_new_tokens=1, sampling=[SamplingParams()])
+    with pytest.raises(InputError, match="SamplingParams"):
+        generate(m, ["a"], max_new_tokens=1, sampling=[0.5])

@@ -3,7 +3,9 @@
 Every mode shares this loop and the KV cache; only the decode step differs. Prefill always runs the PyTorch
 reference (``runtime.reference.prefill``); the decode step comes from
 ``runtime.runners.make_step_runner(mode, model, cache)`` (every mode, "reference" included). After each step the
-loop does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step").
+loop does ``cache.seq_lens += 1`` on the device (docs/DESIGN.md, "KV cache and the step"). The prompts are
+checked and tokenized by ``runtime.prompts``, sampled per sequence by ``runtime.sampling.Sampler`` and
+detokenized for streaming by ``runtime.stream``.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import STEP_MODES, check_device
 from onekernel.ops.tiling import MAX_BATCH
+from onekernel.runtime.args import check_flag, check_int, check_model
 from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.prompts import encode_prompts
 from onekernel.runtime.reference import prefill
 from onekernel.runtime.runners import make_step_runner
-from onekernel.runtime.sampling import SamplingParams, make_generator, sample
+from onekernel.runtime.sampling import Sampler, SamplingParams
+from onekernel.runtime.stream import TextStream
 
 
 @dataclass
@@ -60,74 +65,55 @@ def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     return t.device, t.dtype
 
 
-class _Stream:
-    """Incremental detokenizer: decodes the whole generated list and emits the new suffix; holds back while
-    the text ends in an incomplete UTF-8 sequence (U+FFFD)."""
-
-    def __init__(self, tokenizer, eos: set[int]):
-        self.tok, self.eos, self.ids, self.text = tokenizer, eos, [], ""
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        if token in self.eos:
-            return ""
-        new = self.tok.decode([t for t in self.ids if t not in self.eos])
-        if new.endswith("\ufffd") or not new.startswith(self.text):
-            return ""
-        piece, self.text = new[len(self.text):], new
-        return piece
-
-    def finish(self) -> str:
-        new = self.tok.decode([t for t in self.ids if t not in self.eos])
-        piece = new[len(self.text):] if new.startswith(self.text) else ""
-        self.text = new
-        return piece
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _check_utf8(i: int, prompt) -> None:
-    """InputError when prompt ``i`` (a string or chat messages) holds text that is not valid Unicode, e.g. the
-    lone surrogates Python makes of invalid UTF-8 bytes on a command line; tokenizers fail on them."""
-    for text in [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt]:
-        if isinstance(text, str):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InputError(f"prompt {i} is not valid UTF-8 text (character {e.start} is "
-                                 f"{text[e.start]!r}); pass the prompt as UTF-8") from None
+def _per_prompt(sampling, n: int) -> list[SamplingParams]:
+    """``sampling`` (None, one SamplingParams for every prompt, or a list of one per prompt) as n params."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        return [sampling or SamplingParams()] * n
+    if not isinstance(sampling, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling):
+        raise InputError(f"sampling must be a SamplingParams or a list of one SamplingParams per prompt, got "
+                         f"{sampling!r:.60}")
+    if len(sampling) != n:
+        raise InputError(f"sampling has {len(sampling)} SamplingParams for {n} prompts; pass one SamplingParams "
+                         f"per prompt, or a single one for all of them")
+    return list(sampling)
 
 
 def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int = 32, mode: str = "reference",
-             sampling: SamplingParams | None = None, chat: bool = False,
+             sampling: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
              on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
              interpret: bool = False, ignore_eos: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens for each of 1..MAX_BATCH (16, ops/tiling.py) prompts of
     any lengths.
 
     Args:
-        model: LoadedModel (config, weights, tokenizer, source).
+        model: LoadedModel (config, weights, tokenizer, source), from ``models.load.load_model``.
         prompts: texts (tokenized; with ``chat`` the chat template is applied) or lists of token ids.
         mode: "reference" | "eager" | "graph" | "pdl" | "megakernel".
-        sampling: SamplingParams (default greedy).
+        sampling: SamplingParams for every prompt, or a list of one per prompt (default greedy). Each sequence
+            samples with its own generator seeded with its seed, so its tokens depend only on its prompt, seed
+            and parameters, not on the rest of the batch (``sampling.Sampler``).
         on_token: called as on_token(seq_index, token_id, text_piece) for every new token; the pieces of a
             sequence concatenate to its final text.
         max_seq_len: context limit (default and maximum: cfg.max_seq_len); also the KV-cache length when given.
         interpret: allow GPU-only modes on the CPU through the Triton interpreter (sets TRITON_INTERPRET=1).
         ignore_eos: keep generating past EOS (for benchmarks).
     Raises (all before anything runs):
-        InputError: no prompts, more than MAX_BATCH, an empty prompt, max_new_tokens < 1, an unknown mode,
-            or prompt + max_new_tokens longer than the context.
+        InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), no
+            prompts, more than MAX_BATCH, max_new_tokens < 1, an unknown mode, a sampling list that does not
+            match the prompts, or a prompt ``runtime.prompts.encode_prompts`` refuses (empty, outside the
+            vocabulary, prompt + max_new_tokens longer than the context).
         DeviceError: a GPU-only mode with the model not on a CUDA device and ``interpret`` False.
     """
     t_start = time.perf_counter()
+    check_model(model)
     cfg, tok = model.config, model.tokenizer
-    sampling = sampling or SamplingParams()
-    if not isinstance(sampling, SamplingParams):
-        raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    for name, flag in (("chat", chat), ("interpret", interpret), ("ignore_eos", ignore_eos)):
+        check_flag(name, flag)
     if isinstance(prompts, str):  # one prompt, not a sequence of one-character prompts
         prompts = [prompts]
     if prompts is not None and not isinstance(prompts, (list, tuple)):
@@ -136,15 +122,15 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     if on_token is not None and not callable(on_token):
         raise InputError(f"on_token must be a function on_token(seq_index, token_id, text_piece), got "
                          f"{type(on_token).__name__}")
-    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool)):
-        raise InputError(f"max_seq_len (--max-seq-len) must be an integer, got {max_seq_len!r}")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise InputError(f"max_new_tokens (--max-new-tokens) must be an integer, got {max_new_tokens!r}")
+    if max_seq_len is not None:
+        check_int("max_seq_len (--max-seq-len)", max_seq_len)
+    check_int("max_new_tokens (--max-new-tokens)", max_new_tokens)
     if not prompts:
         raise InputError("no prompt given; pass at least one prompt")
     if len(prompts) > MAX_BATCH:
         raise InputError(f"{len(prompts)} prompts were given, but the batch limit is {MAX_BATCH}; "
                          f"split them into runs of at most {MAX_BATCH}")
+    params = _per_prompt(sampling, len(prompts))
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
     if mode not in STEP_MODES:
@@ -154,45 +140,16 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         os.environ.setdefault("TRITON_INTERPRET", "1")  # takes effect only if triton is not imported yet
     if mode != "reference":
         check_device(mode, device, interpret)
-    ctx = cfg.max_seq_len
-    if max_seq_len is not None:
-        if not 1 <= max_seq_len <= cfg.max_seq_len:
-            raise InputError(f"max_seq_len (--max-seq-len) must be between 1 and the model's context of {cfg.max_seq_len}, "
-                             f"got {max_seq_len}")
-        ctx = max_seq_len
-    ids = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str) or (chat and p and all(isinstance(m, dict) for m in p)):
-            _check_utf8(i, p)
-            p = tok.chat(p) if chat else tok.encode(p)
-        try:
-            if any(isinstance(t, float) for t in p):
-                raise TypeError("token ids are integers")
-            p = [int(t) for t in p]
-        except (TypeError, ValueError):
-            raise InputError(f"prompt {i} must be a string or a list of token ids (a list of chat messages "
-                             f"needs chat=True)") from None
-        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise InputError(f"prompt {i} has token ids outside the model's vocabulary [0, {cfg.vocab_size}): "
-                             f"{bad[:5]}; the tokenizer does not match the model")
-        if not p:
-            raise InputError(f"prompt {i} is empty; every prompt needs at least one token")
-        if len(p) + max_new_tokens > ctx:
-            raise InputError(f"prompt {i} has {len(p)} token{'s' * (len(p) != 1)}; with max_new_tokens="
-                             f"{max_new_tokens} it needs {len(p) + max_new_tokens} positions, over the context of "
-                             f"{ctx}; shorten the prompt or lower --max-new-tokens"
-                             + (f", or raise --max-seq-len (up to {cfg.max_seq_len})" if ctx < cfg.max_seq_len
-                                else ""))
-        ids.append(p)
+    ids = encode_prompts(tok, prompts, chat=chat, max_new_tokens=max_new_tokens, model_context=cfg.max_seq_len,
+                         max_seq_len=max_seq_len, vocab_size=cfg.vocab_size)
 
     B = len(ids)
     cache = KVCache(cfg, B, max_seq_len or max(map(len, ids)) + max_new_tokens, dtype, device)
     runner = make_step_runner(mode, model, cache, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
-    streams = [_Stream(tok, eos) for _ in range(B)]
+    streams = [TextStream(tok, eos) for _ in range(B)]
     done = [False] * B
-    gen = make_generator(sampling, device)
+    sampler = Sampler(params, device)
 
     def emit_step(slot: int) -> None:
         """Wait for the step whose tokens went to host[slot], check the runner for an error of that step (a
@@ -221,7 +178,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     logits = prefill(model, cache, ids)
     _sync(device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
-    tokens = sample(logits, sampling, gen)
+    tokens = sampler(logits)
     emit(tokens)
     # Pipelined: step k+1 is queued on the device before the host waits for step k's tokens (the next step's
     # input never leaves the device), so detokenizing, streaming and the launch overlap the GPU. The tokens
@@ -235,7 +192,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     while not all(done):
         logits, greedy = runner.step(tokens)
         cache.seq_lens += 1
-        tokens = (greedy if sampling.greedy else sample(logits, sampling, gen)).clone()  # the runner reuses greedy
+        tokens = greedy.clone() if sampler.greedy else sampler(logits, greedy)  # the runner reuses greedy
         host[k % 2].copy_(tokens, non_blocking=pinned)
         if pinned:
             events[k % 2].record()

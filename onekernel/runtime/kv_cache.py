@@ -12,6 +12,10 @@ from __future__ import annotations
 import torch
 
 from onekernel.errors import InputError
+from onekernel.models.config import ModelConfig
+from onekernel.runtime.args import as_device, check_int
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class KVCache:
@@ -19,16 +23,24 @@ class KVCache:
 
     Args:
         cfg: a ``ModelConfig`` (uses n_layers, n_kv_heads, head_dim).
-        batch: number of sequences B (>= 1).
-        max_seq_len: S, tokens per sequence the cache can hold (>= 1).
-        dtype: dtype of k and v (the model dtype).
-        device: torch device for all tensors.
+        batch: number of sequences B (an int >= 1).
+        max_seq_len: S, tokens per sequence the cache can hold (an int >= 1).
+        dtype: dtype of k and v (the model dtype: torch.float32, float16 or bfloat16).
+        device: torch device for all tensors ("cpu", "cuda" or "cuda:N").
     Raises:
-        InputError: batch or max_seq_len < 1.
+        InputError: an argument of the wrong kind, or batch or max_seq_len < 1.
     """
 
     def __init__(self, cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
+        if not isinstance(cfg, ModelConfig):
+            raise InputError(f"cfg must be a ModelConfig (model.config, or models.config.get_config(name)), got "
+                             f"{type(cfg).__name__} {cfg!r:.40}")
+        check_int("batch", batch)
+        check_int("max_seq_len", max_seq_len)
+        if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
+            raise InputError(f"dtype must be a torch.dtype, one of {', '.join(map(str, DTYPES))}; got {dtype!r:.40}")
+        device = as_device("device", device)
         if batch < 1 or max_seq_len < 1:
             raise InputError(f"KV cache needs batch >= 1 and max_seq_len >= 1, got batch={batch}, "
                              f"max_seq_len={max_seq_len}")

@@ -11,10 +11,27 @@ Every runner has ``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens
 """
 from __future__ import annotations
 
-from onekernel.exec import DEFAULT_TILING, check_device, make_runner, sm_count
+from onekernel.errors import InputError
+from onekernel.exec import DEFAULT_TILING, STEP_MODES, check_device, make_runner, sm_count
 from onekernel.models.decode_graph import build_decode_step
 from onekernel.ops.tiling import Tiling
+from onekernel.runtime.args import check_flag, check_model
+from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import ReferenceRunner
+
+
+def _check_cache(model, cache) -> None:
+    """InputError unless ``cache`` is a KVCache for ``model``'s config, dtype and device."""
+    if not isinstance(cache, KVCache):
+        raise InputError(f"cache must be a KVCache (onekernel.runtime.kv_cache.KVCache(model.config, batch, "
+                         f"max_seq_len, dtype, device)), got {type(cache).__name__}")
+    w = model.weights["tok_embeddings"]
+    if cache.cfg != model.config:
+        raise InputError(f"cache is for the model config {cache.cfg.name!r}, not {model.config.name!r}; build it "
+                         f"with KVCache(model.config, ...)")
+    if (cache.dtype, cache.device) != (w.dtype, w.device):
+        raise InputError(f"cache holds {cache.dtype} on {cache.device} but the model's weights are {w.dtype} on "
+                         f"{w.device}; build the cache with the model's dtype and device")
 
 
 def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles: str | None = None,
@@ -25,8 +42,15 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
     the cache's device); fuse_merge: see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
     the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
-    Raises InputError (unknown mode or option value), DeviceError (a Triton mode without a GPU),
+    Raises InputError (unknown mode or option value; model not a LoadedModel; cache not a KVCache of the model's
+    config, dtype and device; a flag not a bool), DeviceError (a Triton mode without a GPU),
     UnsupportedModelError (a model the kernels can't run)."""
+    if mode not in STEP_MODES:
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
+    check_model(model)
+    _check_cache(model, cache)
+    check_flag("interpret", interpret)
+    check_flag("fuse_merge", fuse_merge)
     if mode == "reference":
         return ReferenceRunner(model, cache)
     check_device(mode, cache.k.device, interpret)

@@ -1,4 +1,8 @@
-"""Token sampling: greedy, temperature, top-k, top-p (nucleus), with a seeded generator for reproducibility.
+"""Token sampling: greedy, temperature, top-k, top-p (nucleus), with a seeded generator per sequence.
+
+``Sampler`` samples each sequence's row with that sequence's own parameters and its own generator (seeded with
+its seed), so a sequence's tokens depend only on its logits, seed and parameters, never on what else is in the
+batch or on its row (as serving engines do, e.g. vLLM's per-request generators).
 
 Semantics and order follow HF transformers' logits warpers: temperature, then TopKLogitsWarper, then
 TopPLogitsWarper (sort ascending, drop tokens while the cumulative probability is <= 1 - top_p, always keep
@@ -66,7 +70,8 @@ def top_p_filter(scores: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row.
+    """Pick one token per row, every row with ``params`` and drawing from the one ``generator`` (so a row's
+    draw depends on the rows before it: ``Sampler`` calls this per sequence with [1, V] logits).
 
     Args:
         logits: float32 [B, V].
@@ -84,3 +89,25 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         scores = top_p_filter(scores, params.top_p)
     probs = scores.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0].to(torch.int32)
+
+
+class Sampler:
+    """Per-sequence sampling for a batch: row b uses ``params[b]`` and its own generator on ``device``, seeded
+    with ``params[b].seed`` (greedy rows need none). Calling it on logits float32 [B, V] (and optionally the
+    runner's greedy tokens int32 [B], used for the greedy rows) returns new int32 [B] tokens on the device,
+    without a host sync. ``greedy``: every row is greedy (the caller then uses the runner's argmax as is)."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device | str):
+        self.params = list(params)
+        self.generators = [None if p.greedy else make_generator(p, device) for p in self.params]
+        self.sampled = [b for b, p in enumerate(self.params) if not p.greedy]
+
+    @property
+    def greedy(self) -> bool:
+        return not self.sampled
+
+    def __call__(self, logits: torch.Tensor, greedy: torch.Tensor | None = None) -> torch.Tensor:
+        tokens = greedy.clone() if greedy is not None else logits.argmax(dim=-1).to(torch.int32)
+        for b in self.sampled:
+            tokens[b] = sample(logits[b:b + 1], self.params[b], self.generators[b])[0]
+        return tokens

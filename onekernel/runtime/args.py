@@ -1,0 +1,40 @@
+"""Argument kind checks shared by the runtime's public entry points (``generate``, ``make_step_runner``,
+``KVCache``): each raises an InputError naming the argument, what it got and what it takes."""
+from __future__ import annotations
+
+import torch
+
+from onekernel.errors import InputError
+
+
+def check_model(model) -> None:
+    """InputError unless ``model`` is a ``models.load.LoadedModel`` (what ``load_model`` returns)."""
+    from onekernel.models.load import LoadedModel
+    if not isinstance(model, LoadedModel):
+        raise InputError(f"model must be a LoadedModel, got {type(model).__name__} {model!r:.40}; load it first "
+                         f"with onekernel.models.load.load_model (e.g. load_model() for the default model, "
+                         f"load_model(path), or load_model('tiny', random_weights=True))")
+
+
+def check_flag(name: str, value) -> None:
+    """InputError unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False, got {value!r:.40}")
+
+
+def check_int(name: str, value) -> int:
+    """``value`` if it is an int (not a bool), else InputError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(f"{name} must be an integer, got {value!r:.40}")
+    return value
+
+
+def as_device(name: str, value) -> torch.device:
+    """``value`` (a str or torch.device) as a cpu or cuda torch.device, else InputError naming ``name``."""
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise InputError(f"{name} {value!r:.40} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
+    return dev
