@@ -86,38 +86,15 @@ def _collect_prompts(args) -> list[str]:
     return prompts
 
 
-# Tokens a chat template and special tokens may add to a prompt's own (SmolLM2's template with its default system
-# prompt adds ~40); a prompt's own tokens are at most its UTF-8 bytes (every BPE token holds a byte or more).
-TEMPLATE_TOKENS = 256
-
-
-def _early_prompt_check(args, prompts) -> None:
-    """Before the weights load: the prompt checks of ``generate`` (``runtime.prompts``, their one home) on the
-    model's tokenizer and context length (``models.meta``). A prompt whose UTF-8 bytes + TEMPLATE_TOKENS +
-    --max-new-tokens fit the context fits, so the tokenizer (seconds from a GGUF file, and load_model builds
-    its own) is only built here when a prompt may not fit; ``generate`` checks the prompts again either way."""
-    from onekernel.models.meta import prompt_limits
-    from onekernel.runtime.prompts import context_limit, encode_prompts
-
-    limits = prompt_limits(args.model, args.random_weights)
-    if limits is None:
-        return
-    model_context, tokenizer = limits
-    ctx = context_limit(model_context, args.max_seq_len)
-    if all(len(p.encode("utf-8", "surrogatepass")) + TEMPLATE_TOKENS + args.max_new_tokens <= ctx for p in prompts):
-        return
-    encode_prompts(tokenizer(), prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                   model_context=model_context, max_seq_len=args.max_seq_len)
-
-
 def _run_generate(args) -> int:
     if args.interpret:  # before anything imports triton, which reads it at import time
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     from onekernel.cli_progress import GenerateProgress
-    from onekernel.models.load import load_model
+    from onekernel.models.load import check_load_args, open_model
     from onekernel.runtime.generate import generate
+    from onekernel.runtime.prompts import encode_prompts
     from onekernel.runtime.sampling import SamplingParams
 
     prompts = _collect_prompts(args)
@@ -136,7 +113,7 @@ def _run_generate(args) -> int:
             mode = "reference"
             if not has_cuda:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
-    # Cheap checks before the model loads (the prompt checks, which need the tokenizer, come next).
+    # Cheap checks before the model's files are read (the prompt checks, which need the tokenizer, come next).
     from onekernel.exec import check_device
     from onekernel.ops.tiling import MAX_BATCH
     if len(prompts) > MAX_BATCH:
@@ -154,11 +131,15 @@ def _run_generate(args) -> int:
     pending_note = [note] if note else []  # printed with the first token: bad input stays one error line
     with GenerateProgress(prompts, args.max_new_tokens, compile_note=mode != "reference" and not args.interpret,
                           enabled=not args.quiet and sys.stderr is not None) as progress:
-        progress.phase("checking the prompts")
-        _early_prompt_check(args, prompts)
-        progress.phase("loading the model")
-        model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device,
-                           seed=args.seed)
+        check_load_args(args.random_weights, dtype, device, args.seed)
+        progress.phase("reading the model's config and tokenizer")
+        files = open_model(args.model, random_weights=args.random_weights)
+        # the prompt checks (their one home: runtime.prompts) before the weights load, which takes the most time
+        encode_prompts(files.tokenizer, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                       model_context=files.config.max_seq_len, max_seq_len=args.max_seq_len,
+                       vocab_size=files.config.vocab_size)
+        progress.phase("loading the weights")
+        model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
         progress.phase("prefill")
 
         eos, counts = set() if args.ignore_eos else model.tokenizer.eos_token_ids, [0] * len(prompts)

@@ -113,51 +113,17 @@ def test_progress_says_kernels_compile_when_the_first_step_is_slow():
 
 
 def test_prompt_too_long_is_found_before_the_weights_load(monkeypatch, capsys):
-    """The context check runs on the tokenizer and the context length before load_model (27 s on the default
-    model): for a config name and for the default GGUF."""
+    """The context check runs on the tokenizer and config that ``open_model`` reads, before
+    ``ModelFiles.load`` reads the weights: for a config name and for the default GGUF."""
     from onekernel import cli_progress
+    from onekernel.models.load import ModelFiles
     monkeypatch.setattr(cli_progress, "DELAY_S", 600.0)  # the GGUF tokenizer takes seconds: no status line
-    monkeypatch.setattr("onekernel.models.load.load_model", lambda *a, **k: pytest.fail("the weights loaded"))
+    monkeypatch.setattr(ModelFiles, "load", lambda *a, **k: pytest.fail("the weights loaded"))
     for argv in (["--model", "tiny", "--random-weights", "--prompt", "x" * 300],
                  ["--prompt", "hello " * 9000]):
         assert cli.main(["generate", *argv, "--max-new-tokens", "4"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "over the context of" in err and "shorten the prompt" in err, err
-
-
-def test_gguf_header_reads_the_metadata_without_the_tensors(tmp_path):
-    import gguf
-    import numpy as np
-
-    from onekernel.models.meta import gguf_header
-    path = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(777)
-    w.add_token_list([f"t{i}" for i in range(300)])
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_string("general.name", "m")
-    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    meta = gguf_header(path)
-    want = {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items()
-            if not k.startswith("GGUF.") and k != "tokenizer.ggml.tokens"}
-    assert meta == pytest.approx(want) and meta["llama.context_length"] == 777
-    path.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
-    assert gguf_header(path) is None  # anything it cannot parse is left to the loader to report
-
-
-def test_a_short_prompt_does_not_build_the_tokenizer_twice(monkeypatch, capsys):
-    """The early check builds a GGUF's tokenizer (seconds; load_model builds its own) only for a prompt that
-    may not fit: a short one goes straight to load_model."""
-    from onekernel.errors import InputError
-    from onekernel.models.tokenizer import Tokenizer
-
-    def reached(*a, **k):
-        raise InputError("reached load_model")
-    monkeypatch.setattr("onekernel.models.load.load_model", reached)
-    monkeypatch.setattr(Tokenizer, "from_gguf", lambda *a: pytest.fail("tokenizer built before load_model"))
-    assert cli.main(["generate", "--prompt", "hi", "--quiet"]) == 2
-    assert "reached load_model" in capsys.readouterr().err
 
 
 def test_cli_seed_gives_each_sequence_the_same_stream(capsys):

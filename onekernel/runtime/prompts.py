@@ -1,6 +1,7 @@
 """The one home of the prompt checks: prompts -> token ids, each checked against the vocabulary and the
-context. ``generate`` calls it; the CLI calls it too before the weights load (``models.meta``), so a prompt too
-long for the context is reported within seconds instead of after the model has loaded."""
+context. ``generate`` calls it; the CLI calls it too between reading the model's config and tokenizer and loading
+its weights (``models.load.open_model``), so a prompt too long for the context is reported before the weights
+load."""
 from __future__ import annotations
 
 from onekernel.errors import InputError
