@@ -113,6 +113,8 @@ def _run_generate(args) -> int:
             mode = "reference"
             if not has_cuda:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
+    if args.interpret and mode in ("graph", "pdl"):
+        note = f"note: the Triton interpreter has no CUDA graphs or PDL: --mode {mode} runs the eager launches"
     # Cheap checks before the model's files are read (the prompt checks, which need the tokenizer, come next).
     from onekernel.exec import check_device
     from onekernel.ops.tiling import MAX_BATCH

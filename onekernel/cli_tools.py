@@ -14,14 +14,16 @@ from onekernel.exec import MODES as GPU_MODES
 from onekernel.ops.tiling import MAX_BATCH
 
 
-def _add_model(p: argparse.ArgumentParser, batch_help: str) -> None:
-    """The options every tool shares; ``batch_help`` is the tool's own wording of --batch."""
+def _add_model(p: argparse.ArgumentParser, batch_help: str, weights: bool = True) -> None:
+    """The options every tool shares; ``batch_help`` is the tool's own wording of --batch; ``weights``: the tool
+    loads weights (--random-weights, --seed)."""
     p.add_argument("--model", default=None, metavar="PATH|NAME", help="a .gguf, an HF folder or a config name")
-    p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
+    if weights:
+        p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--batch", default="1", help=batch_help)
     p.add_argument("--context", type=int, default=None,
                    help="KV positions every sequence attends over (default: 512, or the model's context if smaller)")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def _check_int(value, flag: str, lo: int, hi: int) -> int:
@@ -42,7 +44,7 @@ def _context(args, cfg) -> int:
 
 
 def _add_graph(p):
-    _add_model(p, f"batch size the graph is built for (1..{MAX_BATCH})")
+    _add_model(p, f"batch size the graph is built for (1..{MAX_BATCH})", weights=False)
     p.add_argument("--workers", type=int, default=132,
                    help="megakernel workers (one per SM): the graph is tiled as the megakernel's, and scheduled")
     p.add_argument("--events", choices=("tile", "op"), default="tile")
@@ -55,18 +57,13 @@ def _run_graph(args) -> int:
     from onekernel.graph.deps import transitive_reduction
     from onekernel.graph.schedule import critical_path_list, validate
     from onekernel.exec import DEFAULT_TILING
-    from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph
-    from onekernel.models.load import load_model
+    from onekernel.models.load import open_model
     from onekernel.ops.tiling import Tiling
 
     batch = _check_int(args.batch, "--batch", 1, MAX_BATCH)
     workers = _check_int(args.workers, "--workers", 1, 4096)
-    m = args.model
-    if m is None or Path(m).exists() or m.endswith(".gguf") or "/" in m:
-        cfg = load_model(m, random_weights=True).config  # config + tokenizer; weights are not used
-    else:
-        cfg = get_config(m)
+    cfg = open_model(args.model, random_weights=True).config  # the config only: no weights are read
     g, _, _ = decode_graph(cfg, batch, _context(args, cfg), torch.bfloat16,
                            tiling=Tiling(workers, DEFAULT_TILING["megakernel"]))
     deps = transitive_reduction(derive_dependencies(g))

@@ -60,3 +60,10 @@ def test_dtype_spellings(capsys):
         main(TINY + ["--prompt", "hi", "--dtype", "float64"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "invalid choice: 'float64'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_interpret_notes_that_graph_and_pdl_run_eagerly(capsys):
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2", "--interpret", "--mode", "pdl", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "no CUDA graphs or PDL: --mode pdl runs the eager launches" in cap.err
+    assert json.loads(cap.out)["mode"] == "pdl"

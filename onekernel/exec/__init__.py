@@ -1,8 +1,8 @@
 """Executors: every mode runs the same bound decode step (``graph.step.BoundStep``) and the same tile functions.
 
 ``make_runner(mode, step, interpret=False, **options)`` returns a runner with
-``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens int32 [B])`` and ``check()`` (raise a pending
-device-side error; see ``exec.base.StepRunner``).
+``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens int32 [B])``, ``check()`` and ``poll()`` (raise
+a pending device-side error, waiting for the queued steps or not; see ``exec.base.StepRunner``).
 
 Modes: ``eager`` (one Triton launch per op), ``graph`` (CUDA-graph replay), ``pdl`` (programmatic dependent
 launch inside a CUDA graph), ``megakernel`` (one persistent kernel). The PyTorch ``reference`` mode is not an
@@ -10,8 +10,6 @@ executor of the graph: ``runtime.runners.make_step_runner`` dispatches it. An ex
 ``ops/`` only: it never knows which model it runs.
 """
 from __future__ import annotations
-
-import os
 
 from onekernel.errors import DeviceError, InputError
 
@@ -28,16 +26,19 @@ def check_device(mode: str, device, interpret: bool = False) -> None:
     imported: the CLI sets it for --interpret)."""
     import torch
 
+    from onekernel.ops.base import INTERPRETED
+
     if mode not in MODES:
-        raise InputError(f"unknown mode {mode!r}; choose one of reference, {', '.join(MODES)}")
+        raise InputError(f"{mode!r} is not a Triton mode; choose one of {', '.join(MODES)} (the reference mode "
+                         "runs through onekernel.runtime.runners.make_step_runner)")
     if torch.device(device).type != "cuda" and not interpret:
         raise DeviceError(f"mode {mode!r} runs Triton kernels on a CUDA GPU, but the model is on "
                           f"{torch.device(device).type} (GPU available: {torch.cuda.is_available()}); use --mode "
                           f"reference, or --interpret to run the kernels in the Triton interpreter on the CPU "
                           f"(slow; use fp32)")
-    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DeviceError("--interpret needs TRITON_INTERPRET=1 set before Triton is imported; the CLI sets it "
-                          "when you pass --interpret")
+    if interpret and not INTERPRETED:
+        raise DeviceError("interpret=True needs TRITON_INTERPRET=1 in the environment before onekernel is imported "
+                          "(Triton reads it when the kernels are defined); the CLI sets it for --interpret")
 
 
 def sm_count(device) -> int:
@@ -50,13 +51,27 @@ def sm_count(device) -> int:
 
 def make_runner(mode: str, step, *, interpret: bool = False, **options):
     """The runner of ``mode`` over ``step`` (a BoundStep). options: the runner's keyword options (see each
-    runner class). Raises InputError / DeviceError as ``check_device``."""
-    check_device(mode, step.device, interpret)
-    if mode == "megakernel":
-        from onekernel.exec.megakernel import MegakernelRunner
-        return MegakernelRunner(step, interpret=interpret, **options)
+    runner class). Raises InputError for an option the mode does not take (naming the ones it does), and as
+    ``check_device``."""
+    import inspect
+
     from onekernel.exec.kernels import CudaGraphRunner, EagerRunner, PdlRunner
-    cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner}[mode]
-    if interpret and mode == "pdl":
-        cls = EagerRunner  # the interpreter has no PDL: run the same launches without it
+    from onekernel.exec.megakernel import MegakernelRunner
+    from onekernel.graph.step import BoundStep
+
+    check_device(mode, step.device if isinstance(step, BoundStep) else "cpu", interpret)
+    if not isinstance(step, BoundStep):
+        raise InputError(f"step must be a BoundStep (onekernel.models.decode_graph.build_decode_step), got "
+                         f"{type(step).__name__}")
+    cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
+    takes = [p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(c.__init__).parameters
+             if p not in ("self", "step", "args", "kw")]
+    bad = sorted(set(options) - set(takes))
+    if bad:
+        raise InputError(f"mode {mode!r} has no option {', '.join(bad)}; its options are {', '.join(sorted(set(takes)))}")
+    if mode == "megakernel":
+        return cls(step, interpret=interpret, **options)
+    if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
+        options.pop("use_cuda_graph", None)
+        cls = EagerRunner
     return cls(step, **options)

@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from onekernel.errors import InputError
 from onekernel.graph.step import BoundStep
 
 
@@ -36,6 +37,9 @@ class StepRunner:
     mode = "base"
 
     def __init__(self, step: BoundStep, *, profile: bool = False):
+        if profile and step.device.type != "cuda":
+            raise InputError("profile=True reads the GPU's timers (globaltimer, SM id); it needs a CUDA device, "
+                             "not the Triton interpreter")
         self.bound = step
         self.profile = profile
         self.prof = (torch.zeros(len(step.graph.tasks), 4, dtype=torch.int64, device=step.device)

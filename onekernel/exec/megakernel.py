@@ -69,16 +69,24 @@ class MegakernelRunner(StepRunner):
                  num_warps: int | None = None, check_every: int = 0):
         dev = step.device
         self.interpret = interpret
+        if profile and (interpret or dev.type != "cuda"):
+            raise InputError("profile=True reads the GPU's timers (globaltimer, SM id); it needs a CUDA device, "
+                             "not the Triton interpreter")
         if interpret:
-            n_workers, prefetch, profile = 1, False, False
+            n_workers, prefetch = 1, False
         elif n_workers is None:
             n_workers = torch.cuda.get_device_properties(dev).multi_processor_count
         if policy not in POLICIES:
             raise InputError(f"unknown schedule policy {policy!r}; choose from {sorted(POLICIES)}")
         if events not in ("tile", "op"):
             raise InputError(f"unknown events {events!r}; choose 'tile' (per group of producer tiles) or 'op'")
-        if not isinstance(check_every, int) or check_every < 0:
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 0:
             raise InputError(f"check_every must be an int >= 0 (steps between error-word reads), got {check_every!r}")
+        if spin_limit is not None and (not isinstance(spin_limit, int) or isinstance(spin_limit, bool)
+                                       or spin_limit < 1):
+            raise InputError(f"spin_limit must be an int >= 1 (polls before a wait gives up), got {spin_limit!r}")
+        if num_warps not in (None, 4, 8, 16):
+            raise InputError(f"num_warps must be 4, 8 or 16 (warps per worker), got {num_warps!r}")
         super().__init__(step, profile=profile)
         g = self.graph
         self.deps = transitive_reduction(derive_dependencies(g))
@@ -87,7 +95,7 @@ class MegakernelRunner(StepRunner):
         validate(self.schedule, g, self.deps)
         self.n_workers, self.prefetch, self.policy, self.event_mode = self.schedule.n_workers, prefetch, policy, events
         self.spin_limit = spin_limit or (1 << 16 if interpret else 1 << 26)
-        self.check_every, self._steps = check_every, 0
+        self.check_every, self._steps, self._failed = check_every, 0, None
 
         # Variants (compiled tile-function branches) and the device tables.
         self.variants, vid, self.op_var = [], {}, []
@@ -177,6 +185,9 @@ class MegakernelRunner(StepRunner):
         mk_device.megakernel[(self.n_workers,)](*self._args(), **self._kw())
 
     def _run(self, moved: bool) -> None:
+        if self._failed:
+            raise KernelTimeoutError(f"{self._failed}; this runner's counters are inconsistent after the timeout: "
+                                     "build a new runner")
         if moved:
             self._write_addresses()  # the kernel reads addresses from argtab at run time: graphs stay valid
         if not self.use_cuda_graph:
@@ -215,7 +226,8 @@ class MegakernelRunner(StepRunner):
             task = self.graph.tasks[t]
             op = self.graph.ops[task.op]
             producers = [self.graph.ops[self.graph.tasks[p].op].name for p in self.events.producers[e][:3]]
-            raise KernelTimeoutError(
+            self._failed = (
                 f"megakernel: task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile}) waited on event {e} "
                 f"(producers: {producers}...) and saw count {seen} < expected {want} after {self.spin_limit} "
                 f"spins; the schedule, the events or a producer is wrong (or workers were not co-resident)")
+            raise KernelTimeoutError(self._failed)

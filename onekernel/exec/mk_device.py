@@ -9,7 +9,7 @@ constants) is generated (``exec.megakernel_src``); the loop receives it as a con
     CTA barrier; one release atomic add on the task's event (gpu scope)
 
 The epoch is read once at entry; the last worker to finish increments it, so CUDA-graph replays and
-back-to-back launches need no reset of any counter (docs/DESIGN.md, "Tasks and dependencies"). Pointers are
+back-to-back launches need no reset of any counter (../shared/DESIGN.md, "Tasks and dependencies"). Pointers are
 rebuilt from a per-dtype base argument and offsets in 16-byte units (``argtab[op, slot]``).
 """
 from __future__ import annotations

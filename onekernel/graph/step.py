@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from onekernel.errors import InputError
 from onekernel.graph.ir import Graph
 
 
@@ -45,10 +46,19 @@ class BoundStep:
         return self.tensors[self.tokens].device
 
     def repoint(self) -> bool:
-        """Rebind the caller-owned views if any moved since the last call; True when they did."""
+        """Rebind the caller-owned views if any moved since the last call; True when they did. Raises
+        InputError (binding nothing) when a moved tensor no longer has its buffer's shape, dtype or device."""
         key = self.external_key()
         if key == self._key:
             return False
-        self.tensors.update(self.external())
+        new = self.external()
+        dev = self.device
+        for name, t in new.items():
+            b = self.graph.buffers[name]
+            if tuple(t.shape) != b.shape or t.dtype != b.dtype or t.device != dev:
+                raise InputError(f"{name!r} was replaced by a {tuple(t.shape)} {t.dtype} tensor on {t.device}, but "
+                                 f"the step was built for {b.shape} {b.dtype} on {dev}; build a new runner for "
+                                 f"a cache of another shape, dtype or device")
+        self.tensors.update(new)
         self._key = key
         return True

@@ -155,6 +155,8 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
     ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
     write shows. Raises InputError (a missing weight, a cache or weight of the wrong shape),
     UnsupportedModelError (see ``check_supported``)."""
+    if not isinstance(tiling, Tiling):
+        raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
     L, B, HKV, S, HD = cache.k.shape
     if (L, HKV, HD) != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim):
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "

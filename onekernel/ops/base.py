@@ -12,7 +12,7 @@ computes: they only call its Triton tile functions through generated wrappers (`
 * ``consts`` are ``tl.constexpr`` parameters, in order, taken from ``Op.params``.
 * ``n_state`` is the number of values the prologue returns (>= 1); they are passed to the body in order.
 * Activation loads inside ``body`` use ``cache_modifier=".cg"`` so that data written by another CTA of the
-  same persistent kernel is never served from a stale L1 line (DESIGN.md, "Tasks and dependencies").
+  same persistent kernel is never served from a stale L1 line (../shared/DESIGN.md, "Tasks and dependencies").
 * ``reference(op, tensors)`` computes the same outputs with PyTorch (``tensors``: buffer name -> tensor).
 
 An op file's builder (``add_<op>(graph, name, <input Buffers>, *, <options>) -> <output Buffer(s)>``) declares
@@ -23,7 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import os
+
 import torch
+
+# Whether the tile functions were defined for the Triton interpreter: Triton reads TRITON_INTERPRET when a
+# kernel is defined (here, when the op modules are imported, which import this one first), not when it runs.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @dataclass(frozen=True)

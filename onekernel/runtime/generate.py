@@ -9,7 +9,6 @@ detokenized for streaming by ``runtime.stream``.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -100,7 +99,8 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         on_token: called as on_token(seq_index, token_id, text_piece) for every new token; the pieces of a
             sequence concatenate to its final text.
         max_seq_len: context limit (default and maximum: cfg.max_seq_len); also the KV-cache length when given.
-        interpret: allow GPU-only modes on the CPU through the Triton interpreter (sets TRITON_INTERPRET=1).
+        interpret: run a Triton mode on the CPU in the Triton interpreter; TRITON_INTERPRET=1 must be set
+            before onekernel is imported (Triton reads it when a kernel is defined; the CLI sets it).
         ignore_eos: keep generating past EOS (for benchmarks).
     Raises (all before anything runs):
         InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), no
@@ -136,8 +136,6 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     if mode not in STEP_MODES:
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
     device, dtype = _model_device_dtype(model)
-    if interpret:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # takes effect only if triton is not imported yet
     if mode != "reference":
         check_device(mode, device, interpret)
     ids = encode_prompts(tok, prompts, chat=chat, max_new_tokens=max_new_tokens, model_context=cfg.max_seq_len,

@@ -7,7 +7,8 @@
   ``models.decode_graph.build_decode_step`` (tiled as the mode wants: ``exec.DEFAULT_TILING``), handed to
   ``exec.make_runner``.
 
-Every runner has ``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens int32 [B])`` and ``check()``.
+Every runner has ``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens int32 [B])``, ``check()`` and
+``poll()`` (``exec.base.StepRunner``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from onekernel.errors import InputError
 from onekernel.exec import DEFAULT_TILING, STEP_MODES, check_device, make_runner, sm_count
 from onekernel.models.decode_graph import build_decode_step
 from onekernel.ops.tiling import Tiling
-from onekernel.runtime.args import check_flag, check_model
+from onekernel.runtime.args import check_flag, check_int, check_model
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import ReferenceRunner
 
@@ -52,8 +53,13 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     check_flag("interpret", interpret)
     check_flag("fuse_merge", fuse_merge)
     if mode == "reference":
+        given = [k for k, v in (("tiles", tiles), ("n_sm", n_sm), ("fuse_merge", fuse_merge or None)) if v is not None]
+        if options or given:
+            raise InputError(f"the reference mode takes no runner options, got {', '.join(given + sorted(options))}")
         return ReferenceRunner(model, cache)
     check_device(mode, cache.k.device, interpret)
-    tiling = Tiling(n_sm or sm_count(cache.k.device), tiles or DEFAULT_TILING[mode])
+    if n_sm is not None:
+        check_int("n_sm", n_sm)
+    tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
     step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
     return make_runner(mode, step, interpret=interpret, **options)
