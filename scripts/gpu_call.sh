@@ -153,6 +153,19 @@ case "$1" in
     fi
     step 150 generate-overhead python3 scripts/generate_overhead.py "$W/generate_overhead.json"
     ;;
+11) # session 4, last commit: greedy tokens of random SmolLM2-135M weights in every mode, before (.before =
+    # 0fa025f) and after (checks, in parallel); per-sequence sampling on the GPU; the Llama-1B batch-1 bench
+    (timeout 240 env PYTHONPATH=/tmp/site:$PWD/.before python3 scripts/greedy_tokens.py smollm2-135m \
+        "$W/tokens-before.json" >"$W/tokens-before.log" 2>&1) &
+    (timeout 240 python3 scripts/greedy_tokens.py smollm2-135m "$W/tokens-after.json" >"$W/tokens-after.log" 2>&1) &
+    (timeout 240 python3 scripts/sampling_check.py >"$W/sampling.log" 2>&1) &
+    wait
+    cat "$W/sampling.log" | tee -a "$OUT/log.txt"
+    python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i])) for i in (1,2)); print('TOKENS equal before/after:', {f'{m}-{k}': a[m][k]==b[m][k] for m in a for k in ('b1','b3')})" \
+        "$W/tokens-before.json" "$W/tokens-after.json" 2>&1 | tee -a "$OUT/log.txt"
+    mkdir -p "$W/bench"
+    step 150 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1
+    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"

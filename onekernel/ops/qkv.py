@@ -91,12 +91,12 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     yr = (rnd(y * cs, dt) + rnd(rot * sn, dt)).to(dt)
     out = tl.where(is_v, y.to(dt), yr)
     b64 = ob.to(tl.int64)[:, None]
-    tl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], out, mask=bm[:, None] & is_q)
+    tl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], out, mask=tl.where(is_q, bm[:, None], False))
     pm = (bm & (pos >= 0) & (pos < S))[:, None]
     hk = tl.minimum(tl.maximum(h - HQ, 0), HKV - 1)
-    tl.store(k_cache + ((b64 * HKV + hk) * S + pos[:, None]) * HD + hr[None, :], out, mask=pm & is_k)
+    tl.store(k_cache + ((b64 * HKV + hk) * S + pos[:, None]) * HD + hr[None, :], out, mask=tl.where(is_k, pm, False))
     hv = tl.minimum(tl.maximum(h - HQ - HKV, 0), HKV - 1)
-    tl.store(v_cache + ((b64 * HKV + hv) * S + pos[:, None]) * HD + hr[None, :], out, mask=pm & is_v)
+    tl.store(v_cache + ((b64 * HKV + hv) * S + pos[:, None]) * HD + hr[None, :], out, mask=tl.where(is_v, pm, False))
 
 
 def rope_ref(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
