@@ -30,8 +30,8 @@ def _check_cache(model, cache) -> None:
     if cache.cfg != model.config:
         raise InputError(f"cache is for the model config {cache.cfg.name!r}, not {model.config.name!r}; build it "
                          f"with KVCache(model.config, ...)")
-    if (cache.dtype, cache.device) != (w.dtype, w.device):
-        raise InputError(f"cache holds {cache.dtype} on {cache.device} but the model's weights are {w.dtype} on "
+    if (cache.k.dtype, cache.k.device) != (w.dtype, w.device):  # tensors' devices: "cuda" is always "cuda:N"
+        raise InputError(f"cache holds {cache.k.dtype} on {cache.k.device} but the model's weights are {w.dtype} on "
                          f"{w.device}; build the cache with the model's dtype and device")
 
 
