@@ -133,17 +133,23 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
                                                                  device=device, seed=seed)
 
 
+def as_device(name: str, value) -> torch.device:
+    """``value`` (a str or torch.device) as a cpu or cuda torch.device, else InputError naming ``name``."""
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise InputError(f"{name} {value!r:.40} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
+    return dev
+
+
 def check_load_args(random_weights, dtype, device, seed) -> torch.dtype:
     """The checks of ``load_model``'s arguments other than ``model`` (cheap: run them before any file is
     read); returns ``dtype`` as a torch.dtype (names such as "bf16" accepted)."""
     from onekernel.models.random_init import check_seed
 
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device {device!r} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
+    dev = as_device("device", device)
     check_seed(seed)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device {device!r} was asked for, but no CUDA GPU is available; use device='cpu'")

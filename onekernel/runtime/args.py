@@ -2,8 +2,6 @@
 ``KVCache``): each raises an InputError naming the argument, what it got and what it takes."""
 from __future__ import annotations
 
-import torch
-
 from onekernel.errors import InputError
 
 
@@ -27,14 +25,3 @@ def check_int(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InputError(f"{name} must be an integer, got {value!r:.40}")
     return value
-
-
-def as_device(name: str, value) -> torch.device:
-    """``value`` (a str or torch.device) as a cpu or cuda torch.device, else InputError naming ``name``."""
-    try:
-        dev = torch.device(value)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise InputError(f"{name} {value!r:.40} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
-    return dev

@@ -13,7 +13,8 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.models.config import ModelConfig
-from onekernel.runtime.args import as_device, check_int
+from onekernel.models.load import as_device
+from onekernel.runtime.args import check_int
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
