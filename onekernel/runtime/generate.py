@@ -17,13 +17,12 @@ from typing import Callable
 import torch
 
 from onekernel.errors import InputError
-from onekernel.exec import STEP_MODES, check_device
 from onekernel.ops.tiling import MAX_BATCH
 from onekernel.runtime.args import check_flag, check_int, check_model
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.prompts import encode_prompts
 from onekernel.runtime.reference import prefill
-from onekernel.runtime.runners import make_step_runner
+from onekernel.runtime.runners import check_mode, make_step_runner
 from onekernel.runtime.sampling import Sampler, SamplingParams
 from onekernel.runtime.stream import TextStream
 
@@ -133,11 +132,8 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     params = _per_prompt(sampling, len(prompts))
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
-    if mode not in STEP_MODES:
-        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
     device, dtype = _model_device_dtype(model)
-    if mode != "reference":
-        check_device(mode, device, interpret)
+    check_mode(mode, device, interpret)
     ids = encode_prompts(tok, prompts, chat=chat, max_new_tokens=max_new_tokens, model_context=cfg.max_seq_len,
                          max_seq_len=max_seq_len, vocab_size=cfg.vocab_size)
 
@@ -190,7 +186,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     while not all(done):
         logits, greedy = runner.step(tokens)
         cache.seq_lens += 1
-        tokens = greedy.clone() if sampler.greedy else sampler(logits, greedy)  # the runner reuses greedy
+        tokens = sampler(logits, greedy)  # a copy: the runner overwrites greedy at its next step
         host[k % 2].copy_(tokens, non_blocking=pinned)
         if pinned:
             events[k % 2].record()

@@ -35,6 +35,15 @@ def _check_cache(model, cache) -> None:
                          f"{w.device}; build the cache with the model's dtype and device")
 
 
+def check_mode(mode: str, device, interpret: bool = False) -> None:
+    """The one check that ``mode`` exists and can run on ``device``: InputError for an unknown mode, and for a
+    Triton mode ``exec.check_device`` (DeviceError without a GPU unless ``interpret``)."""
+    if mode not in STEP_MODES:
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
+    if mode != "reference":
+        check_device(mode, device, interpret)
+
+
 def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles: str | None = None,
                      n_sm: int | None = None, fuse_merge: bool = False, **options):
     """The runner of ``mode`` for ``model`` (a LoadedModel) over ``cache`` (a KVCache of the model's dtype and
@@ -46,18 +55,16 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     Raises InputError (unknown mode or option value; model not a LoadedModel; cache not a KVCache of the model's
     config, dtype and device; a flag not a bool), DeviceError (a Triton mode without a GPU),
     UnsupportedModelError (a model the kernels can't run)."""
-    if mode not in STEP_MODES:
-        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(STEP_MODES)}")
     check_model(model)
     _check_cache(model, cache)
     check_flag("interpret", interpret)
     check_flag("fuse_merge", fuse_merge)
+    check_mode(mode, cache.k.device, interpret)
     if mode == "reference":
         given = [k for k, v in (("tiles", tiles), ("n_sm", n_sm), ("fuse_merge", fuse_merge or None)) if v is not None]
         if options or given:
             raise InputError(f"the reference mode takes no runner options, got {', '.join(given + sorted(options))}")
         return ReferenceRunner(model, cache)
-    check_device(mode, cache.k.device, interpret)
     if n_sm is not None:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
