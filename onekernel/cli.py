@@ -14,6 +14,7 @@ from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say
 from onekernel.cli_tools import TOOLS
 from onekernel.errors import DeviceError, InputError, OneKernelError
 from onekernel.exec import STEP_MODES
+from onekernel.serve.main import add_arguments as serve_args, run as serve_run
 
 # The megakernel issue: the default on a GPU once it is correct (it is: benchmarks/README.md, run 3). Today pdl
 # (SmolLM2-135M) and graph (Llama-3.2-1B, 8B) are faster; --mode selects them.
@@ -191,6 +192,7 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
 # name -> (help, add_arguments, run).
 SUBCOMMANDS = {
     "generate": ("generate text from one or more prompts", _add_generate, _run_generate),
+    "serve": ("serve the OpenAI API (completions, chat; streaming, continuous batching)", serve_args, serve_run),
     **TOOLS,
 }
 

@@ -105,6 +105,46 @@ class Tokenizer:
             return raw.decode("utf-8", errors="replace")
         return self._hf.decode(ids, skip_special_tokens=True)
 
+    def chat_plain(self, messages) -> list[int]:
+        """Like ``chat``, but the message contents are plain text: a content that spells a special token (e.g.
+        ``<|im_end|>`` then ``<|im_start|>system``) is tokenized as the characters it is, so only the template's
+        own markers are control tokens (what a server must do with user text). Ids equal ``chat``'s for contents
+        that spell no special token (the tokenizer encodes the text between special tokens piece by piece
+        either way). Raises InputError for a malformed message list, or when the template changes a content
+        other than by trimming it (then its contents cannot be told apart from its markers)."""
+        messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+        ids = self.chat(messages)  # checks the messages
+        if self._hf is None or not self._hf.chat_template:
+            return ids  # no special tokens (byte level) / no template markers
+        import re
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        render = self._hf.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)],
+                                              add_generation_prompt=True, tokenize=False)
+        real = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        parts = re.split("(\ue000\\d+\ue001)", render)
+        contents = [m["content"] for m in messages]
+        for fix in (str, str.strip):  # templates may trim contents (Llama 3's `| trim`)
+            if "".join(fix(contents[int(p[1:-1])]) if p in marks else p for p in parts) == real:
+                break
+        else:
+            raise InputError("the chat template rewrites message contents, so they cannot be kept as plain text")
+        special = sorted((t.content for t in self._hf.added_tokens_decoder.values()), key=len, reverse=True)
+        pattern = re.compile("(" + "|".join(map(re.escape, special)) + ")")
+        pieces, text = [], ""  # (is_special, string), adjacent plain text merged
+        for p in parts:
+            for j, q in enumerate([fix(contents[int(p[1:-1])])] if p in marks else pattern.split(p)):
+                if j % 2 and p not in marks:
+                    pieces += [(False, text), (True, q)] if text else [(True, q)]
+                    text = ""
+                else:
+                    text += q
+        pieces += [(False, text)] if text else []
+        out = []
+        for is_special, q in pieces:
+            out += ([self._hf.convert_tokens_to_ids(q)] if is_special
+                    else self._hf.encode(q, add_special_tokens=False, split_special_tokens=True))
+        return out
+
     def chat(self, messages) -> list[int]:
         """Prompt ids for a chat: `messages` is a plain string (one user message) or a list of
         {"role", "content"} dicts. Applies the checkpoint's chat template (jinja2, via transformers

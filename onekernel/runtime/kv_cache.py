@@ -51,12 +51,30 @@ class KVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         self.shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
+        self.parent = None  # the whole cache, for a view made by ``slots``
         self._allocate()
 
     def _allocate(self) -> None:
         self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         self.seq_lens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
+
+    def slots(self, start: int, stop: int) -> "KVCache":
+        """A KVCache over slots ``start..stop-1`` of this one, sharing its memory (``k[:, start:stop]``,
+        ``v[:, start:stop]``, ``seq_lens[start:stop]``; each layer's ``[stop - start, Hkv, S, hd]`` slice is
+        contiguous), so a runner or ``reference.prefill`` built over the view reads and writes these slots
+        only. Raises InputError unless ``0 <= start < stop <= batch``. ``reallocate`` is refused on a view."""
+        check_int("start", start)
+        check_int("stop", stop)
+        if not 0 <= start < stop <= self.batch:
+            raise InputError(f"slots({start}, {stop}) is outside the cache's {self.batch} slots; need "
+                             f"0 <= start < stop <= {self.batch}")
+        view = object.__new__(KVCache)
+        view.__dict__.update(self.__dict__)
+        view.batch, view.shape = stop - start, (*self.shape[:1], stop - start, *self.shape[2:])
+        view.k, view.v, view.seq_lens = self.k[:, start:stop], self.v[:, start:stop], self.seq_lens[start:stop]
+        view.parent = self
+        return view
 
     def reset(self) -> None:
         """Empty the cache in place (same addresses, so captured CUDA graphs stay valid)."""
@@ -66,7 +84,11 @@ class KVCache:
 
     def reallocate(self) -> None:
         """Allocate fresh, zeroed k, v and seq_lens at new addresses (the old tensors are kept alive until
-        replaced, so the new ones cannot reuse their memory). Any captured graph must be re-captured."""
+        replaced, so the new ones cannot reuse their memory). Any captured graph must be re-captured.
+        Raises InputError on a view (``slots``): its memory belongs to the whole cache."""
+        if getattr(self, "parent", None) is not None:
+            raise InputError("reallocate() was called on a view of a KV cache (KVCache.slots); reallocate the "
+                             "whole cache and take the view again")
         old = (self.k, self.v, self.seq_lens)
         self._allocate()
         del old

@@ -1,0 +1,166 @@
+"""The HTTP routes (FastAPI): ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as
+server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+
+Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed
+JSON, missing or wrongly typed fields and bad values, 404 for an unknown model or route, 429 when the wait
+queue is full, 503 when the engine has failed. A request's tokens come from the engine thread through an
+``asyncio.Queue``; a client that goes away cancels its request (its slot is freed before the next step).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from onekernel.serve.engine import Engine, EngineStoppedError, QueueFullError, TokenOut
+from onekernel.serve.format import Formatter
+from onekernel.serve.protocol import (ApiError, ChatRequest, CompletionRequest, chat_prompt, completion_prompt,
+                                      to_gen_request)
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line for pydantic's first error, and the field it names."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))})", None
+    field = ".".join(loc) or None
+    if field is None:
+        return "the request body must be a JSON object (Content-Type: application/json)", None
+    return f"{field}: {err.get('msg')}", field
+
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    """The app serving ``engine`` under the model id ``model_name`` (the engine must be started)."""
+    app = FastAPI(title="onekernel", docs_url=None, redoc_url=None)
+    tok, cfg = engine.model.tokenizer, engine.model.config
+    context, created = engine.cache.max_seq_len, int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return JSONResponse(ApiError(message, param=param).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, exc: HTTPException):
+        return JSONResponse(ApiError(str(exc.detail), status=exc.status_code,
+                                     code="not_found" if exc.status_code == 404 else None).body(),
+                            status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        ok = engine.healthy
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.text(), media_type=engine.metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "onekernel", "max_model_len": context}]}
+
+    def check_model(name: str | None) -> None:
+        if name not in (None, model_name):
+            raise ApiError(f"the model {name!r} does not exist; this server serves {model_name!r}", status=404,
+                           param="model", code="model_not_found")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        ids = completion_prompt(body, tok, cfg.vocab_size)
+        gen = to_gen_request(body, ids, body.max_tokens, context, cfg.vocab_size, body.logprobs)
+        return await _serve(request, engine, gen, body, Formatter(tok, model_name, False, ids, body.return_token_ids))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        check_model(body.model)
+        ids = chat_prompt(body, tok)
+        k = (body.top_logprobs or 0) if body.logprobs else None
+        gen = to_gen_request(body, ids, body.max_completion_tokens or body.max_tokens, context, cfg.vocab_size, k)
+        return await _serve(request, engine, gen, body, Formatter(tok, model_name, True, ids, body.return_token_ids))
+
+    return app
+
+
+async def _serve(request: Request, engine: Engine, gen, body, fmt: Formatter):
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    try:
+        handle = engine.submit(gen, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
+    except QueueFullError as e:
+        raise ApiError(str(e), status=429, type="rate_limit_error", code="queue_full") from None
+    except EngineStoppedError as e:
+        raise ApiError(str(e), status=503, type="server_error", code="engine_stopped") from None
+
+    async def tokens():
+        while True:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finish_reason:
+                return
+
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(_sse(tokens(), fmt, handle, usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    try:
+        outs = await _collect(request, tokens())
+    except EngineStoppedError as e:
+        raise ApiError(str(e), status=503, type="server_error", code="engine_stopped") from None
+    finally:
+        handle.cancel()
+    if outs is None:  # the client went away
+        return Response(status_code=499)
+    return fmt.response(outs)
+
+
+async def _collect(request: Request, tokens) -> list[TokenOut] | None:
+    """Every token of a non-streamed request, or None when its client disconnected first."""
+    outs: list[TokenOut] = []
+
+    async def run():
+        async for out in tokens:
+            outs.append(out)
+    task = asyncio.ensure_future(run())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            task.result()
+            return outs
+        if await request.is_disconnected():
+            task.cancel()
+            return None
+
+
+async def _sse(tokens, fmt: Formatter, handle, usage: bool):
+    """The event stream: (chat: a role chunk), one chunk per token, (a usage chunk), ``data: [DONE]``."""
+    outs = []
+    try:
+        if fmt.chat:
+            yield f"data: {json.dumps(fmt.chunk(None))}\n\n"
+        try:
+            async for out in tokens:
+                outs.append(out)
+                yield f"data: {json.dumps(fmt.chunk(out))}\n\n"
+        except EngineStoppedError as e:
+            yield f"data: {json.dumps(ApiError(str(e), status=503, type='server_error').body())}\n\n"
+        if usage:
+            yield f"data: {json.dumps(fmt.chunk(None, fmt.usage(outs)))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        handle.cancel()

@@ -1,0 +1,94 @@
+"""The ``onekernel serve`` command: load the model once, warm every batch bucket's kernels (progress on
+stderr), then serve the OpenAI API with uvicorn until interrupted."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from onekernel.errors import DeviceError, InputError
+from onekernel.exec import STEP_MODES
+
+DEFAULT_CONTEXT_CAP = 4096  # default --max-seq-len: the model's context, at most this (KV cache memory)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="PATH|NAME",
+                   help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id clients use (default: the file's or config's name)")
+    p.add_argument("--mode", choices=STEP_MODES, default=None,
+                   help="how the decode step runs (default: megakernel on a GPU, reference on the CPU, eager "
+                        "with --interpret)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=16, metavar="N", help="KV-cache slots: requests decoded at once")
+    p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
+                   help=f"positions per slot, prompt + completion (default: the model's context, at most "
+                        f"{DEFAULT_CONTEXT_CAP})")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests waiting for a slot before new ones get HTTP 429")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"),
+                   default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--interpret", action="store_true", help="run a Triton mode in the Triton interpreter (CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (info logs every request)")
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (none when stderr is closed)."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    if args.interpret:  # before anything imports triton, which reads it at import time
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import uvicorn
+
+    from onekernel.models.load import check_load_args, open_model
+    from onekernel.runtime.buckets import bucket_sizes
+    from onekernel.runtime.prompts import context_limit
+    from onekernel.serve.app import create_app
+    from onekernel.serve.engine import Engine
+
+    bucket_sizes(args.max_batch)  # checks it
+    if args.max_queue < 0:
+        raise InputError(f"--max-queue must be >= 0, got {args.max_queue}")
+    has_cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if has_cuda and not args.interpret else "cpu")
+    if device == "cuda" and not has_cuda:
+        raise DeviceError("--device cuda was asked for, but no CUDA GPU was found; use --device cpu")
+    mode = args.mode or ("megakernel" if device == "cuda" else "eager" if args.interpret else "reference")
+    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    dtype = getattr(torch, "bfloat16" if name == "auto" and device == "cuda" else "float32" if name == "auto"
+                    else name)
+    check_load_args(args.random_weights, dtype, device, args.seed)
+
+    t0 = time.perf_counter()
+    say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
+    files = open_model(args.model, random_weights=args.random_weights)
+    ctx = context_limit(files.config.max_seq_len, args.max_seq_len) if args.max_seq_len else min(
+        files.config.max_seq_len, DEFAULT_CONTEXT_CAP)
+    model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
+    engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue)
+
+    def on_bucket(i: int, count: int, n: int) -> None:
+        note = "; compiles the kernels on a first run" if mode != "reference" and not args.interpret else ""
+        say(f"onekernel serve: warming the {mode} step at batch {n} ({i + 1}/{count}{note})")
+    engine.warm(on_bucket)
+    engine.start()
+    served = args.served_model_name or (files.config.name if files.kind == "config" else Path(files.source).stem)
+    say(f"onekernel serve: {served} ready in {time.perf_counter() - t0:.1f} s: {mode} mode, {args.max_batch} slots "
+        f"of {ctx} positions, buckets {engine.buckets.sizes}; http://{args.host}:{args.port}/v1")
+    try:
+        uvicorn.run(create_app(engine, served), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.stop()
+    return 0

@@ -1,0 +1,108 @@
+"""The serving engine in-process (the GPU's pipelined loop, run on the CPU), batch buckets over a KV cache's
+slots, and stop strings."""
+import random
+import threading
+
+import pytest
+import torch
+
+from onekernel.errors import InputError
+from onekernel.models.load import load_model
+from onekernel.runtime.buckets import BucketRunners, bucket_for, bucket_sizes
+from onekernel.runtime.generate import generate
+from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.reference import prefill
+from onekernel.runtime.sampling import SamplingParams
+from onekernel.serve.engine import Engine, GenRequest, QueueFullError
+from onekernel.serve.text import StopText
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", random_weights=True, seed=3)
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(6) == (1, 2, 4, 6) and bucket_sizes(1) == (1,)
+    assert [bucket_for(n, (1, 2, 4, 6)) for n in range(1, 7)] == [1, 2, 4, 4, 6, 6]
+    for bad in (0, 17):
+        with pytest.raises(InputError, match="max_batch"):
+            bucket_sizes(bad)
+
+
+def test_cache_slots_share_memory_and_prefill_one_slot(tiny, seed):
+    cache = KVCache(tiny.config, 4, 16)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 256, (5,), generator=g).tolist()
+    logits = prefill(tiny, cache.slots(2, 3), [prompt])
+    alone = KVCache(tiny.config, 1, 16)
+    assert torch.equal(logits, prefill(tiny, alone, [prompt]))
+    assert cache.seq_lens.tolist() == [0, 0, 5, 0]
+    assert torch.equal(cache.k[:, 2], alone.k[:, 0]) and not cache.k[:, [0, 1, 3]].any()
+    with pytest.raises(InputError, match="outside"):
+        cache.slots(3, 5)
+    with pytest.raises(InputError, match="view"):
+        cache.slots(0, 2).reallocate()
+
+
+def test_bucket_runner_steps_only_its_slots(tiny, seed):
+    br = BucketRunners("reference", tiny, 4, 16)
+    br.cache.seq_lens[:] = torch.tensor([3, 1, 7, 2], dtype=torch.int32)
+    before = br.cache.k.clone()
+    br.runner(2).step(torch.tensor([5, 6], dtype=torch.int32))
+    assert torch.equal(br.cache.k[:, 2:], before[:, 2:]) and not torch.equal(br.cache.k[:, :2], before[:, :2])
+    with pytest.raises(InputError, match="bucket"):
+        br.runner(3)
+
+
+def test_stop_text_holds_back_a_possible_stop_string(tiny):
+    s = StopText(tiny.tokenizer, ("cde", "xy"), set())
+    pieces = [s.push(t) for t in b"abcdcdx"]
+    assert [p for p, _ in pieces] == ["a", "b", "", "", "cd", "", "cd"] and not any(stop for _, stop in pieces)
+    assert s.push(ord("y")) == ("", True) and s.text == "abcdcd"
+    s = StopText(tiny.tokenizer, ("cde",), set())
+    assert [s.push(t)[0] for t in b"abc"] == ["a", "b", ""] and s.flush() == "c"
+
+
+def test_pipelined_engine_equals_generate_alone(tiny, seed):
+    """The GPU's pipelined loop (pipeline=True) on the CPU: 12 requests on 4 slots, greedy and sampled, some
+    cancelled while queued or decoding; the rest equal generate alone."""
+    rng = random.Random(seed)
+    engine = Engine(tiny, "reference", 4, 64, max_queue=12, pipeline=True)
+    engine.warm()
+    reqs = []
+    for i in range(12):
+        sampling = SamplingParams(0.8, 20, 0.9, seed + i) if i % 3 == 0 else SamplingParams()
+        prompt = [rng.randrange(256) for _ in range(rng.randint(1, 9))]
+        reqs.append(GenRequest(prompt, rng.randint(1, 30), sampling, top_logprobs=2 if i % 4 == 1 else None))
+    outs, done = [[] for _ in reqs], threading.Semaphore(0)
+
+    def sink(i):
+        def put(item):
+            outs[i].append(item)
+            if item.finish_reason:
+                done.release()
+        return put
+    handles = [engine.submit(r, sink(i)) for i, r in enumerate(reqs)]  # queued before the engine starts
+    with pytest.raises(QueueFullError):
+        engine.submit(reqs[0], sink(0))
+    handles[11].cancel()
+    engine.start()
+    for _ in range(11):
+        assert done.acquire(timeout=60), engine.error
+    engine.stop()
+    assert outs[11] == [] and engine.metrics.running._value.get() == 0
+    for r, out in zip(reqs[:11], outs):
+        res = generate(tiny, [r.prompt_ids], max_new_tokens=r.max_tokens, sampling=r.sampling, max_seq_len=64)
+        assert [o.token for o in out] == res.sequences[0].generated_ids
+        assert "".join(o.text for o in out) == res.sequences[0].text
+        if r.top_logprobs:
+            assert all(len(o.top) == 2 and o.logprob <= o.top[0][1] + 1e-6 for o in out)
+
+
+def test_serve_command_refuses_bad_options_in_one_line(capsys):
+    from onekernel.cli import main
+    assert main(["serve", "--max-batch", "0"]) == 2
+    assert main(["serve", "--model", "tiny", "--random-weights", "--max-seq-len", "999"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("onekernel: error:")]
+    assert len(err) == 2 and "--max-batch" in err[0] and "max_seq_len" in err[1]
