@@ -1,6 +1,6 @@
 """Per-step decode latency of every mode on one model, batch and context, in one process.
 
-Each record: model, batch, context, mode, ms_per_step (median of ``steps`` CUDA-event-timed steps after
+Each record: model, batch, context, mode, runner (the class that ran it: the megakernel's backend), ms_per_step (median of ``steps`` CUDA-event-timed steps after
 warm-up), p10/p90, tokens_per_s, floor_ms (weight + KV bytes / copy bandwidth measured in the same run),
 pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph), and a correctness
 check of the mode's first step against the PyTorch reference step on the same input: rel_err_vs_torch (relative
@@ -20,12 +20,19 @@ from onekernel.runtime.reference import ReferenceRunner
 from onekernel.runtime.runners import make_step_runner
 
 BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+compile": TorchCompileRunner}
+# Bench rows that run a mode with fixed options: the Triton megakernel beside "megakernel" (which takes the
+# streaming Gluon kernel where exec.megakernel_class's "auto" does).
+MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"})}
 
 
 def make_bench_runner(mode, model, cache, **opts):
-    """A runner of ``mode``: one of the PyTorch baselines (BASELINES) or a mode of ``make_step_runner``."""
+    """A runner of ``mode``: one of the PyTorch baselines (BASELINES), a MODE_VARIANTS row, or a mode of
+    ``make_step_runner``."""
     if mode in BASELINES:
         return BASELINES[mode](model, cache, **opts)
+    if mode in MODE_VARIANTS:
+        base, fixed = MODE_VARIANTS[mode]
+        return make_step_runner(base, model, cache, **fixed, **opts)
     return make_step_runner(mode, model, cache, **opts)
 
 
@@ -65,6 +72,7 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
         try:
             opts = dict((options or {}).get(mode, {}))
             r = make_bench_runner(mode, model, cache, **opts)
+            rec["runner"] = type(r).__name__
             lg, nt = r.step(tokens)
             r.check()
             rec.update(rel_err_vs_torch=float((lg.float() - ref_logits.float()).norm() / ref_logits.float().norm()),

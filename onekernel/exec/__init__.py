@@ -49,10 +49,42 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
+BACKENDS = ("auto", "gluon", "triton")
+
+
+def megakernel_class(step, backend: str, interpret: bool, options: dict):
+    """The megakernel runner class for ``backend``: "triton" (``exec.megakernel``, every device and the
+    interpreter), "gluon" (``exec.stream_runner``: the weight-streaming kernel; InputError with the reason when
+    the step is unsupported) or "auto" (gluon where supported, no Triton-only option such as ``profile`` is
+    given and the model is big enough for streaming to win: ``stream_plan.prefer_stream``; else triton)."""
+    from onekernel.exec.megakernel import MegakernelRunner
+
+    if backend not in BACKENDS:
+        raise InputError(f"unknown megakernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "triton" or interpret:
+        if backend == "gluon":
+            raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
+        return MegakernelRunner
+    from onekernel.exec.stream_plan import prefer_stream, unsupported
+    from onekernel.exec.stream_runner import StreamMegakernelRunner
+
+    if backend == "gluon":
+        return StreamMegakernelRunner
+    import inspect
+    takes = set(inspect.signature(StreamMegakernelRunner.__init__).parameters)
+    # profile tools read the step graph's tasks; the streaming kernel stamps its own re-tiled tasks
+    # (backend='gluon' to get them)
+    if set(options) - takes or options.get("profile") or unsupported(step):
+        return MegakernelRunner
+    if not prefer_stream(step, options.get("n_workers") or sm_count(step.device)):
+        return MegakernelRunner
+    return StreamMegakernelRunner
+
+
 def make_runner(mode: str, step, *, interpret: bool = False, **options):
     """The runner of ``mode`` over ``step`` (a BoundStep). options: the runner's keyword options (see each
-    runner class). Raises InputError for an option the mode does not take (naming the ones it does), and as
-    ``check_device``."""
+    runner class; the megakernel also takes ``backend``: see ``megakernel_class``). Raises InputError for an
+    option the mode does not take (naming the ones it does), and as ``check_device``."""
     import inspect
 
     from onekernel.exec.kernels import CudaGraphRunner, EagerRunner, PdlRunner
@@ -64,13 +96,15 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
         raise InputError(f"step must be a BoundStep (onekernel.models.decode_graph.build_decode_step), got "
                          f"{type(step).__name__}")
     cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
+    if mode == "megakernel":
+        cls = megakernel_class(step, options.pop("backend", "auto"), interpret, options)
     takes = [p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(c.__init__).parameters
              if p not in ("self", "step", "args", "kw")]
     bad = sorted(set(options) - set(takes))
     if bad:
         raise InputError(f"mode {mode!r} has no option {', '.join(bad)}; its options are {', '.join(sorted(set(takes)))}")
     if mode == "megakernel":
-        return cls(step, interpret=interpret, **options)
+        return cls(step, interpret=interpret, **options) if cls is MegakernelRunner else cls(step, **options)
     if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
         options.pop("use_cuda_graph", None)
         cls = EagerRunner

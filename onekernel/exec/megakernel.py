@@ -55,7 +55,85 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
     return 0, 0
 
 
-class MegakernelRunner(StepRunner):
+class PersistentRunner(StepRunner):
+    """What both megakernels (Triton: ``MegakernelRunner``; Gluon streaming: ``exec.stream_runner``) share:
+    the launch / CUDA-graph replay of one persistent kernel, monotonic counters, and the error word
+    err int32 [5] = (code, task, a, b, c) that ``check()`` / ``poll()`` read (code 1: a dependency wait gave
+    up: a = event, b = seen, c = expected; other codes: ``wait_errors``). Subclasses set ``self.err``,
+    ``self._side``, ``self._err_host``, ``self.use_cuda_graph``, ``self.check_every``, ``self.wait_limit``
+    (words) and implement ``launch()``, ``_write_addresses()``, ``task_graph`` and ``events``."""
+
+    mode = "megakernel"
+    wait_errors: dict = {}
+
+    def _init_run_state(self, on_gpu: bool, use_cuda_graph: bool | None, check_every: int) -> None:
+        dev = self.bound.device
+        self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and on_gpu
+        self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
+        self._err_host = torch.zeros(5, dtype=torch.int32, pin_memory=on_gpu)
+        self._cuda_graph = None
+        self.check_every, self._steps, self._failed = check_every, 0, None
+
+    def _run(self, moved: bool) -> None:
+        if self._failed:
+            raise KernelTimeoutError(f"{self._failed}; this runner's counters are inconsistent after the timeout: "
+                                     "build a new runner")
+        if moved:
+            self._write_addresses()  # the kernel reads addresses from its tables at run time: graphs stay valid
+        if not self.use_cuda_graph:
+            self.launch()
+        else:
+            if self._cuda_graph is None:
+                self.launch()
+                torch.cuda.synchronize()
+                self.check()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.launch()
+                self._cuda_graph = g
+            self._cuda_graph.replay()
+        self._steps += 1
+        if self.check_every and self._steps % self.check_every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Raise KernelTimeoutError if a bounded wait gave up (reads 5 ints from the device: a sync)."""
+        self._raise_if(self.err.tolist())
+
+    def poll(self) -> None:
+        """Raise KernelTimeoutError if a finished step's wait gave up: copies the error word on a side stream,
+        so it waits for that copy only, not for the steps queued on the main stream."""
+        if self._side is None:
+            return self.check()
+        with torch.cuda.stream(self._side):
+            self._err_host.copy_(self.err, non_blocking=True)
+        self._side.synchronize()
+        self._raise_if(self._err_host.tolist())
+
+    def _raise_if(self, err: list[int]) -> None:
+        if not err[0]:
+            return
+        code, t, a, b, c = err
+        g = self.task_graph
+        where = "a worker's ring"
+        if 0 <= t < len(g.tasks):
+            task = g.tasks[t]
+            op = g.ops[task.op]
+            where = f"task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile})"
+        if code == 1:
+            producers = [g.ops[g.tasks[p].op].name for p in self.events.producers[a][:3]]
+            self._failed = (
+                f"megakernel: {where} waited on event {a} (producers: {producers}...) and saw count {b} < "
+                f"expected {c} after {self.wait_limit}; the schedule, the events or a producer is wrong (or "
+                f"workers were not co-resident)")
+        else:
+            what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
+            detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))
+            self._failed = f"megakernel: {where}: {what} failed ({detail}) after {self.wait_limit}"
+        raise KernelTimeoutError(self._failed)
+
+
+class MegakernelRunner(PersistentRunner):
     """Options: ``n_workers`` (default: one per SM), ``policy`` ("critical_path" | "round_robin"), ``events``
     ("tile" | "op"), ``prefetch`` (next task's weights into L2), ``profile``, ``spin_limit`` (polls before a
     wait gives up), ``use_cuda_graph``, ``schedule`` (a ready-made Schedule), ``num_warps``, ``check_every``
@@ -95,7 +173,6 @@ class MegakernelRunner(StepRunner):
         validate(self.schedule, g, self.deps)
         self.n_workers, self.prefetch, self.policy, self.event_mode = self.schedule.n_workers, prefetch, policy, events
         self.spin_limit = spin_limit or (1 << 16 if interpret else 1 << 26)
-        self.check_every, self._steps, self._failed = check_every, 0, None
 
         # Variants (compiled tile-function branches) and the device tables.
         self.variants, vid, self.op_var = [], {}, []
@@ -122,11 +199,7 @@ class MegakernelRunner(StepRunner):
         # only one worker fits per SM, so the hardware cannot put two workers on one SM and none on another.
         self.num_warps = num_warps or max(v.kind.num_warps for v in self.variants)
         self.prof_buf = self.prof if self.prof is not None else torch.zeros(1, 4, dtype=torch.int64, device=dev)
-        self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and dev.type == "cuda" and not interpret
-        on_gpu = dev.type == "cuda" and not interpret
-        self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
-        self._err_host = torch.zeros(5, dtype=torch.int32, pin_memory=on_gpu)
-        self._cuda_graph = None
+        self._init_run_state(dev.type == "cuda" and not interpret, use_cuda_graph, check_every)
         self.compiled = None
         if dev.type == "cuda" and not interpret:
             self._check_residency()
@@ -184,50 +257,10 @@ class MegakernelRunner(StepRunner):
     def launch(self) -> None:
         mk_device.megakernel[(self.n_workers,)](*self._args(), **self._kw())
 
-    def _run(self, moved: bool) -> None:
-        if self._failed:
-            raise KernelTimeoutError(f"{self._failed}; this runner's counters are inconsistent after the timeout: "
-                                     "build a new runner")
-        if moved:
-            self._write_addresses()  # the kernel reads addresses from argtab at run time: graphs stay valid
-        if not self.use_cuda_graph:
-            self.launch()
-        else:
-            if self._cuda_graph is None:
-                self.launch()
-                torch.cuda.synchronize()
-                self.check()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self.launch()
-                self._cuda_graph = g
-            self._cuda_graph.replay()
-        self._steps += 1
-        if self.check_every and self._steps % self.check_every == 0:
-            self.check()
+    @property
+    def task_graph(self):
+        return self.graph
 
-    def check(self) -> None:
-        """Raise KernelTimeoutError if a bounded spin gave up (reads 5 ints from the device: a sync)."""
-        self._raise_if(self.err.tolist())
-
-    def poll(self) -> None:
-        """Raise KernelTimeoutError if a finished step's spin gave up: copies the error word on a side stream,
-        so it waits for that copy only, not for the steps queued on the main stream."""
-        if self._side is None:
-            return self.check()
-        with torch.cuda.stream(self._side):
-            self._err_host.copy_(self.err, non_blocking=True)
-        self._side.synchronize()
-        self._raise_if(self._err_host.tolist())
-
-    def _raise_if(self, err: list[int]) -> None:
-        if err[0]:
-            t, e, seen, want = err[1:]
-            task = self.graph.tasks[t]
-            op = self.graph.ops[task.op]
-            producers = [self.graph.ops[self.graph.tasks[p].op].name for p in self.events.producers[e][:3]]
-            self._failed = (
-                f"megakernel: task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile}) waited on event {e} "
-                f"(producers: {producers}...) and saw count {seen} < expected {want} after {self.spin_limit} "
-                f"spins; the schedule, the events or a producer is wrong (or workers were not co-resident)")
-            raise KernelTimeoutError(self._failed)
+    @property
+    def wait_limit(self) -> str:
+        return f"{self.spin_limit} spins"

@@ -43,6 +43,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from onekernel.exec.stream_device import _record, _smem_addr, _spin, _wait  # noqa: E402
 from common import (ROW_GROUP, check_stages, copy_bandwidth_gbs, make_weights, parse_args,  # noqa: E402
                     stages_for, tile_groups, time_launches, write_record)
 
@@ -54,85 +56,6 @@ W_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=
 ERRORS = {1: ("dependency spin", "stage", "seen", "want"),  # err[0] code: (what failed, names of err[2:5])
           2: ("consumer wait ready", "chunk", "slot", "phase"), 3: ("loader wait empty", "chunk", "slot", "phase"),
           4: ("consumer chunk count", "consumed", "streamed", "-")}
-
-
-@gluon.jit
-def _ld_acquire(p):
-    """``ld.acquire.gpu`` of one int32: this thread's later loads are ordered after it."""
-    return gl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p], dtype=gl.int32,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _now():
-    """``%globaltimer`` (ns)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smem_addr(offset):
-    """Shared address of byte ``offset`` of the kernel's dynamic shared memory (Triton's ``global_smem``). Gluon
-    has no non-blocking mbarrier wait and no way to take a shared buffer's address: the waits address the
-    mbarriers through the offset Triton allocates them at (see bar_offset)."""
-    return gl.inline_asm_elementwise("{ .reg .u32 b; mov.u32 b, global_smem; add.u32 $0, b, $1; }", "=r,r", [offset],
-                                     dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _record(err, code, wid, a, b, c):
-    """The GPU's first failure claims err[0] and writes err[0:5] = (code, worker, a, b, c). Per thread and
-    barrier-free (the threads of a partition may disagree about a timeout)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 z; mov.b32 z, 0; atom.global.relaxed.gpu.cas.b32 $0, [$1], z, $2;"
-        " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+4], $3; @p st.global.b32 [$1+8], $4;"
-        " @p st.global.b32 [$1+12], $5; @p st.global.b32 [$1+16], $6; }",
-        "=r,l,r,r,r,r,r", [err, code, wid, a, b, c], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _try_wait(addr, parity):
-    """One ``mbarrier.try_wait.parity`` (acquire, CTA scope; returns after a hardware time limit at the latest) on
-    the mbarrier at shared address addr: 1 once its phase of that parity has completed."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
-        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _wait(ok, addr, parity, err, code, wid, i, slot, WAIT_NS: gl.constexpr):
-    """Bounded ``mbarrier.wait`` (skipped unless ok): returns 0 after recording (code, wid, i, slot, parity) if the
-    phase did not complete within WAIT_NS; the caller then skips every later wait, arrive and copy."""
-    if ok != 0:
-        ok = _try_wait(addr, parity)
-        if ok == 0:
-            t0 = _now()
-            t = t0
-            while (ok == 0) & (t - t0 < WAIT_NS):
-                ok = _try_wait(addr, parity)
-                t = _now()
-            if ok == 0:
-                _record(err, code, wid, i, slot, parity)
-    return ok
-
-
-@gluon.jit
-def _spin(cnt, want, err, wid, stage, WAIT_NS: gl.constexpr):
-    """Spin until cnt[0] >= want, for at most WAIT_NS, and not once another failure is recorded (err[0] is polled
-    every 1024 polls, so one timeout releases everybody quickly)."""
-    seen = _ld_acquire(cnt)
-    if seen < want:
-        t0 = _now()
-        t = t0
-        n = 0
-        bad = 0
-        while (seen < want) & (bad == 0) & (t - t0 < WAIT_NS):
-            seen = _ld_acquire(cnt)
-            t = _now()
-            n += 1
-            if n % 1024 == 0:
-                bad = gl.load(err, volatile=True)
-        if (seen < want) & (bad == 0):
-            _record(err, 1, wid, stage, seen, want)
 
 
 @gluon.jit

@@ -1,0 +1,134 @@
+"""The streaming megakernel runner: the Gluon kernel of ``exec.stream_device`` over the plan of
+``exec.stream_plan`` (byte-balanced GEMV tasks, a per-worker weight stream walked by a TMA loader warp).
+
+``make_runner("megakernel", step, backend=...)`` picks it: ``backend="auto"`` (the default) takes it on a
+Hopper GPU for a bf16/fp16 Llama-family step (``stream_plan.unsupported`` says why not otherwise, and the
+Triton megakernel runs instead), ``"gluon"`` insists (InputError with the reason), ``"triton"`` never.
+The weights are re-packed once, at construction, into one stream (a second copy of every GEMV weight).
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+
+from onekernel.errors import InputError
+from onekernel.exec import stream_device as sd
+from onekernel.exec.megakernel import PersistentRunner
+from onekernel.exec.stream_plan import arg_table, make_plan, pack_weights, records, unsupported
+from onekernel.graph.schedule import residency_check
+
+log = logging.getLogger("onekernel")
+BOX = [32, 256]  # one 16 KB chunk as a TMA box (box dimensions are limited to 256)
+
+
+def bar_offset(llir: str) -> int | None:
+    """Byte offset of the first mbarrier the kernel initialises (Triton allocates them after the buffers)."""
+    offs = [int(o or 0) for o in re.findall(r"mbarrier\.init[^\n]*@global_smem(?:, i32 (\d+))?\)", llir)]
+    return min(offs) if offs else None
+
+
+def fit_kernel(compile_fn, consts: dict, smem_limit: int):
+    """(compiled kernel, constants) from ``compile_fn(consts)``: recompiled with the mbarriers' real byte offset
+    when the guess in consts["BARS"] was wrong (the bounded waits address them by offset), and with one ring
+    slot fewer while the kernel's shared memory (ring + activations + the compiler's scratch) exceeds
+    ``smem_limit`` bytes. Raises RuntimeError if no offset is found or fewer than 2 slots would fit."""
+    consts = dict(consts)
+    while True:
+        k = compile_fn(consts)
+        off = bar_offset(k.asm["llir"])
+        if off is None:
+            raise RuntimeError("streaming megakernel: no mbarrier.init found in the compiled kernel")
+        if off != consts["BARS"]:
+            consts["BARS"] = off
+            continue
+        if k.metadata.shared <= smem_limit:
+            return k, consts
+        if consts["SLOTS"] <= 2:
+            raise RuntimeError(f"streaming megakernel: {k.metadata.shared} bytes of shared memory with 2 ring slots "
+                               f"exceed the GPU's {smem_limit}")
+        consts["SLOTS"] -= 1
+
+
+class StreamMegakernelRunner(PersistentRunner):
+    """Options: ``n_workers`` (default: one per SM; all must be co-resident), ``use_cuda_graph``,
+    ``check_every`` (steps between error-word reads; 0: only ``check()`` / ``poll()``), ``wait_ms`` (a
+    dependency or ring wait gives up after this long, and records where it stopped), ``profile`` (stamp
+    every task of ``task_graph`` into ``prof`` int64 [tasks, 4]: start, dependencies satisfied, end (ns),
+    worker)."""
+
+    wait_errors = {k: v for k, v in sd.ERRORS.items() if k != 1}
+
+    def __init__(self, step, *, n_workers: int | None = None, use_cuda_graph: bool | None = None,
+                 check_every: int = 0, wait_ms: int = 2000, profile: bool = False):
+        reason = unsupported(step)
+        if reason:
+            raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {reason}; use "
+                             f"backend='triton'")
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 0:
+            raise InputError(f"check_every must be an int >= 0 (steps between error-word reads), got {check_every!r}")
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms < 1:
+            raise InputError(f"wait_ms must be an int >= 1 (milliseconds before a wait gives up), got {wait_ms!r}")
+        super().__init__(step)
+        dev = step.device
+        self.profile = profile
+        props = torch.cuda.get_device_properties(dev)
+        self.n_workers = n_workers or props.multi_processor_count
+        self.plan = make_plan(step, self.n_workers)
+        self.events = self.plan.events
+        g = self.plan.graph
+        self.scratch = {n: torch.full(g.buffers[n].shape, -1, dtype=g.buffers[n].dtype, device=dev)
+                        for n in ("stream.pmax", "stream.pidx")}
+        qrec, wl = records(self.plan)
+        self.qrec, self.wl = qrec.to(dev), wl.to(dev)
+        self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
+        self.packed, self.chunk_off = pack_weights(self.plan, self.tensors)
+        self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
+                      (step.graph.meta["dtype"], torch.float32, torch.int32)}
+        self.argtab = torch.zeros(len(g.ops), self.plan.consts["MAXA"], dtype=torch.int64, device=dev)
+        self._write_addresses()
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
+        self.epoch, self.done, self.err = torch.ones(1, **i32), torch.zeros(1, **i32), torch.zeros(5, **i32)
+        # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph
+        self.prof = torch.zeros(max(len(g.tasks), 1) if profile else 1, 4, dtype=torch.int64, device=dev)
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+        flat = self.packed.view(-1, BOX[1])
+        self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
+        self.wait_limit = f"{wait_ms} ms"
+        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
+        self._init_run_state(True, use_cuda_graph, check_every)
+        self._compile(props)
+
+    @property
+    def task_graph(self):
+        return self.plan.graph
+
+    def _write_addresses(self) -> None:
+        tensors = dict(self.tensors, **self.scratch)
+        self.argtab.copy_(arg_table(self.plan, tensors, self.bases))
+
+    def _args(self):
+        b = list(self.bases.values())
+        return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
+                self.done, self.err, self.prof, b[0], b[1], b[2])
+
+    def _compile(self, props) -> None:
+        """Compile (``fit_kernel``), then refuse more workers than fit on the GPU at once."""
+        k, self.consts = fit_kernel(
+            lambda c: sd.stream_megakernel.warmup(*self._args(), grid=(self.n_workers,), num_warps=4, **c),
+            self.consts, props.shared_memory_per_block_optin)
+        k._init_handles()
+        self.compiled = k
+        meta = {"n_regs": k.n_regs, "num_warps": 5, "shared": k.metadata.shared}
+        self.max_workers = residency_check(self.n_workers, meta, {
+            "sm_count": props.multi_processor_count, "smem_per_sm": props.shared_memory_per_multiprocessor,
+            "regs_per_sm": props.regs_per_multiprocessor, "max_threads_per_sm": props.max_threads_per_multi_processor})
+        if k.n_spills:
+            log.info("streaming megakernel register spills: n_spills=%d at %d registers", k.n_spills, k.n_regs)
+
+    def launch(self) -> None:
+        sd.stream_megakernel[(self.n_workers,)](*self._args(), num_warps=4, **self.consts)

@@ -1,0 +1,128 @@
+"""GPU check and timing of the streaming (Gluon) megakernel against the Triton megakernel and the PyTorch
+reference, on random weights (H200; bf16):
+
+    python scripts/stream_check.py --out DIR [--models llama-3.2-1b,...] [--batches 1,4] [--context 512]
+
+Per (model, batch): KV caches filled with random K/V, per-sequence lengths drawn around --context; one step of
+each runner from the same cache and tokens; reports the logits' max relative error against the reference
+(norm-wise, per row), greedy-token agreement, the KV rows written, bitwise batch invariance (each row of the
+batch-B step equals that sequence alone at batch 1), then the CUDA-graph step time of each runner (median of
+steps timed with CUDA events). Writes DIR/stream_check.json (date, GPU, commit, every figure).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from onekernel.bench.timing import median_ms  # noqa: E402
+from onekernel.models.load import load_model  # noqa: E402
+from onekernel.runtime.kv_cache import KVCache  # noqa: E402
+from onekernel.runtime.runners import make_step_runner  # noqa: E402
+
+
+def make_cache(model, B, S, lens, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cache = KVCache(model.config, B, S, torch.bfloat16, "cuda")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g, device="cuda").to(torch.bfloat16))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g, device="cuda").to(torch.bfloat16))
+    cache.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    return cache
+
+
+def run_one(model, mode, cache, tokens, **opts):
+    """(logits, next_tokens, k, v, runner) after one step from a copy of ``cache``."""
+    c = KVCache(model.config, cache.k.shape[1], cache.k.shape[3], torch.bfloat16, "cuda")
+    c.k.copy_(cache.k)
+    c.v.copy_(cache.v)
+    c.seq_lens.copy_(cache.seq_lens)
+    r = make_step_runner(mode, model, c, **opts)
+    logits, nxt = r.step(tokens)
+    torch.cuda.synchronize()
+    r.check()
+    return logits.clone(), nxt.clone(), c, r
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-9)).max().item()
+
+
+def check(model, B, context, seed):
+    S = context + 64
+    lens = [max(1, context - 37 * b) for b in range(B)]
+    cache = make_cache(model, B, S, lens, seed)
+    tokens = torch.randint(0, model.config.vocab_size, (B,), dtype=torch.int32, device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(seed + 1))
+    ref = run_one(model, "reference", cache, tokens)
+    tri = run_one(model, "megakernel", cache, tokens, backend="triton")
+    glu = run_one(model, "megakernel", cache, tokens, backend="gluon")
+    rec = {"batch": B, "context": context, "lens": lens,
+           "rel_err_gluon_vs_ref": rel_err(glu[0], ref[0]), "rel_err_triton_vs_ref": rel_err(tri[0], ref[0]),
+           "rel_err_gluon_vs_triton": rel_err(glu[0], tri[0]),
+           "tokens_equal_ref": int((glu[1] == ref[1]).sum()), "tokens_equal_triton": int((glu[1] == tri[1]).sum()),
+           "tokens_argmax_of_own_logits": bool((glu[1] == glu[0].argmax(-1).to(torch.int32)).all())}
+    bidx = torch.arange(B, device="cuda")
+    pos = cache.seq_lens.long()
+    kref, kglu = ref[2].k[:, bidx, :, pos], glu[2].k[:, bidx, :, pos]
+    rec["k_rows_rel_err"] = rel_err(kglu.reshape(-1, kglu.shape[-1]), kref.reshape(-1, kref.shape[-1]))
+    rec["v_rows_rel_err"] = rel_err(glu[2].v[:, bidx, :, pos].reshape(-1, kref.shape[-1]),
+                                    ref[2].v[:, bidx, :, pos].reshape(-1, kref.shape[-1]))
+    others_same = True
+    for b in range(B):  # every other cache row untouched
+        keep = torch.ones(S, dtype=torch.bool, device="cuda")
+        keep[pos[b]] = False
+        others_same &= bool((glu[2].k[:, b][:, :, keep] == cache.k[:, b][:, :, keep]).all())
+    rec["other_kv_rows_untouched"] = others_same
+    if B > 1:  # bitwise batch invariance: row b alone at batch 1
+        same = True
+        for b in range(B):
+            one = make_cache(model, 1, S, [lens[b]], seed)
+            one.k.copy_(cache.k[:, b:b + 1])
+            one.v.copy_(cache.v[:, b:b + 1])
+            lg = run_one(model, "megakernel", one, tokens[b:b + 1], backend="gluon")[0]
+            same &= bool(torch.equal(lg[0], glu[0][b]))
+        rec["batch_invariant_bitwise"] = same
+    for name, r in (("triton", tri[3]), ("gluon", glu[3])):
+        rec[f"ms_{name}"] = median_ms(lambda r=r: r.step(tokens), steps=200, warmup=20)
+        r.check()
+    graph = run_one(model, "graph", cache, tokens)[3]
+    rec["ms_graph"] = median_ms(lambda: graph.step(tokens), steps=200, warmup=20)
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3.1-8b")
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--context", type=int, default=512)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "gpu": torch.cuda.get_device_name(),
+           "commit": os.environ.get("ONEKERNEL_COMMIT", ""), "torch": torch.__version__, "records": []}
+    for name in args.models.split(","):
+        model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
+        for B in map(int, args.batches.split(",")):
+            try:
+                rec = {"model": name, **check(model, B, args.context, seed=B)}
+            except Exception as e:  # report and go on: one failing case must not hide the others
+                rec = {"model": name, "batch": B, "error": f"{type(e).__name__}: {e}"[:2000],
+                       "trace": traceback.format_exc()[-3000:]}
+            print(json.dumps(rec), flush=True)
+            res["records"].append(rec)
+            (out / "stream_check.json").write_text(json.dumps(res, indent=1))
+        del model
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

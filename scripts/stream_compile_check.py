@@ -1,0 +1,101 @@
+"""Compile the streaming (Gluon) megakernel for sm_90a on a machine without a GPU and report registers,
+spills, shared memory, the partitions' register split and the mbarrier offset:
+
+    python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS]     # e.g. llama-3.2-1b 1 132
+
+prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset).
+
+Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on
+the GPU; tensors are CPU stand-ins of the right dtypes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+SMEM_OPTIN_H200 = 232448  # shared memory per block (opt-in) of an H100/H200
+
+
+def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 132, seq: int = 1024,
+                   dtype=torch.bfloat16):
+    """(compiled kernel, plan, constants) of the streaming megakernel for ``model`` compiled for sm_90a."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from onekernel.exec import stream_device as sd
+    from onekernel.exec.stream_plan import make_plan, records
+    from onekernel.exec.stream_runner import BOX, fit_kernel
+    from onekernel.models.config import get_config
+    from onekernel.models.decode_graph import decode_graph
+    from onekernel.ops.tiling import Tiling
+
+    g, _, _ = decode_graph(get_config(model), batch, seq, dtype, tiling=Tiling(workers, "fit"))
+    plan = make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), workers)
+    records(plan)  # the tables build on the host as on the GPU
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
+    i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
+    args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
+            torch.zeros(4, dtype=torch.float32), i32]
+    fn = sd.stream_megakernel
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, BARS=0, PROFILE=False)
+    sig = {n: mangle_type(a) for n, a in zip(fn.arg_names, args)}
+    sig.update({n: "constexpr" for n in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+
+    def compile_fn(c):
+        cst = {(fn.arg_names.index(n),): v for n, v in c.items()}
+        return triton.compile(GluonASTSource(fn, sig, cst, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4})
+
+    k, consts = fit_kernel(compile_fn, consts, SMEM_OPTIN_H200)
+    return k, plan, consts
+
+
+def report(k) -> dict:
+    """ptxas registers and spill bytes, shared memory, the partitions' register split, TMA copy sites."""
+    ptx = k.asm["ptx"]
+    bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(ptx)
+        rep = subprocess.run([str(bindir / "ptxas"), "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", rep)
+    spill = re.search(r"(\d+) bytes spill stores", rep)
+    maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
+            "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor")}
+
+
+def main() -> None:
+    model = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1b"
+    batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 132
+    t0 = time.perf_counter()
+    k, plan, consts = compile_stream(model, batch, workers)
+    rec = {"model": model, "batch": batch, "workers": workers, "compile_s": round(time.perf_counter() - t0, 1),
+           **report(k), "tasks": len(plan.graph.tasks),
+           **{n: consts[n] for n in ("B", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN")}}
+    print(json.dumps(rec))
+    if os.environ.get("PTX_OUT"):
+        Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Where the streaming megakernel's step time goes (H200): per-op timing from its task stamps.
+
+    python scripts/stream_profile.py --out DIR [--model llama-3.2-1b] [--batch 1] [--context 512]
+
+Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
+its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
+the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
+layers: median and max task time. Writes DIR/stream_profile_<model>_b<batch>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from onekernel.models.load import load_model  # noqa: E402
+from onekernel.runtime.kv_cache import KVCache  # noqa: E402
+from onekernel.runtime.runners import make_step_runner  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=None)
+    a = ap.parse_args()
+    model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
+    cache = KVCache(model.config, a.batch, a.context + 64, torch.bfloat16, "cuda")
+    cache.seq_lens.fill_(a.context)
+    r = make_step_runner("megakernel", model, cache, backend="gluon", profile=True, use_cuda_graph=False,
+                         n_workers=a.workers)
+    tok = torch.zeros(a.batch, dtype=torch.int32, device="cuda")
+    for _ in range(5):
+        r.step(tok)
+    torch.cuda.synchronize()
+    r.check()
+    prof = r.prof.cpu().tolist()
+    g = r.task_graph
+    t0 = min(p[0] for p in prof)
+    total = (max(p[2] for p in prof) - t0) / 1e3
+    ops, kinds = [], defaultdict(list)
+    for op in g.ops:
+        st = [prof[t] for t in op.task_ids]
+        dur = [(p[2] - p[1]) / 1e3 for p in st]
+        kinds[op.kind.name].extend(dur)
+        ops.append({"op": op.name, "tasks": len(st), "first_start_us": (min(p[0] for p in st) - t0) / 1e3,
+                    "last_ready_us": (max(p[1] for p in st) - t0) / 1e3, "last_end_us": (max(p[2] for p in st) - t0) / 1e3,
+                    "median_task_us": statistics.median(dur), "max_task_us": max(dur)})
+    per_kind = {k: {"median_us": statistics.median(v), "max_us": max(v), "tasks": len(v)} for k, v in kinds.items()}
+    busy = defaultdict(float)
+    for p in prof:
+        busy[p[3]] += (p[2] - p[1]) / 1e3
+    res = {"model": a.model, "batch": a.batch, "step_us": total, "per_kind": per_kind,
+           "worker_busy_us": {"median": statistics.median(busy.values()), "max": max(busy.values())},
+           "ops": ops}
+    sel = [o for o in ops if o["op"].endswith(".1") or "lm_head" in o["op"] or o["op"] == "embed"]
+    print(f"{a.model} b{a.batch}: step {total:.1f} us; busy per worker median {res['worker_busy_us']['median']:.1f} us")
+    for k, v in per_kind.items():
+        print(f"  {k:14s} tasks {v['tasks']:6d} median {v['median_us']:7.2f} us  max {v['max_us']:7.2f} us")
+    for o in sel:
+        print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"
+              f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f}")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"stream_profile_{a.model}_b{a.batch}.json").write_text(json.dumps(res, indent=1))
+    torch.save(r.prof.cpu(), Path(a.out) / f"stream_prof_{a.model}_b{a.batch}.pt")  # raw stamps, task_graph order
+
+
+if __name__ == "__main__":
+    main()

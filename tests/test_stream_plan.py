@@ -1,0 +1,162 @@
+"""The streaming megakernel's host side (exec/stream_plan.py) on the CPU, and its sm_90 compile.
+
+The GEMV tasks are emulated from the packed weight stream with the device code's row formulas (written again
+here from exec/stream_device.py, not taken from the planner) and compared with ``W @ x`` for random weights
+and activations: a wrong unit split, chunk order, padding or row mapping changes some output row.
+The device code itself runs on a GPU only (tests/test_stream_gpu.py); here it is compiled for sm_90a.
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from onekernel.errors import InputError
+from onekernel.exec import make_runner
+from onekernel.exec import stream_device as sd
+from onekernel.exec.stream_plan import (CHUNK_ELEMS, arg_table, chunk_cols, make_plan, pack_weights,
+                                        prefer_stream, records)
+from onekernel.graph.schedule import validate
+from onekernel.models.config import get_config
+from onekernel.models.decode_graph import build_decode_step
+from onekernel.models.random_init import random_weights
+from onekernel.ops.tiling import Tiling
+from onekernel.runtime.kv_cache import KVCache
+
+ROOT = Path(__file__).resolve().parents[1]
+# K of 128 / 256 / 384 (zero-padded to 256-column chunks), 32-row groups, a vocabulary that is no multiple of them
+CFG = dataclasses.replace(get_config("tiny"), name="stream-test", vocab_size=300, dim=128, n_heads=4, n_kv_heads=2,
+                          head_dim=64, ffn_dim=384)
+
+
+def _step(batch, seed, workers=8):
+    w = random_weights(CFG, torch.bfloat16, "cpu", seed)
+    cache = KVCache(CFG, batch, 48, torch.bfloat16, "cpu")
+    return build_decode_step(CFG, w, cache, tiling=Tiling(workers, "fit")), workers
+
+
+def _device_rows(kind, u, p, rg):
+    """Output rows of unit u's chunk groups, as stream_device._gemv maps them (None: rows of another kind)."""
+    r = torch.arange(rg)
+    if kind == sd.K_QKV.value:
+        P, ch = rg // 2, p["HD"] // rg
+        h, c = u // ch, u % ch
+        return [h * p["HD"] + (r // P) * (p["HD"] // 2) + c * P + (r % P)]
+    base = u * rg + r
+    if kind == sd.K_GATEUP.value:
+        return [base, base + p["N"]]  # gate group, then up group (rows of cat(w_gate, w_up))
+    return [base]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_packed_stream_reproduces_every_gemv(batch, seed):
+    step, W = _step(batch, seed)
+    plan = make_plan(step, W)
+    packed, off = pack_weights(plan, step.tensors)
+    c = plan.consts
+    rg, ck = c["RG"], c["CK"]
+    assert rg * ck == CHUNK_ELEMS and ck == chunk_cols([128, 256, 384]) == 256
+    g = torch.Generator().manual_seed(seed)
+    outs, seen = {}, {}
+    for w, queue in enumerate(plan.schedule.queues):
+        o = int(off[w])
+        for t in queue:
+            op = plan.graph.ops[plan.graph.tasks[t].op]
+            kind = plan.kinds[op.index]
+            if kind not in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value, sd.K_LMHEAD.value):
+                continue
+            wt = step.tensors[plan.weight_of[op.index]].double()
+            n, k = wt.shape
+            if op.index not in outs:
+                x = torch.randn(k, generator=g, dtype=torch.float64)
+                outs[op.index] = (x, torch.full((n,), float("nan"), dtype=torch.float64))
+                seen[op.index] = torch.zeros(n, dtype=torch.long)
+            x, y = outs[op.index]
+            u0, nu = plan.units[t]
+            nkb = op.params["NKB"]
+            for u in range(u0, u0 + nu):
+                for rows in _device_rows(kind, u, op.params, rg):
+                    chunks = packed[o:o + nkb].double()  # [nkb, RG, CK]
+                    o += nkb
+                    wg = chunks.transpose(0, 1).reshape(rg, nkb * ck)
+                    assert not wg[:, k:].any(), f"{op.name}: the padding past K={k} is not zero"
+                    live = rows < n
+                    y[rows[live]] = wg[live, :k] @ x
+                    seen[op.index][rows[live]] += 1
+                    assert not wg[~live].any(), f"{op.name}: rows past N={n} must stream as zeros"
+        assert o == int(off[w + 1]), f"worker {w} consumed {o - int(off[w])} chunks, streams {int(off[w + 1] - off[w])}"
+    for oi, (x, y) in outs.items():
+        name = plan.graph.ops[oi].name
+        assert (seen[oi] == 1).all(), f"{name}: rows covered {seen[oi].min()}..{seen[oi].max()} times, want once"
+        ref = step.tensors[plan.weight_of[oi]].double() @ x
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_schedule_records_and_tables(seed):
+    step, W = _step(2, seed)
+    plan = make_plan(step, W)
+    g = plan.graph
+    validate(plan.schedule, g, [[] for _ in g.tasks])  # every task once, queues well formed
+    where = {t: w for w, q in enumerate(plan.schedule.queues) for t in q}
+    for op, kind in zip(g.ops, plan.kinds):
+        per = torch.bincount(torch.tensor([where[t] for t in op.task_ids]), minlength=W)
+        if op.kind.name in ("qkv_rope", "gemv_residual", "gate_up", "lm_head"):
+            assert per.max() == 1, f"{op.name}: a GEMV op has one task per worker at most"
+        else:  # tiles of one op are spread before any worker gets a second one
+            assert per.max() - per.min() <= 1, f"{op.name}: tasks per worker {per.tolist()}"
+        for q in plan.schedule.queues:  # program order inside every queue
+            ops = [g.tasks[t].op for t in q]
+            assert ops == sorted(ops)
+    qrec, wl = records(plan)
+    assert qrec.shape == (len(g.tasks) + 1, sd.REC.value)
+    for row, t in zip(qrec.tolist(), [t for q in plan.schedule.queues for t in q]):
+        task = g.tasks[t]
+        assert row[sd.F_TASK.value] == t and row[sd.F_KIND.value] == plan.kinds[task.op]
+        waits = plan.events.waits[t]
+        assert row[sd.F_WE.value] - row[sd.F_WB.value] == len(waits)
+        assert [e for e, _ in wl[row[sd.F_WB.value]:row[sd.F_WE.value]].tolist()] == waits
+        if "NKB" in g.ops[task.op].params:
+            assert row[sd.F_NKB.value] * plan.consts["CK"] >= row[sd.F_K.value] > 0
+    bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
+    scratch = {n: torch.zeros(g.buffers[n].shape, dtype=g.buffers[n].dtype) for n in ("stream.pmax", "stream.pidx")}
+    tensors = dict(step.tensors, **scratch)
+    tab = arg_table(plan, tensors, bases)
+    op = next(o for o in g.ops if o.kind.name == "qkv_rope")
+    assert tab[op.index, 2] * 16 == tensors[op.args["q"]].data_ptr() - bases[torch.bfloat16].data_ptr()
+
+
+def test_prefer_stream_depends_on_the_model_only():
+    from types import SimpleNamespace
+
+    from onekernel.models.decode_graph import decode_graph
+
+    def pref(name, batch):
+        g, _, _ = decode_graph(get_config(name), batch, 64, torch.bfloat16)
+        return prefer_stream(SimpleNamespace(graph=g), 132)
+    for name, want in (("smollm2-135m", False), ("llama-3.2-1b", True), ("llama-3.1-8b", True)):
+        assert [pref(name, b) for b in (1, 5, 16)] == [want] * 3, name
+
+
+def test_backend_option_is_checked(seed):
+    step, _ = _step(1, seed)
+    with pytest.raises(InputError, match="unknown megakernel backend"):
+        make_runner("megakernel", step, interpret=True, backend="cuda")
+    with pytest.raises(InputError, match="Hopper GPU only"):
+        make_runner("megakernel", step, interpret=True, backend="gluon")
+
+
+@pytest.mark.parametrize("model,batch", [("llama-3.2-1b", 1), ("smollm2-135m", 3)])
+def test_compiles_for_sm90_without_spills(model, batch):
+    """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): no register spills, shared
+    memory within the H200's 227 KB, the mbarrier offset found, at least 4 ring slots."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/stream_compile_check.py"), model, str(batch)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["spill_bytes"] == 0 and rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
+    assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
