@@ -1,4 +1,4 @@
-"""Command line: ``onekernel generate | graph | profile | bench`` (the last three live in cli_tools.py).
+"""Command line: ``onekernel generate | graph | profile | bench | warmup`` (cli_tools.py, cli_warmup.py).
 
 Each subcommand is a pair (add_arguments(parser), run(args) -> exit code). ``main`` turns any
 ``OneKernelError`` into one line on stderr and exit code 2, without a traceback.
@@ -12,6 +12,7 @@ import sys
 
 from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say
 from onekernel.cli_tools import TOOLS
+from onekernel.cli_warmup import WARMUP
 from onekernel.errors import DeviceError, InputError, OneKernelError
 from onekernel.exec import STEP_MODES
 from onekernel.serve.main import add_arguments as serve_args, run as serve_run
@@ -194,6 +195,7 @@ SUBCOMMANDS = {
     "generate": ("generate text from one or more prompts", _add_generate, _run_generate),
     "serve": ("serve the OpenAI API (completions, chat; streaming, continuous batching)", serve_args, serve_run),
     **TOOLS,
+    **WARMUP,
 }
 
 

@@ -4,7 +4,8 @@ Nothing shows for a run shorter than ``DELAY_S``. After that: on a terminal, a l
 the elapsed time, then one bar per sequence: tokens so far of max_new_tokens, "done" once it stopped), cleared
 at the end; elsewhere (a pipe, a log file), a status line every ``INTERVAL_S`` seconds and one at the end. In a
 Triton mode, a first decode step longer than ``DELAY_S`` gets a line saying the kernels are compiling (on a
-first run of a model, mode and batch size; cached on disk after). Never writes to stdout.
+first run of a model, mode and batch size) and where they are kept (``cli_compile.compile_note``). Never writes
+to stdout.
 """
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import time
 
 DELAY_S = 3.0  # a run shorter than this shows nothing
 INTERVAL_S = 15.0  # between status lines when stderr is not a terminal
-COMPILE_NOTE = ("note: the first decode step is compiling the Triton kernels (on a first run of this model, mode "
-                "and batch size: up to minutes for an 8B model at batch 8; cached on disk after)")
 
 
 class GenerateProgress:
@@ -124,7 +123,8 @@ class GenerateProgress:
         if (self.compile_note and not self.noted and self.compiling_since is not None
                 and time.perf_counter() - self.compiling_since >= self.delay):
             self.noted = True
-            self.note(COMPILE_NOTE)
+            from onekernel.cli_compile import compile_note
+            self.note(compile_note("the first decode step"))
 
     def _tick(self) -> None:
         """Show the display once the run is older than the delay; off a terminal, a status line per interval."""

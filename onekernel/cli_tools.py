@@ -125,7 +125,7 @@ def _run_profile(args) -> int:
     return 0
 
 
-BENCH_MODES = ("torch", "torch+graph", "torch+compile", *GPU_MODES)
+BENCH_MODES = ("torch", "torch+graph", "torch+compile", *GPU_MODES, "megakernel-triton")
 
 
 def _add_bench(p):
@@ -204,17 +204,20 @@ def _run_bench(args) -> int:
             done(rec)
         return f
 
-    if args.study:
-        total = len(batches) * len(only if only is not None else variant_names(n_sm))
-        with progress(total, f"study {name}") as (started, done):
-            records = run_study(model, name, batches, args.context, bw, steps=args.steps, n_sm=n_sm,
-                                started=started, progress=keep(done), only=only)
-    else:
-        records = []
-        with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
-            for b in batches:
-                records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps,
-                                       progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"))
+    from onekernel.cli_compile import note_when_slow
+
+    with note_when_slow(name):  # a kernel compiling (a first run) gets a line: what, and where it is kept
+        if args.study:
+            total = len(batches) * len(only if only is not None else variant_names(n_sm))
+            with progress(total, f"study {name}") as (started, done):
+                records = run_study(model, name, batches, args.context, bw, steps=args.steps, n_sm=n_sm,
+                                    started=started, progress=keep(done), only=only)
+        else:
+            records = []
+            with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
+                for b in batches:
+                    records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps,
+                                           progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"))
     records = [{**meta, **r} for r in records]
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
     timed = [r for r in records if not r.get("profiled")]

@@ -44,10 +44,10 @@ TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch
          torch.float16: "*fp16"}
 
 
-def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, out_dir: Path | None = None,
-                 ttgir: bool = False) -> dict:
-    """Compile JITFunction ``fn`` for sm_90 with ``args`` (tensors -> aligned pointers, ints -> i32/i64).
-    Writes ``name``.ptx (and with ``ttgir`` ``name``.ttgir) to ``out_dir`` (default $PTXDIR)."""
+def ast_source(fn, args: list, constexprs: dict) -> ASTSource:
+    """What ``triton.compile`` takes for JITFunction ``fn`` with ``args`` (tensors -> 16-byte aligned pointers, as
+    the JIT specialises them at a launch; ints -> i32/i64) and ``constexprs``; its ``hash()`` is the kernel's key in
+    Triton's on-disk cache (with the target and options)."""
     sig, consts, attrs = {}, {}, {}
     for i, (n, a) in enumerate(zip(fn.arg_names, args)):
         if isinstance(a, torch.Tensor):
@@ -58,8 +58,16 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, ou
     for n, v in constexprs.items():
         sig[n] = "constexpr"
         consts[(fn.arg_names.index(n),)] = v
+    return ASTSource(fn, sig, consts, attrs)
+
+
+def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, out_dir: Path | None = None,
+                 ttgir: bool = False) -> dict:
+    """Compile JITFunction ``fn`` for sm_90 with ``args`` (tensors -> aligned pointers, ints -> i32/i64).
+    Writes ``name``.ptx (and with ``ttgir`` ``name``.ttgir) to ``out_dir`` (default $PTXDIR)."""
     t0 = time.time()
-    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET, options={"num_warps": num_warps})
+    k = triton.compile(ast_source(fn, args, constexprs), target=TARGET, options={"num_warps": num_warps})
+    compile_s = time.time() - t0
     ptx = k.asm["ptx"]
     out_dir = out_dir or PTXDIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +83,8 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, ou
     return {"regs": int(re.search(r"Used (\d+) registers", rep).group(1)), "spill_bytes": int(spill.group(1)) if
             spill else 0, "smem": k.metadata.shared, "v4": len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v4", ptx)),
             "v2": len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v2", ptx)), "loads": len(re.findall(r"ld\.global", ptx)),
-            "s": time.time() - t0}
+            "s": time.time() - t0, "compile_s": round(compile_s, 2), "ptx_bytes": len(ptx),
+            "cubin_bytes": len(k.asm["cubin"])}
 
 
 def main(name: str = "smollm2-135m", batch: int = 1) -> None:

@@ -13,14 +13,20 @@ weight chunk (weights are ready before the step); the body reads activations (``
 double-buffered: chunk k+1's load is issued before chunk k is reduced, so two chunks are in flight per CTA.
 
 Batch invariance: row b's outputs are bitwise the same for every batch size B (1..16) given row b's inputs.
-Tile shapes (BLOCK_N, BLOCK_K) never depend on B, and every per-row reduction is written once per row,
-unrolled over b (``tl.static_range(B)``), with operands whose shape and layout do not depend on B: the dot product of row b is ``tl.sum(x_b[None, :] * W_chunk, axis=1)`` over the
+Tile shapes (BLOCK_N, BLOCK_K) never depend on B, and every per-row reduction has operands whose shape and
+layout do not depend on B: the dot product of row b is ``tl.sum(x_b[None, :] * W_chunk, axis=1)`` over the
 [R, BLOCK_K] weight chunk (``row_dot``), selected into row b of a [BLOCK_B, R] chunk tile and added to the fp32
 accumulator chunk by chunk in k order (``mac_rows2d``: selects and elementwise adds only, so the
-accumulator's layout cannot change a value); RMSNorm's sum of squares is a [BLOCK_K] vector per row
-(``rms_rstd``); qkv's q/k norm keeps per-row [2P] accumulators (``gemv_rows_t``) for its per-row sums. No tensor cores: B=1 is the
-latency-critical case and keeps its 16-byte weight loads; the B-times CUDA-core FMA work of B > 1 is
-still cheap next to the weight stream for B <= 16.
+accumulator's layout cannot change a value); RMSNorm's sum of squares is a 1-D [NK] vector per row, NK from K
+alone (``rms_rstd``), and a row's rstd is read back from the [BLOCK_B] vector by an exact select
+(``row_of``); qkv's q/k norm keeps per-row [2P] accumulators (``gemv_rows_t``) for its per-row sums.
+
+Compile time (issue 12): the loops over the batch rows and over K are runtime loops, so the compiled code does
+not grow with B or K (it used to unroll B x K / BLOCK_K loads: minutes to compile at batch 8); only qkv's q/k
+norm (Qwen3) still unrolls the rows. Latency is kept where it was: the row loops load row b + 1's chunk before
+reducing row b's, the RMSNorm pass loads up to 4 rows at once, and at B = 1 the loops fold away (the same
+loads as before). No tensor cores: B=1 is the latency-critical case and keeps its 16-byte weight loads; the
+B-times CUDA-core FMA work of B > 1 is still cheap next to the weight stream for B <= 16.
 """
 from __future__ import annotations
 
@@ -87,29 +93,62 @@ def last_chunk(K: tl.constexpr, BLOCK_K: tl.constexpr):
     return ((K - 1) // BLOCK_K) * BLOCK_K
 
 
-@triton.jit
-def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
-    """Tuple of B fp32 scalars ``rsqrt(mean_k(x[b, k]^2) + eps)`` of activation x [B, K] (HF LlamaRMSNorm).
+# The RMSNorm pass loads each row in chunks of NK = min(next_pow2(K), NORM_CHUNK) columns (the whole row of every
+# benchmark model: one memory round trip) and RR = NORM_ELEMS // NK rows at a time (at most 4): a fixed number
+# of registers and a fixed amount of code whatever B and K are.
+NORM_CHUNK = tl.constexpr(4096)
+NORM_ELEMS = tl.constexpr(8192)
 
-    Batch-invariant: row b is loaded as its own [BLOCK_K] vector, squares accumulate elementwise over the
-    chunks and one 1-D ``tl.sum`` finishes the row, so the layout and summation order never depend on B.
-    The chunk loop is unrolled so the loads of all chunks are issued together (one memory round trip, not
-    K / BLOCK_K of them: this runs on the latency-critical path of every normed GEMV tile)."""
-    ok = tl.arange(0, BLOCK_K)
-    ss = ()
-    for b in tl.static_range(B):
-        ss = ss + (tl.zeros([BLOCK_K], tl.float32),)
-    for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: every chunk's load can be in flight at once
-        m = k0 + ok < K
-        nss = ()
-        for b in tl.static_range(B):
-            v = tl.load(x + b * K + k0 + ok, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-            nss = nss + (ss[b] + v * v,)
-        ss = nss
-    rstd = ()
-    for b in tl.static_range(B):
-        rstd = rstd + (tl.math.rsqrt(tl.sum(ss[b], axis=0) / K + EPS),)
+
+@triton.jit
+def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl.constexpr):
+    """fp32 [BLOCK_B]: ``rsqrt(mean_k(x[b, k]^2) + eps)`` for each row b < B of activation x [B, K] (HF
+    LlamaRMSNorm); rows >= B are 0. Read row b with ``row_of``.
+
+    Batch-invariant: row b is loaded as its own [NK] vectors (NK from K alone), squares accumulate
+    elementwise over the chunks in k order and one 1-D ``tl.sum`` finishes the row, so the layout and
+    summation order never depend on B. Runtime loops over groups of RR rows and over the chunks (the compiled
+    code does not grow with B or K); the RR loads of a group are issued together (rows >= B masked off, and
+    folded away at B = 1), so a batch of B rows costs ceil(B / RR) memory round trips."""
+    NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
+    RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK))
+    ok = tl.arange(0, NK)
+    ob = tl.arange(0, BLOCK_B)
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    for b0 in range(0, B, RR):
+        ss = ()
+        for r in tl.static_range(RR):
+            ss = ss + (tl.zeros([NK], tl.float32),)
+        for k0 in range(0, K, NK):
+            vs = ()
+            for r in tl.static_range(RR):  # every load of the group first, then the arithmetic
+                m = tl.where(b0 + r < B, k0 + ok < K, False)
+                vs = vs + (tl.load(x + (b0 + r) * K + k0 + ok, mask=m, other=0.0, cache_modifier=".cg"),)
+            nss = ()
+            for r in tl.static_range(RR):
+                v = vs[r].to(tl.float32)
+                nss = nss + (ss[r] + v * v,)
+            ss = nss
+        for r in tl.static_range(RR):
+            rstd = tl.where(ob == b0 + r, tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS), rstd)
     return rstd
+
+
+@triton.jit
+def row_of(v, ob, b):
+    """Element b of a per-row vector v [BLOCK_B] (ob = arange(0, BLOCK_B)) as a scalar, exactly: a select
+    and a sum of zeros."""
+    return tl.sum(tl.where(ob == b, v, 0), axis=0)
+
+
+@triton.jit
+def row_rstd(rstd, ob, b, NORM: tl.constexpr):
+    """Row b's rstd (``rms_rstd``) when NORM, else a placeholder 1.0."""
+    if NORM:
+        r = row_of(rstd, ob, b)
+    else:
+        r = 1.0
+    return r
 
 
 @triton.jit
@@ -124,15 +163,28 @@ def load_nw_chunk(nw, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.const
 
 
 @triton.jit
-def load_x_row(x, g, rstd_b, b, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    """Activation chunk ``x[b, k0:k0+BLOCK_K]`` [BLOCK_K] in the model dtype (0 outside).
-    NORM: HF RMSNorm applied: ``(w * (x * rstd).to(dt)).to(dt)``, norm weight chunk g (fp32), rstd_b scalar."""
+def load_x_raw(x, b, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, ok_b):
+    """Activation chunk ``x[b, k0:k0+BLOCK_K]`` [BLOCK_K] in the model dtype (0 outside, and everywhere unless
+    the scalar ``ok_b``: a prefetch past the last row reads nothing)."""
     ok = k0 + tl.arange(0, BLOCK_K)
-    v = tl.load(x + b * K + ok, mask=ok < K, other=0.0, cache_modifier=".cg")
+    return tl.load(x + b * K + ok, mask=tl.where(ok_b, ok < K, False), other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def norm_x(v, g, rstd_b, NORM: tl.constexpr):
+    """NORM: HF RMSNorm applied to an activation chunk v (model dtype): ``(w * (x * rstd).to(dt)).to(dt)``, norm
+    weight chunk g (fp32), rstd_b scalar; else v unchanged."""
     if NORM:
         h = rnd(v.to(tl.float32) * rstd_b, v.dtype)
         v = rnd(h * g, v.dtype).to(v.dtype)
     return v
+
+
+@triton.jit
+def load_x_row(x, g, rstd_b, b, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """Activation chunk ``x[b, k0:k0+BLOCK_K]`` [BLOCK_K] in the model dtype (0 outside), normed if NORM
+    (``norm_x``)."""
+    return norm_x(load_x_raw(x, b, k0, K, BLOCK_K, True), g, rstd_b, NORM)
 
 
 @triton.jit
@@ -162,33 +214,32 @@ def stack_rows(rows_t, B: tl.constexpr, BLOCK_B: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def mac_rows(acc, x, nw, rstd, wv, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-             NORM: tl.constexpr):
+def mac_rows(acc, x, nw, rstd, wv, k0, B: tl.constexpr, BLOCK_B: tl.constexpr, K: tl.constexpr,
+             BLOCK_K: tl.constexpr, NORM: tl.constexpr):
     """acc[b] (fp32 [R]) += (norm?)x[b, k0:k0+BK] . wv[R, BK] for every batch row b (tuple in, tuple out)."""
     g = load_nw_chunk(nw, k0, K, BLOCK_K, NORM)
+    ob = tl.arange(0, BLOCK_B)
     new = ()
     for b in tl.static_range(B):
-        if NORM:
-            xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, NORM)
-        else:
-            xb = load_x_row(x, g, 1.0, b, k0, K, BLOCK_K, NORM)
+        xb = load_x_row(x, g, row_rstd(rstd, ob, b, NORM), b, k0, K, BLOCK_K, NORM)
         new = new + (acc[b] + row_dot(xb, wv),)
     return new
 
 
 @triton.jit
-def gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+def gemv_rows_t(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                R: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
     """Tuple of B fp32 [R]: row b = (norm?)x[b, :] @ W[rows, :]^T, given the prefetched first chunk
     w0 = W[rows, :BLOCK_K]. Per row: chunk sums ``row_dot`` added in k order to an fp32 accumulator, the
-    same operations for every b and every B (rstd: tuple from ``rms_rstd``, unused unless NORM)."""
+    same operations for every b and every B (rstd: [BLOCK_B] from ``rms_rstd``, unused unless NORM). Unrolled
+    over the B rows (a tuple): only qkv_rope's per-head q/k norm needs per-row vectors; ``gemv_rows`` loops."""
     acc = zero_rows(B, R)
     wv = w0
     for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered: chunk k0 is in flight while k0 - BK is reduced
         nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = mac_rows(acc, x, nw, rstd, wv, k0 - BLOCK_K, B, K, BLOCK_K, NORM)
+        acc = mac_rows(acc, x, nw, rstd, wv, k0 - BLOCK_K, B, BLOCK_B, K, BLOCK_K, NORM)
         wv = nxt
-    return mac_rows(acc, x, nw, rstd, wv, last_chunk(K, BLOCK_K), B, K, BLOCK_K, NORM)
+    return mac_rows(acc, x, nw, rstd, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, BLOCK_K, NORM)
 
 
 @triton.jit
@@ -196,16 +247,16 @@ def mac_rows2d(acc, x, nw, rstd, wv, k0, B: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_K: tl.constexpr, NORM: tl.constexpr):
     """acc [BLOCK_B, R] += (norm?)x[b, k0:k0+BK] . wv[R, BK] row by row: each row's chunk sum (``row_dot``)
     is selected into a [BLOCK_B, R] chunk tile, added once; row b gets exactly ``acc_b + row_dot_b`` for any B.
-    (Uses far fewer registers at B = 8..16 than a tuple of per-row accumulators: those sit in the replicated
-    slice layout of the weight chunk.)"""
+    A runtime loop over the rows (the compiled code does not grow with B) that loads row b + 1's chunk before
+    reducing row b's. (A [BLOCK_B, R] accumulator uses far
+    fewer registers at B = 8..16 than a tuple of per-row ones: those sit in the weight chunk's slice layout.)"""
     g = load_nw_chunk(nw, k0, K, BLOCK_K, NORM)
     ob = tl.arange(0, BLOCK_B)
     cs = tl.zeros_like(acc)
-    for b in tl.static_range(B):
-        if NORM:
-            xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, NORM)
-        else:
-            xb = load_x_row(x, g, 1.0, b, k0, K, BLOCK_K, NORM)
+    xn = load_x_raw(x, 0, k0, K, BLOCK_K, True)
+    for b in range(B):
+        xb = norm_x(xn, g, row_rstd(rstd, ob, b, NORM), NORM)
+        xn = load_x_raw(x, b + 1, k0, K, BLOCK_K, b + 1 < B)  # in flight during row b's reduction
         cs = tl.where(ob[:, None] == b, row_dot(xb, wv)[None, :], cs)
     return acc + cs
 
@@ -250,7 +301,7 @@ def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexp
                        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    acc = gemv_rows(w0, x, w, (), w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
+    acc = gemv_rows(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
@@ -298,8 +349,10 @@ def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, BLOCK_B: tl.co
     ob = tl.arange(0, BLOCK_B)
     cg = tl.zeros_like(ag)
     cu = tl.zeros_like(au)
-    for b in tl.static_range(B):
-        xb = load_x_row(x, g, rstd[b], b, k0, K, BLOCK_K, True)
+    xn = load_x_raw(x, 0, k0, K, BLOCK_K, True)
+    for b in range(B):
+        xb = norm_x(xn, g, row_of(rstd, ob, b), True)
+        xn = load_x_raw(x, b + 1, k0, K, BLOCK_K, b + 1 < B)  # in flight during row b's reductions
         cg = tl.where(ob[:, None] == b, row_dot(xb, wg)[None, :], cg)
         cu = tl.where(ob[:, None] == b, row_dot(xb, wu)[None, :], cu)
     return ag + cg, au + cu
@@ -318,7 +371,7 @@ def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
+    rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
     z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     ag, au = z, z
     wg, wu = wg0, wu0

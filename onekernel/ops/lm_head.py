@@ -35,7 +35,7 @@ def lm_head_body(tile, w0, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.
                  T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EPS: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = rms_rstd(x, B, K, BLOCK_K, EPS)
+    rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
     acc = gemv_rows(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, True)
     lg = rnd(acc, x.dtype.element_ty)
     ob = tl.arange(0, BLOCK_B)

@@ -39,7 +39,7 @@ import triton.language as tl
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.attention import merge_partials
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv import last_chunk, load_w_chunk, rnd, row_dot, tile_rows
+from onekernel.ops.gemv import last_chunk, load_w_chunk, rnd, row_dot, row_of, tile_rows
 from onekernel.ops.tiling import Tiling, gemv_blocks, region, row_tiled_tasks
 
 # Elements of one [CH, BLOCK_K] partials tile (CH splits x BLOCK_K columns; CH = min(next_pow2(NSPLIT),
@@ -109,11 +109,12 @@ def oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0, B: tl.constexpr, BLOC
                     K: tl.constexpr, HQ: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                     CH: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
     """acc [BLOCK_B, R] += merged attn[b, k0:k0+BK] . wv[R, BK] row by row (``mac_rows2d``'s select-then-add:
-    row b gets exactly ``acc_b + row_dot_b`` for any B); n_live: tuple of B per-row live split counts."""
+    row b gets exactly ``acc_b + row_dot_b`` for any B, in a runtime loop over the rows); n_live: int32
+    [BLOCK_B] per-row live split counts."""
     ob = tl.arange(0, BLOCK_B)
     cs = tl.zeros_like(acc)
-    for b in tl.static_range(B):
-        xb = merge_chunk(o_part, lse_part, b, n_live[b], k0, K, HQ, HD, NSPLIT, CH, BLOCK_K, dt)
+    for b in range(B):
+        xb = merge_chunk(o_part, lse_part, b, row_of(n_live, ob, b), k0, K, HQ, HD, NSPLIT, CH, BLOCK_K, dt)
         cs = tl.where(ob[:, None] == b, row_dot(xb, wv)[None, :], cs)
     return acc + cs
 
@@ -126,9 +127,10 @@ def oproj_merge_body(tile, w0, o_part, lse_part, w, res, out, B: tl.constexpr, N
     """out[b, n] = (res[b, n] + (merge(o_part, lse_part)[b, :] @ w[n, :]).to(dt)).to(dt), the tile's rows n."""
     dt: tl.constexpr = out.dtype.element_ty
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    n_live = ()
-    for b in tl.static_range(B):
-        n_live = n_live + (live_splits(lse_part, b, HQ, NSPLIT, NSP2),)
+    ob = tl.arange(0, BLOCK_B)
+    n_live = tl.zeros([BLOCK_B], tl.int32)
+    for b in range(B):
+        n_live = tl.where(ob == b, live_splits(lse_part, b, HQ, NSPLIT, NSP2), n_live)
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     wv = w0
     for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv.py gemv_rows)
@@ -138,7 +140,6 @@ def oproj_merge_body(tile, w0, o_part, lse_part, w, res, out, B: tl.constexpr, N
         wv = nxt
     acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, HQ, HD, NSPLIT,
                           CH, BLOCK_K, dt)
-    ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
     r = tl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)

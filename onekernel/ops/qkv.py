@@ -56,12 +56,13 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
                   EPS: tl.constexpr, QK_NORM: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     dt = q.dtype.element_ty
-    rstd = rms_rstd(x, B, D, BLOCK_K, EPS)
+    rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
     if QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
-        acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True)
+        acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
+                          True)
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
         ys = ()
         for b in tl.static_range(B):

@@ -25,7 +25,8 @@ from onekernel.errors import InputError
 from onekernel.graph.ir import Buffer, Region, Task
 
 # The largest batch a decode step runs: BLOCK_B = next_pow2(B) accumulator rows live in registers beside the
-# weight chunks (compile_check.py: 255 registers at 8), so 16 is the limit every layer above checks against.
+# weight chunks (compile_check.py: the megakernel uses 255 registers from batch 8), so 16 is the limit every
+# layer above checks against.
 MAX_BATCH = 16
 MAX_TILE_ELEMS = 8192
 TILINGS = ("cover", "fit")

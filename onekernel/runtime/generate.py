@@ -27,6 +27,20 @@ from onekernel.runtime.sampling import Sampler, SamplingParams
 from onekernel.runtime.stream import TextStream
 
 
+# The smallest KV-cache length a compiled (GPU) mode is built for when no max_seq_len is given.
+CACHE_LEN_MIN = 512
+
+
+def default_cache_len(needed: int, model_context: int, compiled: bool) -> int:
+    """KV-cache length of a run without max_seq_len: ``needed`` (longest prompt + max_new_tokens) as is for
+    the reference mode and the interpreter; for a compiled mode rounded up to a power of two >= CACHE_LEN_MIN,
+    capped at ``model_context``, because the kernels are compiled for one cache length: runs with other prompt
+    lengths then reuse the compiled kernels (and ``onekernel warmup``'s default matches short prompts)."""
+    if not compiled:
+        return needed
+    return min(model_context, max(CACHE_LEN_MIN, 1 << (needed - 1).bit_length()))
+
+
 @dataclass
 class SequenceResult:
     """One sequence: prompt ids, generated ids (an EOS token, if produced, is the last id), decoded text
@@ -138,7 +152,9 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
                          max_seq_len=max_seq_len, vocab_size=cfg.vocab_size)
 
     B = len(ids)
-    cache = KVCache(cfg, B, max_seq_len or max(map(len, ids)) + max_new_tokens, dtype, device)
+    compiled = mode != "reference" and not interpret
+    cache_len = max_seq_len or default_cache_len(max(map(len, ids)) + max_new_tokens, cfg.max_seq_len, compiled)
+    cache = KVCache(cfg, B, cache_len, dtype, device)
     runner = make_step_runner(mode, model, cache, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
     streams = [TextStream(tok, eos) for _ in range(B)]

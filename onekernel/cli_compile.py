@@ -1,0 +1,105 @@
+"""Where compiled kernels live, and a watch on Triton's compiles that the CLI turns into progress lines.
+
+Triton compiles a kernel on its first launch in a process and keeps the binary in its on-disk cache
+(``TRITON_CACHE_DIR``, default ``~/.triton/cache``), keyed by the kernel's source and constants: a later process
+(and ``onekernel warmup`` ahead of time) finds it there. The generated wrappers (the per-op kernels and the
+megakernel's ``run_task``) are content-addressed source files in ``exec.codegen.cache_dir()``, so their keys
+are the same in every process (tests/test_compile_cli.py checks it).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+SLOW_S = 2.0  # a kernel load that takes longer is a compile, not a cache hit
+
+
+def cache_dirs() -> tuple[str, str]:
+    """(Triton's kernel cache folder, onekernel's generated-source folder)."""
+    from triton import knobs
+
+    from onekernel.exec.codegen import cache_dir
+
+    return os.path.abspath(knobs.cache.dir), str(cache_dir())
+
+
+def compile_note(what: str = "the kernels") -> str:
+    """The one line the CLI prints on stderr while a first run compiles: what compiles and where it is kept."""
+    triton_dir, gen_dir = cache_dirs()
+    return (f"note: compiling the Triton kernels for {what} (a first run of this model, mode, batch size and context); "
+            f"later runs reuse them from the Triton cache in {triton_dir} (generated sources in {gen_dir}); "
+            f"`onekernel warmup` compiles ahead of time")
+
+
+class CompileWatch:
+    """Context manager that watches Triton's JIT while it is active (its ``jit_cache_hook`` and
+    ``jit_post_compile_hook``, chained to any hooks already set; the previous ones come back on exit).
+
+    ``count``: kernels loaded or compiled so far; ``seconds``: time spent in them. ``on_slow(name)`` is called
+    once (from a timer thread) when one load has run longer than ``slow_s``: a real compile, not a cache hit.
+    Never stops a compile (the hooks return False)."""
+
+    def __init__(self, on_slow=None, slow_s: float = SLOW_S):
+        self.on_slow, self.slow_s = on_slow, slow_s
+        self.count, self.seconds, self.slow = 0, 0.0, False
+        self._t0, self._timer, self._lock = None, None, threading.Lock()
+
+    def __enter__(self) -> "CompileWatch":
+        from triton import knobs
+
+        rt = knobs.runtime
+        self._prev = (rt.jit_cache_hook, rt.jit_post_compile_hook)
+        prev_pre, prev_post = self._prev
+
+        def pre(*args, **kw):
+            self.started(getattr(kw.get("fn"), "name", "a kernel"))
+            return bool(prev_pre and prev_pre(*args, **kw))
+
+        def post(*args, **kw):
+            self.finished()
+            return bool(prev_post and prev_post(*args, **kw))
+
+        rt.jit_cache_hook, rt.jit_post_compile_hook = pre, post
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from triton import knobs
+
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._prev
+        self.finished()
+
+    def started(self, name: str) -> None:
+        """A kernel load begins (called by the hook; tests call it directly)."""
+        with self._lock:
+            self._t0 = time.perf_counter()
+            if self.on_slow is not None and not self.slow:
+                self._timer = threading.Timer(self.slow_s, self._fire, (name,))
+                self._timer.daemon = True
+                self._timer.start()
+
+    def finished(self) -> None:
+        """The load that began last is done (idempotent)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._t0 is not None:
+                self.count += 1
+                self.seconds += time.perf_counter() - self._t0
+                self._t0 = None
+
+    def _fire(self, name: str) -> None:
+        with self._lock:
+            if self._t0 is None or self.slow:
+                return
+            self.slow = True
+        self.on_slow(name)
+
+
+def note_when_slow(what: str) -> CompileWatch:
+    """A CompileWatch that prints ``compile_note`` for ``what`` (and the kernel) on stderr once a kernel load
+    turns out to be a compile."""
+    from onekernel.cli_output import say
+
+    return CompileWatch(on_slow=lambda kernel: say(compile_note(f"{what} ({kernel})")))

@@ -1,0 +1,49 @@
+"""Bitwise batch invariance on the GPU (issue 12): row r of a batch-B step equals a batch-1 step of row r alone.
+
+    python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel] [--out F]
+
+Random weights (bf16), random KV cache and positions, two steps per run (``gpu_full.batch_invariance_check``);
+prints one JSON line per (mode, batch) and writes them all to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--batches", default="2,8,16")
+    ap.add_argument("--modes", default="eager,graph,pdl,megakernel")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    import torch
+
+    from gpu_full import batch_invariance_check
+    from onekernel.models.load import load_model
+
+    m = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda")
+    recs = []
+    for mode in a.modes.split(","):
+        for b in (int(x) for x in a.batches.split(",")):
+            t0 = time.perf_counter()
+            try:
+                rec = {"model": a.model, "mode": mode, "batch": b, **batch_invariance_check(m, mode, batch=b)}
+            except Exception as e:  # noqa: BLE001 (recorded, the next case runs)
+                rec = {"model": a.model, "mode": mode, "batch": b, "error": f"{type(e).__name__}: {e}"[:300]}
+            rec["s"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps(rec), flush=True)
+            recs.append(rec)
+            if a.out:
+                Path(a.out).write_text(json.dumps(recs, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Compile once, reuse everywhere (issue 12): ``onekernel warmup``, the compiling note, stable cache keys.
+
+The CPU has no GPU to compile for at run time, so warmup runs its steps in the Triton interpreter here; the
+cache-key test compiles nothing either: it asks two fresh processes for the megakernel's key in Triton's
+on-disk cache (scripts/compile_sizes.py --key), which is what a second process looks the binary up by.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from onekernel.cli import main
+from onekernel.cli_compile import CompileWatch, compile_note
+from onekernel.runtime.generate import CACHE_LEN_MIN, default_cache_len
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_warmup_runs_every_requested_case_with_a_progress_line(capsys):
+    code = main(["warmup", "--model", "tiny", "--random-weights", "--batch", "1,3", "--mode", "eager,megakernel",
+                 "--interpret"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for i, case in enumerate(("batch 1, eager", "batch 1, megakernel", "batch 3, eager", "batch 3, megakernel"), 1):
+        assert f"[{i}/4] {case}: compiling...\n" in err
+        assert re.search(rf"\[{i}/4\] {case}: [\d.]+ s, \d+ kernel\(s\) compiled or loaded", err), err
+    assert "warmed up tiny: 4 case(s)" in out and "Triton cache: " in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_warmup_without_a_gpu_is_one_error_line(capsys):
+    assert main(["warmup", "--model", "tiny", "--random-weights"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA GPU" in err and "--interpret" in err
+
+
+@pytest.mark.parametrize("flags, word", [(["--batch", "0,2"], "--batch"), (["--batch", "x"], "--batch"),
+                                         (["--mode", "reference"], "--mode"), (["--mode", ""], "--mode"),
+                                         (["--max-seq-len", "1"], "--max-seq-len")])
+def test_warmup_bad_arguments_name_the_flag(capsys, flags, word):
+    assert main(["warmup", "--model", "tiny", "--random-weights", "--interpret", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and word in err, err
+
+
+def test_warmup_default_cache_length_is_generates_for_short_prompts():
+    """warmup compiles for the cache length that generate picks on a GPU, so generate finds the kernels."""
+    assert default_cache_len(1, 131072, True) == CACHE_LEN_MIN == default_cache_len(CACHE_LEN_MIN, 131072, True)
+    assert [default_cache_len(n, 4096, True) for n in (37, 513, 3000, 5000)] == [512, 1024, 4096, 4096]
+    assert default_cache_len(37, 256, True) == 256  # never past the model's context
+    assert default_cache_len(37, 4096, False) == 37  # reference / interpreter: exactly what is needed
+
+
+def test_compile_watch_notes_a_slow_load_once():
+    seen = []
+    with CompileWatch(on_slow=seen.append, slow_s=0.05) as w:
+        w.started("fast")
+        w.finished()
+        time.sleep(0.15)
+        assert seen == []
+        w.started("slow_kernel")
+        time.sleep(0.3)
+        w.finished()
+        w.started("second_slow")
+        time.sleep(0.3)
+        w.finished()
+    assert seen == ["slow_kernel"] and w.count == 3 and w.seconds >= 0.6
+
+
+def test_compile_watch_chains_and_restores_tritons_hooks():
+    from triton import knobs
+
+    rt = knobs.runtime
+    calls = []
+    old = rt.jit_cache_hook, rt.jit_post_compile_hook
+    rt.jit_cache_hook = lambda **kw: calls.append("pre") or False
+    rt.jit_post_compile_hook = None
+    try:
+        with CompileWatch() as w:
+            assert rt.jit_cache_hook(key=0, repr="k", fn=SimpleNamespace(name="k")) is False  # never skips a compile
+            rt.jit_post_compile_hook(key=0, repr="k", fn=SimpleNamespace(name="k"))
+        assert w.count == 1 and calls == ["pre"]
+        assert rt.jit_post_compile_hook is None and rt.jit_cache_hook(key=0) is False and calls == ["pre", "pre"]
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = old
+
+
+def test_compile_note_says_where_the_kernels_are_kept(monkeypatch, tmp_path):
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "tc"))
+    note = compile_note("llama-3.2-1b")
+    assert note.startswith("note: compiling the Triton kernels for llama-3.2-1b")
+    assert str(tmp_path / "tc") in note and os.environ["ONEKERNEL_CACHE"] in note and "onekernel warmup" in note
+
+
+def test_megakernel_cache_key_is_the_same_in_two_processes(tmp_path):
+    """A second process finds the megakernel in Triton's cache only if its key is the same: the generated
+    ``run_task`` is written to a different folder in each process here (ONEKERNEL_CACHE), as on two machines."""
+    keys = []
+    for i in range(2):
+        env = {**os.environ, "TRITON_INTERPRET": "0", "ONEKERNEL_CACHE": str(tmp_path / f"gen{i}")}
+        p = subprocess.run([sys.executable, "compile_sizes.py", "--key", "tiny", "2", "megakernel"], env=env,
+                           cwd=ROOT / "scripts", capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        keys.append(p.stdout.split()[-1])
+        assert list((tmp_path / f"gen{i}").glob("onekernel_gen_megakernel_*.py"))
+    assert keys[0] == keys[1] and len(keys[0]) == 64
