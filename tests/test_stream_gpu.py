@@ -11,9 +11,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
 
 
-def _state(model, lens, seed):
+def _state(model, lens, seed, max_len):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    cache = KVCache(model.config, len(lens), max(lens) + 32, torch.bfloat16, "cuda")
+    cache = KVCache(model.config, len(lens), max_len, torch.bfloat16, "cuda")
     cache.k.copy_(torch.randn(cache.k.shape, generator=g, device="cuda"))
     cache.v.copy_(torch.randn(cache.v.shape, generator=g, device="cuda"))
     cache.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
@@ -36,7 +36,7 @@ def _one(model, mode, cache, tokens, **opts):
 def test_gluon_matches_reference_and_is_batch_invariant(name, seed):
     model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
     lens = [300, 217, 45]
-    cache, tokens = _state(model, lens, seed)
+    cache, tokens = _state(model, lens, seed, max(lens) + 32)
     ref = _one(model, "reference", cache, tokens)
     tri = _one(model, "megakernel", cache, tokens, backend="triton")
     glu = _one(model, "megakernel", cache, tokens, backend="gluon")
@@ -51,7 +51,7 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, seed):
     keep[:, b, :, pos] = False
     assert torch.equal(glu[2].k[keep], cache.k[keep]), "a KV row other than seq_lens[b] was written"
     for i, n in enumerate(lens):  # each sequence alone, at batch 1: bitwise the same logits
-        one, tok = _state(model, [n], seed)
+        one, _ = _state(model, [n], seed, max(lens) + 32)  # the same cache length: the same splits
         one.k.copy_(cache.k[:, i:i + 1])
         one.v.copy_(cache.v[:, i:i + 1])
         alone = _one(model, "megakernel", one, tokens[i:i + 1], backend="gluon")[0]

@@ -247,11 +247,12 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
         res = base_t + gl.load(a + 1) * 8
         out = base_t + gl.load(a + 2) * 8
         for u in range(u0, u0 + nu):
+            offs = b64 * N + (u * RG + r)[None, :]
+            m = bm & ((u * RG + r) < N)[None, :]
+            rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")  # in flight during the chunks
             acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
                                 AL)
-            offs = b64 * N + (u * RG + r)[None, :]
-            rv = gl.load(res + offs, mask=bm, other=0.0, cache_modifier=".cg").to(gl.float32)
-            gl.store(out + offs, (rv + rnd(acc, dt)).to(dt), mask=bm)
+            gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
     elif kind == K_GATEUP:
         out = base_t + gl.load(a + 2) * 8
         for u in range(u0, u0 + nu):
@@ -261,7 +262,8 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
                                AL)
             g = rnd(ag, dt)
             s = rnd(gl.div_rn(g, 1.0 + libdevice.exp(-g)), dt)
-            gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt), mask=bm)
+            gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt),
+                     mask=bm & ((u * RG + r) < N)[None, :])
     elif kind == K_QKV:
         # unit u: head h = u // (HD / RG), pair chunk c; tile row j < P is head row c*P + j, j >= P is
         # head row HD/2 + c*P + (j - P)   (P = RG / 2)
@@ -273,17 +275,18 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
         pos = gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg")
         inv_freq = base_f + gl.load(a + 6) * 4
         for u in range(u0, u0 + nu):
-            acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                                AL)
             h = u // CH
             c = u % CH
+            # cos / sin of the unit's pairs before its chunks (they do not depend on the GEMV)
+            ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + c * P + (r % P))[None, :]
+            cs = rnd(libdevice.cos(ang), dt)
+            sn = rnd(libdevice.sin(ang), dt)
+            acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
+                                AL)
             y = rnd(acc, dt)
             hr = (r // P) * (HD // 2) + c * P + (r % P)
             if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
                 yp = gl.gather(y, gl.zeros([BP, RG], gl.int32, AL) + ((r + P) % RG)[None, :], 1)
-                ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + c * P + (r % P))[None, :]
-                cs = rnd(libdevice.cos(ang), dt)
-                sn = rnd(libdevice.sin(ang), dt)
                 rot = gl.where((r < P)[None, :], -yp, yp)
                 y = rnd(y * cs, dt) + rnd(rot * sn, dt)
             pm = bm & ((pos >= 0) & (pos < S))[:, None]
@@ -307,7 +310,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
                                 AL)
             lg = rnd(acc, dt)
             rows = u * RG + r
-            gl.store(logits + b64 * N + rows[None, :], lg, mask=bm)
+            gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])  # V % RG: padding rows
             v = gl.where((rows < N)[None, :], lg, float("-inf"))
             gm = gl.max(v, axis=1)
             gi = gl.min(gl.where(v == gm[:, None], rows[None, :], 2147483647), axis=1)
