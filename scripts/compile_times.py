@@ -2,16 +2,17 @@
 
     python scripts/compile_times.py --out DIR [--cases MODEL:BATCH:MODE,...] [--timeout S] [--jobs N] [--ctx N]
 
-For each case (model with random weights, batch size, mode), two fresh processes:
+For each case (model with random weights, batch size, mode; ``megakernel/triton`` passes backend="triton"),
+two fresh processes:
 * cold: empty ``TRITON_CACHE_DIR`` and ``ONEKERNEL_CACHE``; times building the runner and its first step
   (every kernel compiles: the cold-cache first step the issue limits to 60 s);
 * warm: the same caches, now full; the same timings (the warm start the issue limits to 5 s).
 Each child reports: the model load (random weights on the GPU, not a compile), ``first_step_s`` (runner build +
 first step + sync), ``step_ms`` (the median of 20 later steps: the compile changed nothing, a sanity figure),
-the Triton kernels loaded or compiled and the seconds spent in them (``cli_compile.CompileWatch``), and its
-process wall time. A child past ``--timeout`` is killed and recorded as such (a cold timeout skips the warm
-run: the cache is incomplete). Cases run ``--jobs`` at a time (each compile is one CPU core; the figures say
-how many ran at once). Writes ``DIR/compile_times-<date>-<commit>.json`` (date, GPU, commit from
+the Triton kernels loaded or compiled and the seconds spent in them (``cli_compile.CompileWatch``), the
+runner class, and its process wall time. A child past ``--timeout`` is killed and recorded as such (a cold
+timeout skips the warm run: the cache is incomplete). Cases run ``--jobs`` at a time (each compile is one CPU
+core; the figures say how many ran at once). Writes ``DIR/compile_times-<date>-<commit>.json`` (date, GPU, commit from
 $ONEKERNEL_COMMIT, every figure) and ``.md`` (a table), and prints the table.
 """
 from __future__ import annotations
@@ -27,8 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CASES = ",".join([f"{m}:{b}:{mode}" for m in ("llama-3.2-1b", "llama-3.1-8b") for b in (1, 8, 16)
-                          for mode in ("megakernel", "graph")] + ["qwen3-8b:16:megakernel", "qwen3-8b:8:eager"])
+# Batch 1 once per model (nothing in it changed), the rest at 8 and 16: both megakernel backends (auto picks the
+# streaming one for big models) and graph; Qwen3-8B's q/k-norm path (the one body that still unrolls the rows)
+# and its eager batch 8 (4 minutes before issue 12).
+DEFAULT_CASES = ",".join([f"{m}:1:megakernel" for m in ("llama-3.2-1b", "llama-3.1-8b")]
+                         + [f"{m}:{b}:{mode}" for m in ("llama-3.2-1b", "llama-3.1-8b") for b in (8, 16)
+                            for mode in ("megakernel", "megakernel/triton", "graph")]
+                         + ["qwen3-8b:16:megakernel/triton", "qwen3-8b:8:eager"])
 
 
 def child(model: str, batch: int, mode: str, ctx: int) -> dict:
@@ -49,7 +55,8 @@ def child(model: str, batch: int, mode: str, ctx: int) -> dict:
     with CompileWatch() as w:
         cache = KVCache(m.config, batch, min(ctx, m.config.max_seq_len), torch.bfloat16, "cuda")
         cache.seq_lens.fill_(min(ctx, m.config.max_seq_len) // 2)
-        r = make_step_runner(mode, m, cache)
+        name, _, backend = mode.partition("/")
+        r = make_step_runner(name, m, cache, **({"backend": backend} if backend else {}))
         r.step(tok)
         torch.cuda.synchronize()
     first = time.perf_counter() - t1
@@ -61,7 +68,7 @@ def child(model: str, batch: int, mode: str, ctx: int) -> dict:
         times.append((time.perf_counter() - a) * 1e3)
     r.check()
     return {"load_s": round(load_s, 2), "first_step_s": round(first, 2), "step_ms": round(sorted(times)[10], 3),
-            "kernels": w.count, "kernel_load_s": round(w.seconds, 2)}
+            "kernels": w.count, "kernel_load_s": round(w.seconds, 2), "runner": type(r).__name__}
 
 
 def run_child(model: str, batch: int, mode: str, ctx: int, env: dict, timeout: float) -> dict:
@@ -100,13 +107,13 @@ def cell(r: dict, key: str) -> str:
 
 def table(records: list[dict]) -> str:
     rows = ["| model | batch | mode | cold first step (s) | cold process (s) | warm first step (s) | warm process (s) "
-            "| kernels | step (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+            "| kernels | step (ms) | runner |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         c, w = r["cold"], r.get("warm", {"error": "-"})
         rows.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {cell(c, 'first_step_s')} | "
                     f"{cell(c, 'process_s')} | {cell(w, 'first_step_s') if 'warm' in r else '-'} | "
                     f"{cell(w, 'process_s') if 'warm' in r else '-'} | {c.get('kernels', '-')} | "
-                    f"{c.get('step_ms', '-')} |")
+                    f"{c.get('step_ms', '-')} | {c.get('runner', '-')} |")
     return "\n".join(rows)
 
 

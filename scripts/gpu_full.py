@@ -19,8 +19,8 @@ MODES = ["eager", "graph", "pdl", "megakernel"]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 
 
-def batch_invariance_check(model, mode, batch=8, context=200, steps=2):
-    """Logits of row r at batch B must be bitwise equal to a batch-1 run of row r alone."""
+def batch_invariance_check(model, mode, batch=8, context=200, steps=2, **opts):
+    """Logits of row r at batch B must be bitwise equal to a batch-1 run of row r alone (opts: runner options)."""
     cfg = model.config
     big = KVCache(cfg, batch, context + steps, torch.bfloat16, "cuda")
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -28,13 +28,13 @@ def batch_invariance_check(model, mode, batch=8, context=200, steps=2):
     big.seq_lens.copy_(torch.randint(0, context, (batch,), device="cuda", generator=g, dtype=torch.int32))
     toks = torch.randint(0, cfg.vocab_size, (steps, batch), device="cuda", generator=g, dtype=torch.int32)
     snap = (big.k.clone(), big.v.clone(), big.seq_lens.clone())
-    rb = make_step_runner(mode, model, big)
+    rb = make_step_runner(mode, model, big, **opts)
     want = []
     for s in range(steps):
         want.append(rb.step(toks[s])[0].clone())
         big.seq_lens += 1
     one = KVCache(cfg, 1, context + steps, torch.bfloat16, "cuda")
-    r1 = make_step_runner(mode, model, one)
+    r1 = make_step_runner(mode, model, one, **opts)
     equal = []
     for row in range(batch):
         one.k.copy_(snap[0][:, row:row + 1]); one.v.copy_(snap[1][:, row:row + 1])

@@ -3,6 +3,7 @@
     python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel] [--out F]
 
 Random weights (bf16), random KV cache and positions, two steps per run (``gpu_full.batch_invariance_check``);
+a mode written ``megakernel/triton`` passes ``backend="triton"`` (the Triton megakernel, not the streaming one);
 prints one JSON line per (mode, batch) and writes them all to ``--out``.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--batches", default="2,8,16")
-    ap.add_argument("--modes", default="eager,graph,pdl,megakernel")
+    ap.add_argument("--modes", default="eager,graph,pdl,megakernel,megakernel/triton",
+                    help="comma-separated; MODE/BACKEND picks the megakernel backend")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     import torch
@@ -35,7 +37,10 @@ def main() -> None:
         for b in (int(x) for x in a.batches.split(",")):
             t0 = time.perf_counter()
             try:
-                rec = {"model": a.model, "mode": mode, "batch": b, **batch_invariance_check(m, mode, batch=b)}
+                name, _, backend = mode.partition("/")
+                opts = {"backend": backend} if backend else {}
+                rec = {"model": a.model, "mode": mode, "batch": b,
+                       **batch_invariance_check(m, name, batch=b, **opts)}
             except Exception as e:  # noqa: BLE001 (recorded, the next case runs)
                 rec = {"model": a.model, "mode": mode, "batch": b, "error": f"{type(e).__name__}: {e}"[:300]}
             rec["s"] = round(time.perf_counter() - t0, 1)
