@@ -70,6 +70,9 @@ def test_32_concurrent_streams_each_equal_generate_alone(server, model, seed):
     assert server.metric('onekernel_batch_occupancy_bucket{le="1.0"}') < server.metric(
         "onekernel_batch_occupancy_count")
     assert server.metric("onekernel_running_requests") == 0
+    assert server.metric("onekernel_time_to_first_token_seconds_count") >= 32
+    assert server.metric("onekernel_inter_token_latency_seconds_count") >= sum(n - 1 for _, n, _ in jobs)
+    assert server.metric('onekernel_requests_total{outcome="length"}') >= 32
 
 
 def test_openai_client_completions_and_chat(server, model, seed):

@@ -1,6 +1,7 @@
 """The serving benchmark: per mode, start ``onekernel serve``, run 1, 4, 16 concurrent streaming clients
 (``bench.serve_load``), stop it; measure the mode's plain decode-step time in the same run, before the
-servers; write ``serve.json`` (date, GPU, commit, every figure) and ``serve.md`` (a table) under ``--out``.
+servers; write ``serve-MODES.json`` (date, GPU, commit, every figure) and ``serve-MODES.md`` (a table) under
+``--out`` (MODES: the modes joined by "-", so one run per mode fills one folder).
 
     python -m onekernel.bench.serve --model smollm2-135m --random-weights --out benchmarks/results/serve
     python -m onekernel.bench.serve --model tiny --random-weights --modes reference --clients 1,4 --out /tmp/s  # CPU
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--interpret", action="store_true", help="CPU smoke test of Triton modes")
-    p.add_argument("--out", required=True, help="folder for serve.json and serve.md")
+    p.add_argument("--out", required=True, help="folder for serve-MODES.json and serve-MODES.md")
     p.add_argument("--server-timeout", type=float, default=1800.0, help="seconds to wait for warm-up (compiles)")
     args = p.parse_args(argv)
     if args.interpret:
@@ -127,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "max_batch": args.max_batch,
             "max_seq_len": ctx,
             "requests_per_client": args.requests_per_client, "torch": torch.__version__}
-    (out / "serve.json").write_text(json.dumps({**meta, "records": records}, indent=1))
+    stem = "serve-" + "-".join(modes)
+    (out / f"{stem}.json").write_text(json.dumps({**meta, "records": records}, indent=1))
     md = (f"# Serving benchmark: {args.model} on {gpu}, {meta['date']}, commit {meta['commit'][:12]}\n\n"
           f"prompt {args.prompt_len} tokens, {args.max_tokens} tokens per request (greedy, ignore_eos), "
           f"{args.requests_per_client} requests per client, --max-batch {args.max_batch}\n\n" + table(records))
-    (out / "serve.md").write_text(md)
+    (out / f"{stem}.md").write_text(md)
     print(md)
     return 0
 

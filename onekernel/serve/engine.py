@@ -184,6 +184,7 @@ class Engine:
                 if q is not None and q.cancelled:
                     self._finish(q, "cancelled")
             self._admit()
+            self._compact()
             live = [(s, q) for s, q in enumerate(self.slots) if q is not None]
             step = self._launch(live, k % 2) if live else None
             k += 1
@@ -218,6 +219,26 @@ class Engine:
             self.live[s] = 1
             lp = self._logprobs(seq, logits[0], tok[0])
             self._push(seq, int(tok[0]), _host(lp))
+
+    def _compact(self) -> None:
+        """Move the highest live slot into the lowest free one while that lets the step run at a smaller bucket
+        (its K/V, position and next token are copied behind the steps already queued; a queued step's tokens
+        are still read from the slot it ran in)."""
+        while True:
+            live = [s for s, q in enumerate(self.slots) if q is not None]
+            if not live or self.buckets.size_for(len(live)) >= self.buckets.size_for(live[-1] + 1):
+                return
+            src, dst = live[-1], self.slots.index(None)
+            seq, c = self.slots[src], self.cache
+            n = min(c.max_seq_len, len(seq.req.prompt_ids) + seq.n_out + 1)  # positions written so far
+            c.k[:, dst, :, :n] = c.k[:, src, :, :n]
+            c.v[:, dst, :, :n] = c.v[:, src, :, :n]
+            for t in (c.seq_lens, self.tokens, self.live):
+                t[dst] = t[src]
+                t[src] = 0
+            with self.cv:
+                self.slots[dst], self.slots[src], seq.slot = seq, None, dst
+            self.metrics.moves.inc()
 
     def _logprobs(self, seq: _Seq, logits: torch.Tensor, token: torch.Tensor):
         """(chosen log-prob, top values, top ids) on the device for a request that asked for them, else None."""

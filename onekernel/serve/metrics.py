@@ -1,7 +1,7 @@
 """The server's Prometheus metrics (``GET /metrics``, text format), in a registry of their own.
 
 Counters: requests by outcome (stop, length, cancelled, error, rejected), prompt and generated tokens, decode
-steps. Histograms (seconds): time to first token (from arrival, queueing and prefill included), inter-token
+steps, slot moves (compaction). Histograms (seconds): time to first token (from arrival, queueing and prefill included), inter-token
 latency; batch occupancy (live slots per decode step) and the bucket each step ran at. Gauges: running and
 waiting requests.
 """
@@ -24,6 +24,8 @@ class Metrics:
         self.prompt_tokens = Counter("onekernel_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("onekernel_generation_tokens", "Tokens generated", registry=r)
         self.steps = Counter("onekernel_decode_steps", "Decode steps run", registry=r)
+        self.moves = Counter("onekernel_slot_moves", "Requests moved to a lower slot for a smaller bucket",
+                             registry=r)
         self.ttft = Histogram("onekernel_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY,
                               registry=r)
         self.itl = Histogram("onekernel_inter_token_latency_seconds", "Time between a request's tokens",
