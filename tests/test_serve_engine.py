@@ -107,3 +107,18 @@ def test_serve_command_refuses_bad_options_in_one_line(capsys):
     assert main(["serve", "--model", "tiny", "--random-weights", "--max-seq-len", "999"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("onekernel: error:")]
     assert len(err) == 2 and "--max-batch" in err[0] and "max_seq_len" in err[1]
+
+
+def test_window_text_pieces_add_up_to_the_whole_decode(seed):
+    """Multi-byte characters split across tokens: the pieces (O(1) decode per token) equal the whole decode."""
+    from onekernel.models.load import open_model
+    from onekernel.serve.text import WindowText
+    tok = open_model().tokenizer
+    rng = random.Random(seed)
+    words = ["Grüße", "世界", "🎉", "naïve", "café", "—", "ok", "\n", "Ωμέγα", "日本語"]
+    ids = tok.encode(" ".join(rng.choice(words) for _ in range(40)))
+    ids += [rng.randrange(tok.vocab_size) for _ in range(20)]  # arbitrary ids, partial UTF-8 included
+    eos = next(iter(tok.eos_token_ids))
+    w = WindowText(tok, {eos})
+    pieces = [w.push(t) for t in ids[:30] + [eos] + ids[30:]]
+    assert "".join(pieces) + w.finish() == tok.decode(ids)

@@ -1,9 +1,9 @@
 """The server's Prometheus metrics (``GET /metrics``, text format), in a registry of their own.
 
 Counters: requests by outcome (stop, length, cancelled, error, rejected), prompt and generated tokens, decode
-steps, slot moves (compaction). Histograms (seconds): time to first token (from arrival, queueing and prefill included), inter-token
-latency; batch occupancy (live slots per decode step) and the bucket each step ran at. Gauges: running and
-waiting requests.
+steps, slot moves (compaction). Histograms: time to first token (seconds, from arrival: queueing and prefill
+included), inter-token latency (seconds); batch occupancy (live slots per decode step) and the bucket each step
+ran at. Gauges: running and waiting requests.
 """
 from __future__ import annotations
 
