@@ -219,7 +219,7 @@ def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
         assert all("variant" in r for r in recs) and md.startswith("# onekernel study")
     else:
         assert {r["mode"] for r in recs} == {"torch", "torch+graph", "torch+compile", "eager", "graph", "pdl",
-                                             "megakernel"}
+                                             "megakernel", "megakernel-triton"}
         assert "| tiny | 4 | torch+compile |" in md
 
 
