@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,12 @@ TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch
          torch.float16: "*fp16"}
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (ptxas runs as one)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def ast_source(fn, args: list, constexprs: dict) -> ASTSource:
     """What ``triton.compile`` takes for JITFunction ``fn`` with ``args`` (tensors -> 16-byte aligned pointers, as
     the JIT specialises them at a launch; ints -> i32/i64) and ``constexprs``; its ``hash()`` is the kernel's key in
@@ -65,9 +72,9 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, ou
                  ttgir: bool = False) -> dict:
     """Compile JITFunction ``fn`` for sm_90 with ``args`` (tensors -> aligned pointers, ints -> i32/i64).
     Writes ``name``.ptx (and with ``ttgir`` ``name``.ttgir) to ``out_dir`` (default $PTXDIR)."""
-    t0 = time.time()
+    t0, c0 = time.time(), cpu_seconds()
     k = triton.compile(ast_source(fn, args, constexprs), target=TARGET, options={"num_warps": num_warps})
-    compile_s = time.time() - t0
+    compile_s, compile_cpu_s = time.time() - t0, cpu_seconds() - c0
     ptx = k.asm["ptx"]
     out_dir = out_dir or PTXDIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +90,8 @@ def compile_sm90(fn, args: list, constexprs: dict, num_warps: int, name: str, ou
     return {"regs": int(re.search(r"Used (\d+) registers", rep).group(1)), "spill_bytes": int(spill.group(1)) if
             spill else 0, "smem": k.metadata.shared, "v4": len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v4", ptx)),
             "v2": len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v2", ptx)), "loads": len(re.findall(r"ld\.global", ptx)),
-            "s": time.time() - t0, "compile_s": round(compile_s, 2), "ptx_bytes": len(ptx),
+            "s": time.time() - t0, "compile_s": round(compile_s, 2),
+            "compile_cpu_s": round(compile_cpu_s, 2), "ptx_bytes": len(ptx),
             "cubin_bytes": len(k.asm["cubin"])}
 
 

@@ -9,7 +9,8 @@ loaded: the graph comes from the config (``models.decode_graph.decode_graph``) a
 a 16-byte placeholder of the buffer's dtype, so an 8B model costs no memory. Per-op kernels are the
 eager/graph kernels ("cover" tiles, PDL off; the PDL variant is the same body); the megakernel is the default
 runner's (its "fit" tiles, prefetch on, profile off). One JSON line per kernel: model, batch, kernel,
-compile_s (triton.compile), regs, spill_bytes, ptx_bytes, cubin_bytes, loads, v4 (16-byte loads).
+compile_s (triton.compile, wall clock), compile_cpu_s (its CPU seconds, ptxas included: the figure to compare
+on a shared machine), regs, spill_bytes, ptx_bytes, cubin_bytes, loads, v4 (16-byte loads).
 ``--key MODEL BATCH KERNEL`` prints the kernel's key in Triton's on-disk cache instead (tests/test_compile_cli.py
 checks that two processes get the same one).
 """

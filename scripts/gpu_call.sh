@@ -177,7 +177,8 @@ case "$1" in
     wait
     cat "$W/inv-1b.log" "$W/inv-q.log" | grep -v Warning | tee -a "$OUT/log.txt"
     mkdir -p "$W/bench"
-    step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph,pdl,megakernel
+    step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
+        --modes graph,pdl,megakernel,megakernel-triton
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

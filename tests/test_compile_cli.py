@@ -112,3 +112,35 @@ def test_megakernel_cache_key_is_the_same_in_two_processes(tmp_path):
         keys.append(p.stdout.split()[-1])
         assert list((tmp_path / f"gen{i}").glob("onekernel_gen_megakernel_*.py"))
     assert keys[0] == keys[1] and len(keys[0]) == 64
+
+
+def test_per_op_kernels_specialise_once_per_kind(monkeypatch):
+    """Triton compiles a kernel once per specialisation of its int arguments (== 1, % 16 == 0, other): the
+    per-op launches must not pass anything op-dependent there, or a kind compiles up to 3 times."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from onekernel.exec import codegen
+    from onekernel.models.decode_graph import build_decode_step
+    from onekernel.models.load import load_model
+    from onekernel.runtime.kv_cache import KVCache
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                ints = tuple(native_specialize_impl(BaseBackend, a, False, True, True) for a in args
+                             if isinstance(a, int))
+                seen.setdefault(self.name, set()).add(ints)
+            return launch
+
+    monkeypatch.setattr(codegen, "eager_kernel", lambda kind: Fake(kind.name))
+    m = load_model("smollm2-135m", random_weights=True, dtype=torch.float32)
+    step = build_decode_step(m.config, m.weights, KVCache(m.config, 1, 512))
+    for op in step.graph.ops:
+        codegen.launch_op(step.graph, op, step.tensors, prof_base=op.task_ids[0])
+    assert len(seen) == len({op.kind.name for op in step.graph.ops}) and all(len(v) == 1 for v in seen.values())
