@@ -180,6 +180,21 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
+14) # session 6, final commit (one call, ~9 min): the streaming megakernel's GPU test (Llama-1B); the bench
+    # tables of Llama-3.2-1B (every mode) and Llama-3.1-8B (the compiled modes and torch+graph), batch 1, both
+    # megakernel backends; the serving benchmark (issue 14: 1, 4, 16 clients), one process per mode so a mode
+    # that runs out of time keeps the others' files
+    step 50 stream-test env TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_stream_gpu.py -k llama \
+        -p no:cacheprovider
+    mkdir -p "$W/bench" "$W/serve"
+    step 140 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1
+    step 140 bench-8b $bench/bench --model llama-3.1-8b --random-weights --batch 1 \
+        --modes torch+graph,graph,pdl,megakernel,megakernel-triton
+    for m in megakernel graph pdl; do
+        step 60 "serve-$m" python3 -m onekernel.bench.serve --model smollm2-135m --random-weights --modes "$m" \
+            --out "$W/serve" --server-timeout 55
+    done
+    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"
