@@ -3,9 +3,10 @@
 Nothing shows for a run shorter than ``DELAY_S``. After that: on a terminal, a live display (the phase and
 the elapsed time, then one bar per sequence: tokens so far of max_new_tokens, "done" once it stopped), cleared
 at the end; elsewhere (a pipe, a log file), a status line every ``INTERVAL_S`` seconds and one at the end. In a
-Triton mode, a first decode step longer than ``DELAY_S`` gets a line saying the kernels are compiling (on a
-first run of a model, mode and batch size) and where they are kept (``cli_compile.compile_note``). Never writes
-to stdout.
+Triton mode, a kernel that compiles (``cli_compile.CompileWatch``: its load takes longer than 2 s, as the
+megakernel's does while its runner is built) or a first decode step longer than ``DELAY_S`` gets one line
+saying the kernels are compiling (on a first run of a model, mode and batch size) and where they are kept
+(``cli_compile.compile_note``). Never writes to stdout.
 """
 from __future__ import annotations
 
@@ -51,13 +52,19 @@ class GenerateProgress:
         self.watcher = threading.Thread(target=self._watch, daemon=True)
 
     def __enter__(self) -> "GenerateProgress":
+        self.watch = None
         if self.enabled:
+            if self.compile_note:  # a kernel load that turns out to be a compile (even before the first step)
+                from onekernel.cli_compile import SLOW_S, CompileWatch
+                self.watch = CompileWatch(on_slow=self.compiling, slow_s=min(SLOW_S, self.delay)).__enter__()
             self.watcher.start()
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         if not self.enabled:
             return
+        if self.watch is not None:
+            self.watch.__exit__(None, None, None)
         self.stop.set()
         self.watcher.join()
         with self.lock:
@@ -95,6 +102,14 @@ class GenerateProgress:
                 console = self.live.console if self.live is not None else self.console
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    def compiling(self, kernel: str) -> None:
+        """A kernel has been compiling for a while (called from the CompileWatch's timer thread): say so once,
+        with where the compiled kernels are kept."""
+        with self.lock:
+            self.text = "compiling the Triton kernels (a first run)"
+            self._note_compile(kernel)
+            self._tick()
+
     def release_terminal(self) -> None:
         if self.enabled:
             with self.lock:
@@ -122,9 +137,13 @@ class GenerateProgress:
         """The compile note, once, when the first decode step of a Triton mode has run longer than the delay."""
         if (self.compile_note and not self.noted and self.compiling_since is not None
                 and time.perf_counter() - self.compiling_since >= self.delay):
+            self._note_compile("the first decode step")
+
+    def _note_compile(self, what: str) -> None:
+        if not self.noted:
             self.noted = True
             from onekernel.cli_compile import compile_note
-            self.note(compile_note("the first decode step"))
+            self.note(compile_note(what))
 
     def _tick(self) -> None:
         """Show the display once the run is older than the delay; off a terminal, a status line per interval."""

@@ -224,3 +224,21 @@ def test_decode_step_tiny_b4_row_matches_b1():
     assert torch.equal(lg4[2], lg1[0])
     assert nt4[2].item() == nt1[0].item()
     assert torch.equal(c4.k[:, 2], c1.k[:, 0]) and torch.equal(c4.v[:, 2], c1.v[:, 0])
+
+
+def test_rmsnorm_pass_in_chunks_and_row_groups(monkeypatch):
+    """The RMSNorm pass's runtime loops (ops/gemv.py ``rms_rstd``): K = 600 in 3 chunks (NORM_CHUNK made 256;
+    the benchmark models need one) and 5 rows in groups of 4 (the last group masked): each row equals its
+    batch-1 run and the PyTorch reference."""
+    import triton.language as tl
+
+    from onekernel.ops import gemv
+
+    monkeypatch.setattr(gemv, "NORM_CHUNK", tl.constexpr(256))
+    _check_rows(b_gate_up, 5, (0, 3, 4), seed=5)
+    g = b_gate_up(5)
+    t = _inputs(g, torch.Generator().manual_seed(6))
+    want = {n: v.clone() for n, v in t.items()}
+    g.ops[0].kind.reference(g.ops[0], want)
+    _run(g, t)
+    torch.testing.assert_close(t["gu.out"], want["gu.out"], rtol=1e-5, atol=1e-5)

@@ -144,3 +144,29 @@ def test_per_op_kernels_specialise_once_per_kind(monkeypatch):
     for op in step.graph.ops:
         codegen.launch_op(step.graph, op, step.tensors, prof_base=op.task_ids[0])
     assert len(seen) == len({op.kind.name for op in step.graph.ops}) and all(len(v) == 1 for v in seen.values())
+
+
+def test_generate_progress_notes_a_compile_before_the_first_step_once():
+    """The megakernel compiles while its runner is built, before any token: the watch catches that."""
+    from io import StringIO
+
+    from rich.console import Console
+    from triton import knobs
+
+    from onekernel.cli_progress import GenerateProgress
+
+    before = knobs.runtime.jit_cache_hook
+    buf = StringIO()
+    with GenerateProgress(["a"], 4, compile_note=True, delay_s=0.05, console=Console(file=buf)) as p:
+        assert knobs.runtime.jit_cache_hook is not before
+        p.watch.started("megakernel")
+        time.sleep(0.3)
+        p.watch.finished()
+        p.token(0, False)
+        p.token(0, False)  # the first decode step: no second note
+        time.sleep(0.2)
+    text = buf.getvalue()
+    assert text.count("compiling the Triton kernels") == 1 and "for megakernel" in text, text
+    assert knobs.runtime.jit_cache_hook is before
+    with GenerateProgress(["a"], 4, compile_note=False, delay_s=0.05, console=Console(file=StringIO())) as p:
+        assert p.watch is None and knobs.runtime.jit_cache_hook is before
