@@ -195,6 +195,16 @@ case "$1" in
             --out "$W/serve" --server-timeout 55
     done
     ;;
+15) # session 6, after 14: the rows 14 lost to the JIT-hook TypeError (megakernel-triton on Llama-1B and 8B;
+    # the served megakernel), then the streaming megakernel's GPU test
+    mkdir -p "$W/bench" "$W/serve"
+    step 45 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1 --modes megakernel-triton
+    step 50 bench-8b $bench/bench --model llama-3.1-8b --random-weights --batch 1 --modes megakernel-triton
+    step 55 serve-megakernel python3 -m onekernel.bench.serve --model smollm2-135m --random-weights \
+        --modes megakernel --out "$W/serve" --server-timeout 50
+    step 40 stream-test env TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_stream_gpu.py -k llama \
+        -p no:cacheprovider
+    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"

@@ -46,7 +46,11 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, seed):
     assert torch.equal(glu[1], glu[0].argmax(-1).to(torch.int32))
     b = torch.arange(len(lens), device="cuda")
     pos = cache.seq_lens.long()
-    torch.testing.assert_close(glu[2].v[:, b, :, pos].float(), ref[2].v[:, b, :, pos].float(), rtol=0.05, atol=0.05)
+    def rows(c):  # the K and V rows this step wrote, one row per (layer, sequence, head)
+        return torch.cat([c.k[:, b, :, pos], c.v[:, b, :, pos]]).reshape(-1, c.k.shape[-1]).float()
+    kv_err = ((rows(glu[2]) - rows(ref[2])).norm(dim=-1) / rows(ref[2]).norm(dim=-1)).max().item()
+    kv_tri = ((rows(tri[2]) - rows(ref[2])).norm(dim=-1) / rows(ref[2]).norm(dim=-1)).max().item()
+    assert kv_err < max(0.08, 1.5 * kv_tri), (kv_err, kv_tri)  # elementwise: bf16 ulps of values near zero
     keep = torch.ones_like(glu[2].k, dtype=torch.bool)
     keep[:, b, :, pos] = False
     assert torch.equal(glu[2].k[keep], cache.k[keep]), "a KV row other than seq_lens[b] was written"

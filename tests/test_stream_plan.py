@@ -160,3 +160,25 @@ def test_compiles_for_sm90_without_spills(model, batch):
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert rec["spill_bytes"] == 0 and rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
     assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
+
+
+def test_jit_hooks_are_off_inside_and_restored_after():
+    """The Triton megakernel launches with Triton's JIT hooks unset (they JSON-serialise its RUN_TASK constexpr,
+    a JITFunction: TypeError on the H200), and the caller's hooks come back afterwards, even after an error."""
+    from triton import knobs
+
+    from onekernel.exec.megakernel import jit_hooks_off
+
+    def hook(*a, **k):
+        return False
+    rt = knobs.runtime
+    saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    rt.jit_cache_hook = rt.jit_post_compile_hook = hook
+    try:
+        with pytest.raises(RuntimeError):
+            with jit_hooks_off():
+                assert rt.jit_cache_hook is None and rt.jit_post_compile_hook is None
+                raise RuntimeError("a launch failed")
+        assert rt.jit_cache_hook is hook and rt.jit_post_compile_hook is hook
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = saved

@@ -22,6 +22,7 @@ every runner offers them); ``check_every=N`` makes ``step`` call ``check()`` eve
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import torch
 
@@ -53,6 +54,24 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
             hi += (b - 1) * t.stride(d)
         return t.data_ptr() + lo * t.element_size(), min((hi - lo + 1) * t.element_size(), PREFETCH_CAP)
     return 0, 0
+
+
+@contextmanager
+def jit_hooks_off():
+    """Run the block with Triton's JIT hooks (``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook``)
+    unset, then put them back. Triton JSON-serialises every constexpr of a kernel before calling a hook, and the
+    megakernel's ``RUN_TASK`` is a JITFunction, which json cannot encode: with a hook set (the CLI's
+    ``cli_compile.CompileWatch``) its launch raised ``TypeError: Object of type JITFunction is not JSON
+    serializable`` (H200, session 6). So its compile is not reported by the hooks."""
+    from triton import knobs
+
+    rt = knobs.runtime
+    saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    rt.jit_cache_hook = rt.jit_post_compile_hook = None
+    try:
+        yield
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = saved
 
 
 class PersistentRunner(StepRunner):
@@ -241,7 +260,8 @@ class MegakernelRunner(PersistentRunner):
 
     def _check_residency(self) -> None:
         dev = self.bound.device
-        self.compiled = mk_device.megakernel.warmup(*self._args(), grid=(self.n_workers,), **self._kw())
+        with jit_hooks_off():
+            self.compiled = mk_device.megakernel.warmup(*self._args(), grid=(self.n_workers,), **self._kw())
         self.compiled._init_handles()  # loads the binary: fills n_regs / n_spills
         p = torch.cuda.get_device_properties(dev)
         meta = {"n_regs": self.compiled.n_regs, "num_warps": self.num_warps,
@@ -255,7 +275,8 @@ class MegakernelRunner(PersistentRunner):
 
     # -- running ---------------------------------------------------------------------------------------
     def launch(self) -> None:
-        mk_device.megakernel[(self.n_workers,)](*self._args(), **self._kw())
+        with jit_hooks_off():
+            mk_device.megakernel[(self.n_workers,)](*self._args(), **self._kw())
 
     @property
     def task_graph(self):
