@@ -182,3 +182,14 @@ def test_jit_hooks_are_off_inside_and_restored_after():
         assert rt.jit_cache_hook is hook and rt.jit_post_compile_hook is hook
     finally:
         rt.jit_cache_hook, rt.jit_post_compile_hook = saved
+
+
+def test_weight_stream_does_not_depend_on_the_batch(seed):
+    """Runners of several batch sizes over the same weights share one packed stream (exec.stream_runner
+    .shared_stream): valid only because the stream and its offsets are the same for every batch size."""
+    streams = []
+    for batch in (1, 4, 16):
+        step, W = _step(batch, seed)
+        streams.append(pack_weights(make_plan(step, W), step.tensors))
+    for packed, off in streams[1:]:
+        assert torch.equal(packed, streams[0][0]) and torch.equal(off, streams[0][1])
