@@ -33,12 +33,15 @@ def compile_note(what: str = "the kernels") -> str:
 
 
 class CompileWatch:
-    """Context manager that watches Triton's JIT while it is active (its ``jit_cache_hook`` and
-    ``jit_post_compile_hook``, chained to any hooks already set; the previous ones come back on exit).
+    """Context manager that times every kernel load of Triton's JIT while it is active: it wraps
+    ``JITFunction._do_compile`` (what a launch calls when the kernel is not yet in the process: a compile, or a
+    load from the on-disk cache) and puts the original back on exit. Not Triton's ``jit_cache_hook``: Triton
+    JSON-serialises every constexpr before calling that hook, and the megakernel's ``RUN_TASK`` constexpr is a
+    JITFunction, so a hook made its launch raise TypeError (H200, session 6).
 
     ``count``: kernels loaded or compiled so far; ``seconds``: time spent in them. ``on_slow(name)`` is called
     once (from a timer thread) when one load has run longer than ``slow_s``: a real compile, not a cache hit.
-    Never stops a compile (the hooks return False)."""
+    Nested watches each see every load."""
 
     def __init__(self, on_slow=None, slow_s: float = SLOW_S):
         self.on_slow, self.slow_s = on_slow, slow_s
@@ -46,31 +49,28 @@ class CompileWatch:
         self._t0, self._timer, self._lock = None, None, threading.Lock()
 
     def __enter__(self) -> "CompileWatch":
-        from triton import knobs
+        from triton.runtime.jit import JITFunction
 
-        rt = knobs.runtime
-        self._prev = (rt.jit_cache_hook, rt.jit_post_compile_hook)
-        prev_pre, prev_post = self._prev
+        self._orig = orig = JITFunction.__dict__["_do_compile"]
 
-        def pre(*args, **kw):
-            self.started(getattr(kw.get("fn"), "name", "a kernel"))
-            return bool(prev_pre and prev_pre(*args, **kw))
+        def do_compile(fn, *args, **kw):
+            self.started(getattr(getattr(fn, "fn", None), "__name__", "a kernel"))
+            try:
+                return orig(fn, *args, **kw)
+            finally:
+                self.finished()
 
-        def post(*args, **kw):
-            self.finished()
-            return bool(prev_post and prev_post(*args, **kw))
-
-        rt.jit_cache_hook, rt.jit_post_compile_hook = pre, post
+        JITFunction._do_compile = do_compile
         return self
 
     def __exit__(self, *exc) -> None:
-        from triton import knobs
+        from triton.runtime.jit import JITFunction
 
-        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._prev
+        JITFunction._do_compile = self._orig
         self.finished()
 
     def started(self, name: str) -> None:
-        """A kernel load begins (called by the hook; tests call it directly)."""
+        """A kernel load begins (called by the wrapped ``_do_compile``; tests call it directly)."""
         with self._lock:
             self._t0 = time.perf_counter()
             if self.on_slow is not None and not self.slow:

@@ -73,22 +73,25 @@ def test_compile_watch_notes_a_slow_load_once():
     assert seen == ["slow_kernel"] and w.count == 3 and w.seconds >= 0.6
 
 
-def test_compile_watch_chains_and_restores_tritons_hooks():
+def test_compile_watch_times_jit_loads_without_tritons_hooks(monkeypatch):
+    """The watch wraps JITFunction._do_compile (every load of a kernel not yet in the process) and never sets
+    Triton's JIT hooks: Triton JSON-serialises a kernel's constexprs for them, which raised TypeError for the
+    megakernel's RUN_TASK (a JITFunction) on the H200."""
     from triton import knobs
+    from triton.runtime.jit import JITFunction
 
-    rt = knobs.runtime
-    calls = []
-    old = rt.jit_cache_hook, rt.jit_post_compile_hook
-    rt.jit_cache_hook = lambda **kw: calls.append("pre") or False
-    rt.jit_post_compile_hook = None
-    try:
-        with CompileWatch() as w:
-            assert rt.jit_cache_hook(key=0, repr="k", fn=SimpleNamespace(name="k")) is False  # never skips a compile
-            rt.jit_post_compile_hook(key=0, repr="k", fn=SimpleNamespace(name="k"))
-        assert w.count == 1 and calls == ["pre"]
-        assert rt.jit_post_compile_hook is None and rt.jit_cache_hook(key=0) is False and calls == ["pre", "pre"]
-    finally:
-        rt.jit_cache_hook, rt.jit_post_compile_hook = old
+    def slow_compile(fn, *args, **kw):
+        time.sleep(0.2)
+        return ("kernel", args, kw)
+
+    monkeypatch.setattr(JITFunction, "_do_compile", slow_compile)
+    seen = []
+    with CompileWatch(on_slow=seen.append, slow_s=0.05) as w:
+        assert knobs.runtime.jit_cache_hook is None and knobs.runtime.jit_post_compile_hook is None
+        fn = SimpleNamespace(fn=SimpleNamespace(__name__="megakernel"))
+        assert JITFunction._do_compile(fn, 1, warmup=True) == ("kernel", (1,), {"warmup": True})
+    assert seen == ["megakernel"] and w.count == 1 and w.seconds >= 0.2
+    assert JITFunction._do_compile is slow_compile
 
 
 def test_compile_note_says_where_the_kernels_are_kept(monkeypatch, tmp_path):
@@ -151,14 +154,14 @@ def test_generate_progress_notes_a_compile_before_the_first_step_once():
     from io import StringIO
 
     from rich.console import Console
-    from triton import knobs
+    from triton.runtime.jit import JITFunction
 
     from onekernel.cli_progress import GenerateProgress
 
-    before = knobs.runtime.jit_cache_hook
+    before = JITFunction._do_compile
     buf = StringIO()
     with GenerateProgress(["a"], 4, compile_note=True, delay_s=0.05, console=Console(file=buf)) as p:
-        assert knobs.runtime.jit_cache_hook is not before
+        assert JITFunction._do_compile is not before
         p.watch.started("megakernel")
         time.sleep(0.3)
         p.watch.finished()
@@ -166,7 +169,7 @@ def test_generate_progress_notes_a_compile_before_the_first_step_once():
         p.token(0, False)  # the first decode step: no second note
         time.sleep(0.2)
     text = buf.getvalue()
-    assert text.count("compiling the Triton kernels") == 1 and "for megakernel" in text, text
-    assert knobs.runtime.jit_cache_hook is before
+    assert text.count("note: compiling the Triton kernels") == 1 and "for megakernel" in text, text
+    assert JITFunction._do_compile is before
     with GenerateProgress(["a"], 4, compile_note=False, delay_s=0.05, console=Console(file=StringIO())) as p:
-        assert p.watch is None and knobs.runtime.jit_cache_hook is before
+        assert p.watch is None and JITFunction._do_compile is before
