@@ -51,7 +51,9 @@ class CompileWatch:
     def __enter__(self) -> "CompileWatch":
         from triton.runtime.jit import JITFunction
 
-        self._orig = orig = JITFunction.__dict__["_do_compile"]
+        self._orig = orig = JITFunction.__dict__.get("_do_compile")
+        if orig is None:  # a Triton without this private method: no note, never a failed run
+            return self
 
         def do_compile(fn, *args, **kw):
             self.started(getattr(getattr(fn, "fn", None), "__name__", "a kernel"))
@@ -66,7 +68,8 @@ class CompileWatch:
     def __exit__(self, *exc) -> None:
         from triton.runtime.jit import JITFunction
 
-        JITFunction._do_compile = self._orig
+        if self._orig is not None:
+            JITFunction._do_compile = self._orig
         self.finished()
 
     def started(self, name: str) -> None:
