@@ -60,9 +60,9 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
 def jit_hooks_off():
     """Run the block with Triton's JIT hooks (``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook``)
     unset, then put them back. Triton JSON-serialises every constexpr of a kernel before calling a hook, and the
-    megakernel's ``RUN_TASK`` is a JITFunction, which json cannot encode: with a hook set (the CLI's
-    ``cli_compile.CompileWatch``) its launch raised ``TypeError: Object of type JITFunction is not JSON
-    serializable`` (H200, session 6). So its compile is not reported by the hooks."""
+    megakernel's ``RUN_TASK`` is a JITFunction, which json cannot encode: with a hook set (a profiler's, or the
+    CLI's first compile watch, since rewritten without hooks) its launch raised ``TypeError: Object of type
+    JITFunction is not JSON serializable`` (H200, session 6). So the hooks never see this kernel."""
     from triton import knobs
 
     rt = knobs.runtime
