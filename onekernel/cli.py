@@ -11,6 +11,7 @@ import os
 import sys
 
 from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say
+from onekernel.cli_tp import add_tp_argument
 from onekernel.cli_tools import TOOLS
 from onekernel.cli_warmup import WARMUP
 from onekernel.errors import DeviceError, InputError, OneKernelError
@@ -63,6 +64,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+    add_tp_argument(p)
 
 
 def _collect_prompts(args) -> list[str]:
@@ -131,6 +133,16 @@ def _run_generate(args) -> int:
         check_device(mode, torch.device(device), args.interpret)
     dtype = getattr(torch, DTYPES[args.dtype] or ("bfloat16" if device == "cuda" else "float32"))
 
+    def check_prompts(files) -> None:  # the prompt checks (their one home: runtime.prompts) before weights load
+        encode_prompts(files.tokenizer, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                       model_context=files.config.max_seq_len, max_seq_len=args.max_seq_len,
+                       vocab_size=files.config.vocab_size)
+
+    from onekernel import cli_tp
+    rank = cli_tp.start(args, mode, device, check_prompts)  # --tp N: launch the ranks here, or join the group
+    if isinstance(rank, int):
+        return rank
+
     stream = not args.json and len(prompts) == 1
     pending_note = [note] if note else []  # printed with the first token: bad input stays one error line
     with GenerateProgress(prompts, args.max_new_tokens, compile_note=mode != "reference" and not args.interpret,
@@ -138,12 +150,11 @@ def _run_generate(args) -> int:
         check_load_args(args.random_weights, dtype, device, args.seed)
         progress.phase("reading the model's config and tokenizer")
         files = open_model(args.model, random_weights=args.random_weights)
-        # the prompt checks (their one home: runtime.prompts) before the weights load, which takes the most time
-        encode_prompts(files.tokenizer, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                       model_context=files.config.max_seq_len, max_seq_len=args.max_seq_len,
-                       vocab_size=files.config.vocab_size)
+        check_prompts(files)  # before the weights load, which takes the most time
         progress.phase("loading the weights")
-        model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
+        load_args = {"random_weights": args.random_weights, "dtype": dtype, "seed": args.seed}
+        model, parallel = (files.load(device=device, **load_args), None) if rank is None else \
+            cli_tp.load_rank(files, rank, args.tp, **load_args)
         progress.phase("prefill")
 
         eos, counts = set() if args.ignore_eos else model.tokenizer.eos_token_ids, [0] * len(prompts)
@@ -161,7 +172,9 @@ def _run_generate(args) -> int:
 
         res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
                        chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
-                       ignore_eos=args.ignore_eos)
+                       ignore_eos=args.ignore_eos, parallel=parallel)
+    if rank is not None:
+        cli_tp.close_rank()
     _print_result(args, prompts, model, res, stream)
     return 0
 
@@ -215,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     closed (``>&-``) or cannot be written (``> /dev/full``: one line on stderr). Nothing but the command's
     output goes to stdout; with stderr closed (``2>&-``) notes and errors are dropped, the exit code stays."""
     args, extra = build_parser().parse_known_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # what --tp N runs in each rank
     if extra:  # reported by the subcommand's parser, so the hint names `onekernel COMMAND --help`
         args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if sys.stdout is None:  # started with stdout closed: say so before any work

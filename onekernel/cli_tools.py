@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from onekernel.cli_tp import add_tp_argument
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
 from onekernel.ops.tiling import MAX_BATCH
@@ -139,6 +140,7 @@ def _add_bench(p):
     p.add_argument("--variants", default=None, metavar="A,B",
                    help="with --study: only these variants (default all; a wrong name lists the valid ones)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
+    add_tp_argument(p)
 
 
 def _bench_args(args) -> tuple[list[int], list[str]]:
@@ -176,6 +178,9 @@ def _run_bench(args) -> int:
     from onekernel.bench.timing import copy_bandwidth_gbs
 
     batches, modes = _bench_args(args)
+    if args.tp != 1:
+        from onekernel.cli_tp import run_bench_tp
+        return run_bench_tp(args, batches, lambda cfg: _context(args, cfg), args.modes != ",".join(BENCH_MODES))
     if args.variants is not None and not args.study:
         raise InputError("--variants selects study variants; add --study, or use --modes for the bench")
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132

@@ -27,3 +27,7 @@ class ScheduleError(OneKernelError):
 
 class KernelTimeoutError(OneKernelError):
     """A bounded spin in the megakernel gave up: names the task, op, tile, event and counts."""
+
+
+class RankError(OneKernelError):
+    """A tensor-parallel peer rank died or did not answer a collective in time: names the rank and the step."""

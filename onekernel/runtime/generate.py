@@ -98,7 +98,7 @@ def _per_prompt(sampling, n: int) -> list[SamplingParams]:
 def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int = 32, mode: str = "reference",
              sampling: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
              on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
-             interpret: bool = False, ignore_eos: bool = False) -> GenerationResult:
+             interpret: bool = False, ignore_eos: bool = False, parallel=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens for each of 1..MAX_BATCH (16, ops/tiling.py) prompts of
     any lengths.
 
@@ -115,6 +115,9 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         interpret: run a Triton mode on the CPU in the Triton interpreter; TRITON_INTERPRET=1 must be set
             before onekernel is imported (Triton reads it when a kernel is defined; the CLI sets it).
         ignore_eos: keep generating past EOS (for benchmarks).
+        parallel: None, or a tensor-parallel rank's group (``onekernel.dist.tp_reference.TPGroup``); then
+            ``model`` is the rank's shard, prompts are checked against ``parallel.config`` (the whole model's),
+            and the runner (``parallel.step_runner(mode, model, cache, interpret=...)``) does the prefill.
     Raises (all before anything runs):
         InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), no
             prompts, more than MAX_BATCH, max_new_tokens < 1, an unknown mode, a sampling list that does not
@@ -124,7 +127,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     """
     t_start = time.perf_counter()
     check_model(model)
-    cfg, tok = model.config, model.tokenizer
+    cfg, tok = (model.config if parallel is None else parallel.config), model.tokenizer
     for name, flag in (("chat", chat), ("interpret", interpret), ("ignore_eos", ignore_eos)):
         check_flag(name, flag)
     if isinstance(prompts, str):  # one prompt, not a sequence of one-character prompts
@@ -154,8 +157,11 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     B = len(ids)
     compiled = mode != "reference" and not interpret
     cache_len = max_seq_len or default_cache_len(max(map(len, ids)) + max_new_tokens, cfg.max_seq_len, compiled)
-    cache = KVCache(cfg, B, cache_len, dtype, device)
-    runner = make_step_runner(mode, model, cache, interpret=interpret)
+    cache = KVCache(model.config, B, cache_len, dtype, device)  # a rank's shard: its local KV heads
+    if parallel is None:
+        runner = make_step_runner(mode, model, cache, interpret=interpret)
+    else:
+        runner = parallel.step_runner(mode, model, cache, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
     streams = [TextStream(tok, eos) for _ in range(B)]
     done = [False] * B
@@ -185,7 +191,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
                 on_token(b, t, piece)
 
     t0 = time.perf_counter()
-    logits = prefill(model, cache, ids)
+    logits = prefill(model, cache, ids) if parallel is None else runner.prefill(ids)
     _sync(device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
     tokens = sampler(logits)

@@ -11,6 +11,12 @@ HF transformers' ``modeling_llama.py`` / ``modeling_qwen3.py`` op for op so gree
                 h = rmsnorm(x) ; x = x + (silu(h Wg^T) * (h Wu^T)) Wd^T
     logits = (rmsnorm(x) lm_head^T).float()
     rmsnorm(x) = w * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)   (HF LlamaRMSNorm)
+
+``prefill`` and ``decode_one_token`` take an optional ``tp``: a tensor-parallel rank's collectives
+(``onekernel.dist.tp_reference.TPGroup``: ``embed(tokens, table)`` and ``all_reduce(x)``). Over a rank's shard
+(a config with its local heads, FFN rows and vocabulary range, ``onekernel.dist.sharding``) the same code is then
+Megatron's tensor-parallel decoder: the embedding and the outputs of the O-projection and of down are summed
+over the ranks, and the logits are the rank's vocabulary range. ``tp=None`` is the plain decoder.
 """
 from __future__ import annotations
 
@@ -74,16 +80,25 @@ def _mlp(w: dict, i: int, h: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(h, w[p + "w_gate"])) * F.linear(h, w[p + "w_up"]), w[p + "w_down"])
 
 
+def _embed(tp, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return F.embedding(tokens, table) if tp is None else tp.embed(tokens, table)
+
+
+def _reduce(tp, x: torch.Tensor) -> torch.Tensor:
+    return x if tp is None else tp.all_reduce(x)
+
+
 @torch.no_grad()
-def prefill(model, cache, prompts: list[list[int]]) -> torch.Tensor:
+def prefill(model, cache, prompts: list[list[int]], tp=None) -> torch.Tensor:
     """One batched forward pass over right-padded prompts; fills the cache and returns next-token logits.
 
     Args:
         model: LoadedModel (config, weights).
         cache: KVCache with batch == len(prompts) and max_seq_len >= the longest prompt.
         prompts: B lists of token ids, lengths L_b >= 1, may differ.
+        tp: None, or a tensor-parallel rank's collectives (module docstring); then ``model`` is the rank's shard.
     Returns:
-        logits float32 [B, V] at position L_b - 1 of each prompt.
+        logits float32 [B, V] at position L_b - 1 of each prompt (with ``tp``: the rank's vocabulary range).
     Side effects: K/V of positions 0..T-1 written (padding positions hold junk that decode overwrites before
     it is ever read), ``cache.seq_lens[b] = L_b``.
     Raises:
@@ -110,20 +125,20 @@ def prefill(model, cache, prompts: list[list[int]]) -> torch.Tensor:
     mask = mask[:, None]
     cos, sin = rope_cos_sin(cfg, pos[None].expand(B, T), cache.dtype)
 
-    x = F.embedding(tokens, w["tok_embeddings"])
+    x = _embed(tp, tokens, w["tok_embeddings"])
     for i in range(cfg.n_layers):
         q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)
         cache.k[i, :, :, :T] = k
         cache.v[i, :, :, :T] = v
-        x = x + F.linear(_attend(cfg, q, k, v, mask), w[f"layers.{i}.wo"])
-        x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
+        x = x + _reduce(tp, F.linear(_attend(cfg, q, k, v, mask), w[f"layers.{i}.wo"]))
+        x = x + _reduce(tp, _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps)))
     cache.seq_lens.copy_(lens_t.to(torch.int32))
     x = x[torch.arange(B, device=dev), lens_t - 1]
     return F.linear(rms_norm(x, w["norm"], cfg.norm_eps), w["lm_head"]).float()
 
 
 def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq_lens: torch.Tensor,
-                     tokens: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+                     tokens: torch.Tensor, inv_freq: torch.Tensor, tp=None) -> torch.Tensor:
     """One decode step with static shapes (gpt-fast's ``decode_one_token``): no host sync, so it can be
     captured in a CUDA graph or compiled; the reference mode and the PyTorch baselines all run it.
 
@@ -132,9 +147,12 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
         k_all, v_all: the KV cache [L, B, Hkv, S, hd] (model dtype); seq_lens: int32 [B], the position of each
             sequence's token (< S; not checked here: no host sync); tokens: int32 or int64 [B].
         inv_freq: float32 [hd / 2], ``config.rope_inv_freq(cfg)`` on the cache's device.
+        tp: None, or a tensor-parallel rank's collectives (module docstring); then ``cfg``, ``w`` and the cache
+            are the rank's shard.
     Returns:
-        logits float32 [B, V]. Writes K/V at position seq_lens[b] and attends over all S positions with a
-        device-side mask (keys 0..seq_lens[b]). Does NOT increment seq_lens (the generation loop does).
+        logits float32 [B, V] (with ``tp``: the rank's vocabulary range). Writes K/V at position seq_lens[b]
+        and attends over all S positions with a device-side mask (keys 0..seq_lens[b]). Does NOT increment
+        seq_lens (the generation loop does).
         Call it under ``torch.no_grad()`` (the runners do; torch.compile traces it as is).
     """
     dev, B, S = k_all.device, k_all.shape[1], k_all.shape[3]
@@ -145,15 +163,15 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
     freqs = pos[:, None, None].float() * inv_freq  # rope_cos_sin with a precomputed table
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(k_all.dtype), emb.sin().to(k_all.dtype)
-    x = F.embedding(tokens.long()[:, None], w["tok_embeddings"])  # [B, 1, D]
+    x = _embed(tp, tokens.long()[:, None], w["tok_embeddings"])  # [B, 1, D]
     for i in range(cfg.n_layers):
         q, k, v = _qkv(cfg, w, i, rms_norm(x, w[f"layers.{i}.attn_norm"], cfg.norm_eps), cos, sin)
         # one index_put_ on the whole cache tensor (a tensor layer index, not a view of layer i): Inductor
         # then updates the cache in place; through a view it copied the whole cache every step
         k_all[layer_idx[i], bidx, :, pos] = k[:, :, 0]
         v_all[layer_idx[i], bidx, :, pos] = v[:, :, 0]
-        x = x + F.linear(_attend(cfg, q, k_all[i], v_all[i], mask), w[f"layers.{i}.wo"])
-        x = x + _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps))
+        x = x + _reduce(tp, F.linear(_attend(cfg, q, k_all[i], v_all[i], mask), w[f"layers.{i}.wo"]))
+        x = x + _reduce(tp, _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps)))
     return F.linear(rms_norm(x[:, 0], w["norm"], cfg.norm_eps), w["lm_head"]).float()
 
 

@@ -52,10 +52,14 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
     the cache's device); fuse_merge: see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
     the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
-    Raises InputError (unknown mode or option value; model not a LoadedModel; cache not a KVCache of the model's
-    config, dtype and device; a flag not a bool), DeviceError (a Triton mode without a GPU),
+    Raises InputError (unknown mode or option value; model not a LoadedModel, or a tensor-parallel shard; cache
+    not a KVCache of the model's config, dtype and device; a flag not a bool), DeviceError (a Triton mode without
+    a GPU),
     UnsupportedModelError (a model the kernels can't run)."""
     check_model(model)
+    if getattr(model, "shard", None) is not None:
+        raise InputError("model is one rank's tensor-parallel shard (onekernel.dist.sharding.ShardedModel); run it "
+                         "through onekernel.dist.tp_reference (generate(..., parallel=TPGroup(model.shard)))")
     _check_cache(model, cache)
     check_flag("interpret", interpret)
     check_flag("fuse_merge", fuse_merge)

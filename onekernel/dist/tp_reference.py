@@ -1,0 +1,131 @@
+"""The PyTorch tensor-parallel decoder: ``runtime.reference`` over a rank's shard (``dist.sharding``) with the
+collectives of Megatron-LM (Shoeybi et al. 2019, sections 3 and 3.1) through ``torch.distributed``:
+
+* embedding: vocabulary-parallel; a rank embeds the tokens of its vocabulary range, zeros for the others, and
+  the rows are all-reduced (exact: one rank contributes each row);
+* per layer: one all-reduce of the O-projection's partial sums [B, T, D], one of down's;
+* logits: each rank's vocabulary range [B, V/t]; greedy tokens by a distributed argmax (each rank's max and
+  its index are all-gathered: 2 x B values per rank instead of V/t), and the whole logits all-gathered for
+  sampling.
+
+Every rank ends a step with the same logits and tokens, so every rank runs the same generation loop
+(``runtime.generate`` with ``parallel=TPGroup``). The all-reduces sum the ranks' partial sums in rank order, so
+the logits equal the single-device reference's within the rounding of the model dtype (fp32: ~1e-6 relative).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from onekernel.dist.process import fault_point, timeout_s
+from onekernel.dist.sharding import Shard, vocab_range
+from onekernel.errors import InputError, RankError
+from onekernel.models.config import ModelConfig, rope_inv_freq
+from onekernel.runtime.reference import decode_one_token, prefill
+
+
+class TPGroup:
+    """One rank's collectives over the default ``torch.distributed`` group (joined by ``process.init_rank``),
+    for ``shard`` (its rank, TP size and vocabulary range). ``config`` is the whole model's config (what
+    ``runtime.generate`` checks prompts against). A collective that fails (a peer died, or did not answer within
+    ``process.timeout_s()``) raises RankError naming this rank and ``where`` (the step)."""
+
+    def __init__(self, shard: Shard):
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() != shard.tp or dist.get_rank() != shard.rank:
+            raise InputError(f"TPGroup for rank {shard.rank} of {shard.tp} needs the process group of that rank "
+                             f"joined first (onekernel.dist.process.init_rank)")
+        self.dist, self.shard, self.config = dist, shard, shard.full
+        self.where = "start-up"
+
+    def _run(self, name: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except RuntimeError as e:  # torch.distributed.DistBackendError and gloo/NCCL errors
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+            raise RankError(f"rank {self.shard.rank} of {self.shard.tp}: {name} at {self.where} failed: another "
+                            f"rank died or did not answer within {timeout_s():g} s ({first})") from None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over the ranks (in place; returned)."""
+        self._run("all_reduce", self.dist.all_reduce, x)
+        return x
+
+    def embed(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Vocabulary-parallel embedding: tokens (int64, any shape) -> [*tokens.shape, D] in table's dtype, where
+        ``table`` is this rank's rows [vocab_start, vocab_stop)."""
+        local = tokens - self.shard.vocab_start
+        inside = (local >= 0) & (local < table.shape[0])
+        x = F.embedding(local.clamp(0, table.shape[0] - 1), table)
+        return self.all_reduce(torch.where(inside[..., None], x, torch.zeros_like(x)))
+
+    def _gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(x) for _ in range(self.shard.tp)]
+        self._run("all_gather", self.dist.all_gather, parts, x.contiguous())
+        return parts
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Distributed greedy argmax: this rank's logits float32 [B, V_local] -> global token ids int32 [B], the
+        lowest index among equal maxima (as ``torch.argmax`` over the whole logits)."""
+        best, idx = logits.max(dim=-1)
+        vals = torch.stack(self._gather(best))  # [t, B]
+        ids = torch.stack(self._gather(idx + self.shard.vocab_start))
+        rank = vals.argmax(dim=0)  # first maximum: the lowest rank, so the lowest index (ranges ascend)
+        return ids.gather(0, rank[None])[0].to(torch.int32)
+
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The whole logits float32 [B, V] from every rank's [B, V_local] (ranges of unequal length padded)."""
+        V, t = self.config.vocab_size, self.shard.tp
+        width = vocab_range(V, t, 0)[1]  # rank 0's range is the longest
+        parts = self._gather(F.pad(logits, (0, width - logits.shape[-1])))
+        return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, (vocab_range(V, t, r) for r in range(t)))], -1)
+
+    def step_runner(self, mode: str, model, cache, *, interpret: bool = False):
+        """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook). Only "reference" exists;
+        other modes raise InputError (the kernel modes at TP > 1 come with issue 13's GPU part)."""
+        check_tp_mode(mode)
+        return TPReferenceRunner(model, cache, self)
+
+
+def check_tp_mode(mode: str) -> None:
+    """InputError unless ``mode`` runs at TP > 1 today (the reference mode)."""
+    if mode != "reference":
+        raise InputError(f"--mode {mode} does not run tensor-parallel yet: the kernel modes at --tp > 1 (eager, "
+                         f"graph, pdl, megakernel) come with the GPU part of issue 13; use --mode reference, or "
+                         f"--tp 1")
+
+
+class TPReferenceRunner:
+    """StepRunner of a rank (``exec.base`` interface): ``step(tokens int32 [B]) -> (logits float32 [B, V] (the
+    whole vocabulary, gathered), next int32 [B] (distributed argmax))``, ``prefill(prompts) -> logits [B, V]``;
+    ``model`` is the rank's ShardedModel and ``cache`` a KVCache of its local config. Raises InputError when a
+    sequence would decode past the cache, RankError when a collective fails."""
+
+    mode = "reference"
+
+    def __init__(self, model, cache, group: TPGroup):
+        self.model, self.cache, self.group = model, cache, group
+        self.cfg: ModelConfig = model.config
+        self.inv_freq = rope_inv_freq(self.cfg).to(device=cache.k.device, dtype=torch.float32)
+        self.steps = 0
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        self.group.where = "prefill"
+        return self.group.gather_logits(prefill(self.model, self.cache, prompts, tp=self.group))
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, g = self.cache, self.group
+        if int(c.seq_lens.max()) >= c.max_seq_len:
+            raise InputError(f"decode past the end of the KV cache ({c.max_seq_len} positions)")
+        self.steps += 1
+        g.where = f"decode step {self.steps}"
+        fault_point(g.shard.rank, self.steps)
+        local = decode_one_token(self.cfg, self.model.weights, c.k, c.v, c.seq_lens, tokens, self.inv_freq, tp=g)
+        return g.gather_logits(local), g.argmax(local)
+
+    def check(self) -> None:
+        """Nothing to check: collectives raise their errors at once."""
+
+    poll = check

@@ -1,0 +1,205 @@
+"""Tensor parallel on the CPU (gloo): TP=2 prefill and decode equal the single-device reference, the CLI's --tp 2
+equals --tp 1, a rank that dies or hangs makes the run exit with an error, and --tp is refused before anything
+loads when it cannot run. Two processes per run (tests/tp_worker.py, or the CLI's own launcher)."""
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from onekernel.cli import main
+from onekernel.dist.process import NO_MULTICAST, close_rank, init_rank
+from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+from onekernel.dist.tp_reference import TPGroup
+from onekernel.errors import InputError
+from onekernel.models.config import get_config
+from onekernel.models.load import LoadedModel, load_model
+from onekernel.models.random_init import random_weights
+from onekernel.models.tokenizer import Tokenizer
+from onekernel.runtime.kv_cache import KVCache
+from onekernel.runtime.reference import ReferenceRunner
+from onekernel.runtime.runners import make_step_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "tp_worker.py"
+BOUND_S = 60  # a run with a failed rank must end within this (the issue's bound); subprocess timeout, not timing
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(tp: int, args: dict) -> None:
+    """tests/tp_worker.py as ``tp`` gloo ranks (torchrun's variables); fails the test when a rank fails."""
+    env = {**os.environ, "WORLD_SIZE": str(tp), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), json.dumps(args)], cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(tp)]
+    errs = [p.communicate(timeout=BOUND_S)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(errs)
+
+
+def _reference(cfg, seed, prompts, steps):
+    """TP=1: prefill + greedy decode steps with runtime.reference -> (logits [steps+1, B, V], tokens, cache)."""
+    model = LoadedModel(cfg, random_weights(cfg, torch.float32, "cpu", seed), Tokenizer.byte_level(), cfg.name)
+    cache = KVCache(cfg, len(prompts), max(map(len, prompts)) + steps, torch.float32, "cpu")
+    r = ReferenceRunner(model, cache)
+    logits = [r.prefill(prompts)]
+    tokens = [logits[0].argmax(-1).to(torch.int32)]
+    for _ in range(steps):
+        lg, nxt = r.step(tokens[-1])
+        cache.seq_lens += 1
+        logits.append(lg)
+        tokens.append(nxt)
+    return torch.stack(logits), torch.stack(tokens), cache
+
+
+@pytest.mark.parametrize("name, vocab", [("tiny", None), ("tiny-qwen3", 253)])
+def test_tp2_prefill_and_decode_equal_tp1(name, vocab, seed, tmp_path):
+    """fp32: logits within rounding (the all-reduces add the ranks' partial sums: measured 2-3e-7 of the logits'
+    range; scaling every all-reduce by 1 + 1e-4 gives 4e-6), greedy tokens
+    (distributed argmax) equal wherever the top-2 margin is above that rounding, and rank 0's KV cache is the
+    first half of the reference's KV heads."""
+    import dataclasses
+
+    cfg = get_config(name)
+    cfg = dataclasses.replace(cfg, vocab_size=vocab) if vocab else cfg  # 253: uneven vocabulary ranges
+    rnd = random.Random(seed)
+    prompts = [[rnd.randrange(cfg.vocab_size) for _ in range(n)] for n in (5, 3)]
+    steps = 6
+    out = tmp_path / "rank0.pt"
+    _run_ranks(2, {"model": name, "vocab": vocab, "tp": 2, "seed": seed, "prompts": prompts, "steps": steps,
+                   "out": str(out)})
+    got = torch.load(out)
+    want_logits, want_tokens, cache = _reference(cfg, seed, prompts, steps)
+    assert got["logits"].shape == want_logits.shape == (steps + 1, 2, cfg.vocab_size)
+    scale = want_logits.abs().max()
+    err = (got["logits"] - want_logits).abs().max() / scale
+    assert err < 2e-6, f"TP=2 logits differ from TP=1 by {err:.2e} of their range"
+    top2 = want_logits.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 1e-4 * scale
+    assert clear.float().mean() > 0.8  # the comparison below is about most positions, not a few
+    assert torch.equal(got["tokens"][clear], want_tokens[clear])
+    hkv = cfg.n_kv_heads // 2
+    torch.testing.assert_close(got["k"], cache.k[:, :, :hkv], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got["v"], cache.v[:, :, :hkv], rtol=1e-6, atol=1e-6)
+
+
+def _cli(*args, env=None):
+    """``python -m onekernel`` in a subprocess -> (returncode, stdout, stderr)."""
+    p = subprocess.run([sys.executable, "-m", "onekernel", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=BOUND_S, env={**os.environ, **(env or {})})
+    return p.returncode, p.stdout, p.stderr
+
+
+GENERATE = ("generate", "--model", "tiny", "--random-weights", "--prompt", "hello", "--prompt", "a longer prompt",
+            "--max-new-tokens", "6", "--json", "--quiet")
+
+
+def test_cli_generate_tp2_equals_tp1(seed):
+    rc, out, err = _cli(*GENERATE, "--seed", str(seed), "--tp", "2")
+    assert rc == 0, err
+    assert len(out.splitlines()) == 1  # rank 0 prints the one record; rank 1 stays quiet
+    got = json.loads(out)
+    rc, out, err = _cli(*GENERATE, "--seed", str(seed))
+    assert rc == 0, err
+    want = json.loads(out)
+    assert [s["generated_ids"] for s in got["sequences"]] == [s["generated_ids"] for s in want["sequences"]]
+    assert all(len(s["generated_ids"]) == 6 for s in got["sequences"])
+
+
+@pytest.mark.parametrize("fault, env, says", [
+    ("kill", {}, ["rank 0 of 2: all_reduce at decode step 2 failed: another rank died",
+                  "tensor-parallel rank 1 of 2 was killed by SIGKILL"]),
+    ("hang", {"ONEKERNEL_TP_TIMEOUT": "3"}, ["rank 0 of 2: ", " at decode step 2 failed: another rank died or did "
+                                            "not answer within 3 s"]),
+])
+def test_a_failed_rank_ends_the_run_with_an_error(fault, env, says):
+    """Rank 1 SIGKILLs itself (or sleeps for good) at decode step 2: rank 0's collective fails (at once, or after
+    the timeout), it exits with an error, the launcher stops rank 1 and exits 2 within the bound."""
+    rc, out, err = _cli(*GENERATE, "--tp", "2", env={"ONEKERNEL_TP_FAULT": f"1:{fault}:2", **env})
+    assert rc == 2 and out == ""
+    for s in says:
+        assert s in err, err
+    assert "Traceback" not in err
+
+
+def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
+    monkeypatch.setattr("onekernel.dist.process.launch", lambda *a: pytest.fail("ranks were started"))
+    monkeypatch.setattr("onekernel.cli_tp.launch", lambda *a: pytest.fail("ranks were started"))
+    for extra, msg in [(("--tp", "3"), "tensor-parallel size 3 does not divide n_heads=4, n_kv_heads=2"),
+                       (("--tp", "0"), "--tp must be >= 1, got 0"),
+                       (("--tp", "2", "--max-new-tokens", "300"), "over the context of 256"),
+                       (("--tp", "2", "--mode", "eager", "--interpret"),
+                        "come with the GPU part of issue 13; use --mode reference")]:
+        assert main([*GENERATE, *extra]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_bench_tp_refusals(capsys):
+    bench = ("bench", "--model", "tiny", "--random-weights", "--tp", "2")
+    assert main([*bench, "--modes", "graph"]) == 2
+    assert "times the PyTorch tensor-parallel step only (--modes torch)" in capsys.readouterr().err
+    assert main([*bench, "--study"]) == 2
+    assert "--study runs at --tp 1 only" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(list(bench)) == 2
+        assert "bench --tp times GPU ranks and needs CUDA GPUs" in capsys.readouterr().err
+
+
+def test_rank_variables_are_checked(monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(InputError, match="the process variables RANK, WORLD_SIZE"):
+        init_rank(2, "cpu")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for v in ("RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(v, "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(InputError, match=r"4 processes were started \(WORLD_SIZE=4\) for --tp 2"):
+        init_rank(2, "cpu")
+
+
+def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, seed):
+    """A group of one (in this process): the TP runner equals the reference bitwise, the NVLink-multicast
+    switches are set, and a shard refuses the single-device runners."""
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(k, v)
+    for k in NO_MULTICAST:
+        monkeypatch.delenv(k, raising=False)
+    init_rank(1, "cpu")
+    try:
+        assert {k: os.environ[k] for k in NO_MULTICAST} == NO_MULTICAST
+        full = load_model("tiny", random_weights=True, seed=seed)
+        shard = shard_config(full.config, 1, 0)
+        model = ShardedModel(shard.config, shard_weights(shard, full.weights), full.tokenizer, full.source, shard)
+        caches = [KVCache(full.config, 2, 16, torch.float32, "cpu") for _ in range(2)]
+        tokens = torch.tensor([3, 200], dtype=torch.int32)
+        prompts = [[1, 2, 3], [4]]
+        ref, tp = ReferenceRunner(full, caches[0]), TPGroup(shard).step_runner("reference", model, caches[1])
+        assert torch.equal(ref.prefill(prompts), tp.prefill(prompts))
+        for a, b in zip(ref.step(tokens), tp.step(tokens)):
+            assert torch.equal(a, b)
+        with pytest.raises(InputError, match="one rank's tensor-parallel shard"):
+            make_step_runner("reference", model, caches[1])
+        # bench --tp's loop, with a CPU cache and one untimed step in place of the CUDA-event timing
+        import onekernel.bench.tp as bench_tp
+        monkeypatch.setattr(bench_tp, "median_ms", lambda fn, **k: (fn(), {"median_ms": 2.0, "p10_ms": 1.0,
+                                                                            "p90_ms": 3.0})[1])
+        monkeypatch.setattr(bench_tp, "random_decode_state",
+                            lambda m, b, c: (KVCache(m.config, b, c, torch.float32, "cpu"), None))
+        recs = bench_tp.bench_tp(model, TPGroup(shard), [1, 2], 8, steps=1)
+        assert [(r["batch"], r["tp"], r["mode"], r["ms_per_step"], r["tokens_per_s"]) for r in recs] == \
+            [(1, 1, "torch", 2.0, 500.0), (2, 1, "torch", 2.0, 1000.0)]
+        assert "| tiny | 1 | 2 | torch | 2.000 | 1,000 |" in bench_tp.tp_table(recs)
+    finally:
+        close_rank()

@@ -1,0 +1,49 @@
+"""One rank of the tensor-parallel tests (tests/test_tp.py starts it with torchrun's variables).
+
+argv[1]: JSON {"model": config name, "vocab": vocab size override or null, "tp": N, "seed": S, "prompts": [[ids]],
+"steps": decode steps, "out": path}. Random fp32 weights of ``seed``; the rank's shard; prefill, then greedy
+decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax tokens and
+its KV cache to ``out`` (torch.save).
+"""
+import dataclasses
+import json
+import sys
+
+import torch
+
+from onekernel.dist.process import close_rank, init_rank
+from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+from onekernel.dist.tp_reference import TPGroup
+from onekernel.models.config import get_config
+from onekernel.models.random_init import random_weights
+from onekernel.models.tokenizer import Tokenizer
+from onekernel.runtime.kv_cache import KVCache
+
+
+def main(a: dict) -> None:
+    info = init_rank(a["tp"], "cpu")
+    cfg = get_config(a["model"])
+    if a["vocab"]:
+        cfg = dataclasses.replace(cfg, vocab_size=a["vocab"])
+    shard = shard_config(cfg, a["tp"], info.rank)
+    model = ShardedModel(shard.config, shard_weights(shard, random_weights(cfg, torch.float32, "cpu", a["seed"])),
+                         Tokenizer.byte_level(), cfg.name, shard)
+    group = TPGroup(shard)
+    prompts = a["prompts"]
+    cache = KVCache(shard.config, len(prompts), max(map(len, prompts)) + a["steps"], torch.float32, "cpu")
+    runner = group.step_runner("reference", model, cache)
+    logits = [runner.prefill(prompts)]
+    tokens = [logits[0].argmax(-1).to(torch.int32)]
+    for _ in range(a["steps"]):
+        lg, nxt = runner.step(tokens[-1])
+        cache.seq_lens += 1
+        logits.append(lg)
+        tokens.append(nxt)
+    if info.rank == 0:
+        torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v},
+                   a["out"])
+    close_rank()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
