@@ -15,7 +15,7 @@ from onekernel.cli import main
 from onekernel.dist.process import NO_MULTICAST, close_rank, init_rank
 from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
 from onekernel.dist.tp_reference import TPGroup
-from onekernel.errors import InputError
+from onekernel.errors import DeviceError, InputError
 from onekernel.models.config import get_config
 from onekernel.models.load import LoadedModel, load_model
 from onekernel.models.random_init import random_weights
@@ -115,6 +115,19 @@ def test_cli_generate_tp2_equals_tp1(seed):
     assert all(len(s["generated_ids"]) == 6 for s in got["sequences"])
 
 
+def test_torchrun_sampled_equals_tp1(seed):
+    """torchrun starts the ranks (the CLI joins its group); sampled tokens (every rank samples the same gathered
+    logits with the same generator) equal --tp 1's."""
+    sampled = (*GENERATE, "--seed", str(seed), "--temperature", "0.9", "--top-k", "50")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "onekernel",
+                        *sampled, "--tp", "2"], cwd=ROOT, capture_output=True, text=True, timeout=BOUND_S)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    rc, out, err = _cli(*sampled)
+    assert rc == 0, err
+    assert [s["generated_ids"] for s in got["sequences"]] == [s["generated_ids"] for s in json.loads(out)["sequences"]]
+
+
 @pytest.mark.parametrize("fault, env, says", [
     ("kill", {}, ["rank 0 of 2: all_reduce at decode step 2 failed: another rank died",
                   "tensor-parallel rank 1 of 2 was killed by SIGKILL"]),
@@ -166,6 +179,11 @@ def test_rank_variables_are_checked(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(InputError, match=r"4 processes were started \(WORLD_SIZE=4\) for --tp 2"):
         init_rank(2, "cpu")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DeviceError, match=r"rank 0 runs on GPU 1 \(LOCAL_RANK\), but 1 GPUs are visible"):
+        init_rank(2, "cuda")
 
 
 def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, seed):

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import torch
 
-from onekernel.errors import InputError, RankError
+from onekernel.errors import DeviceError, InputError, RankError
 
 # NVLink multicast (NVLS) stays off in every process: on the shared GPU hosts a program using it can put the
 # GPUs out of service (docs/DESIGN.md "Tensor parallel"; the device README).
@@ -61,7 +61,8 @@ class RankInfo:
 def init_rank(tp: int, device: str) -> RankInfo:
     """Join the process group of ``tp`` ranks described by torchrun's environment variables: NCCL on "cuda"
     (this process's GPU is LOCAL_RANK), gloo on "cpu"; collectives time out after ``timeout_s()``. Sets the
-    NO_MULTICAST variables first. Raises InputError when WORLD_SIZE is not ``tp`` or a variable is missing."""
+    NO_MULTICAST variables first. Raises InputError when WORLD_SIZE is not ``tp`` or a variable is missing,
+    DeviceError when LOCAL_RANK names a GPU that is not there."""
     import torch.distributed as dist
 
     os.environ.update(NO_MULTICAST)
@@ -75,7 +76,11 @@ def init_rank(tp: int, device: str) -> RankInfo:
                          f"(torchrun --nproc-per-node {tp})")
     dev = torch.device("cpu")
     if device == "cuda":
-        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local = int(os.environ["LOCAL_RANK"])
+        if local >= torch.cuda.device_count():
+            raise DeviceError(f"rank {rank} runs on GPU {local} (LOCAL_RANK), but {torch.cuda.device_count()} GPUs "
+                              f"are visible; start at most that many ranks per host")
+        dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s()),
