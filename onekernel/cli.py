@@ -199,8 +199,9 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
     n_prompt = sum(len(s.prompt_ids) for s in res.sequences)
     n_gen = sum(len(s.generated_ids) for s in res.sequences)
     batch = f", batch {len(prompts)}" if len(prompts) > 1 else ""
-    print(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
-          f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")
+    if not args.quiet:  # a note: stdout carries only the text
+        say(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
+            f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")
 
 
 # name -> (help, add_arguments, run).

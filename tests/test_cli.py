@@ -18,10 +18,15 @@ def test_json_record(capsys):
 
 
 def test_streaming_ends_with_stats_line(capsys):
+    """The stats line is a note on stderr (stdout carries only the text); --quiet drops it."""
     assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "5"]) == 0
-    out = capsys.readouterr().out
-    m = STATS.match(out.rstrip("\n").splitlines()[-1])
-    assert m and m.group(1) == "5", out
+    cap = capsys.readouterr()
+    m = STATS.match(cap.err.rstrip("\n").splitlines()[-1])
+    assert m and m.group(1) == "5", cap.err
+    assert "prompt tokens" not in cap.out
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "5", "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert "prompt tokens" not in cap.out + cap.err
 
 
 def test_batch_of_prompts(capsys):
@@ -29,7 +34,7 @@ def test_batch_of_prompts(capsys):
     rec = json.loads(capsys.readouterr().out)
     assert [len(s["generated_ids"]) for s in rec["sequences"]] == [3, 3]
     assert main(TINY + ["--prompt", "hi", "--prompt", "yo", "--max-new-tokens", "3"]) == 0
-    m = STATS.match(capsys.readouterr().out.rstrip("\n").splitlines()[-1])
+    m = STATS.match(capsys.readouterr().err.rstrip("\n").splitlines()[-1])
     assert m and m.group(1) == "6"
 
 

@@ -96,15 +96,31 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
         raise InputError(f"step must be a BoundStep (onekernel.models.decode_graph.build_decode_step), got "
                          f"{type(step).__name__}")
     cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
+    backend = options.pop("backend", "auto") if mode == "megakernel" else None
     if mode == "megakernel":
-        cls = megakernel_class(step, options.pop("backend", "auto"), interpret, options)
+        cls = megakernel_class(step, backend, interpret, options)
     takes = [p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(c.__init__).parameters
              if p not in ("self", "step", "args", "kw")]
     bad = sorted(set(options) - set(takes))
     if bad:
         raise InputError(f"mode {mode!r} has no option {', '.join(bad)}; its options are {', '.join(sorted(set(takes)))}")
     if mode == "megakernel":
-        return cls(step, interpret=interpret, **options) if cls is MegakernelRunner else cls(step, **options)
+        if cls is MegakernelRunner:
+            return cls(step, interpret=interpret, **options)
+        if backend == "gluon":
+            return cls(step, **options)
+        try:  # "auto": a Triton whose Gluon API moved again must not cost the user the megakernel
+            return cls(step, **options)
+        except Exception as e:  # noqa: BLE001 - compile errors of every kind; onekernel's own errors pass
+            from onekernel.errors import OneKernelError
+            if isinstance(e, OneKernelError):
+                raise
+            import logging
+            logging.getLogger("onekernel").warning(
+                "the streaming megakernel did not build (%s: %.200s); running the Triton megakernel instead "
+                "(backend='gluon' raises the error)", type(e).__name__, e)
+            keep = inspect.signature(MegakernelRunner.__init__).parameters
+            return MegakernelRunner(step, **{k: v for k, v in options.items() if k in keep})
     if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
         options.pop("use_cuda_graph", None)
         cls = EagerRunner

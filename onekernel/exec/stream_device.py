@@ -24,6 +24,20 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.extra.cuda import libdevice
 
+# Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
+# (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
+# another shape (_reinterpret -> reinterpret).
+barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return desc.reinterpret(dtype, shape, layout)
+else:
+    @gluon.jit
+    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return desc._reinterpret(dtype, shape, layout)
+
 _c = gl.constexpr
 # Task kinds (record field F_KIND).
 K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX = (_c(i) for i in range(8))
@@ -136,7 +150,7 @@ def _loader(w_desc, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl
         slot = i % SLOTS
         ok = _wait(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
         mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes, pred=ok != 0)
-        tma.async_copy_global_to_shared(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot),
+        tma_load(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot),
                                         pred=ok != 0)
 
 
@@ -182,7 +196,7 @@ def _fill_x(xbuf, x, nw, K, B: gl.constexpr, KXB: gl.constexpr, CK: gl.constexpr
                 v = xbuf.index(b).slice(j, XR).load(BL).to(gl.float32)
                 h = rnd(rnd(v * rstd, dt) * gs[j // XR].to(gl.float32), dt)
                 xbuf.index(b).slice(j, XR).store(h.to(dt))
-    gl.thread_barrier()
+    barrier()
 
 
 @gluon.jit
@@ -209,11 +223,11 @@ def _group(ring, bars, xbuf, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constex
     for kb in range(nkb):
         slot = i % SLOTS
         ok = _wait(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-        w = ring.index(slot)._reinterpret(ring.dtype, [RG, NREP, 32, 8], CHUNK_SL).load(L4).to(gl.float32)
+        w = view(ring.index(slot), ring.dtype, [RG, NREP, 32, 8], CHUNK_SL).load(L4).to(gl.float32)
         _warp_release(empty0 + 8 * slot, ok)
         i += 1
         for b in range(B):
-            xk = xbuf.index(b)._reinterpret(xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
+            xk = view(xbuf.index(b), xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
             part = gl.sum(gl.sum(w * xk.to(gl.float32)[None, :, :, :], axis=3), axis=1)
             part = gl.convert_layout(part, gl.SliceLayout(0, A3))
             acc = gl.where(bidx == b, acc + part[None, :, :], acc)
@@ -523,7 +537,7 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
         elif kind != K_ATTN:
             ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, KXB,
                           RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
-        gl.thread_barrier()  # every store of the task issued (and xbuf free for the next one)
+        barrier()  # every store of the task issued (and xbuf free for the next one)
         sig = gl.load(rec + F_SIGNAL)
         if sig >= 0:
             gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")

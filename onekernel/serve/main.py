@@ -46,6 +46,28 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def check_address(host: str, port: int) -> None:
+    """InputError, before anything loads, when the server could not listen on host:port: a port outside
+    0..65535, a host that does not resolve, or an address already in use (tried with a socket that is closed
+    at once; uvicorn binds again after the warm-up)."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port} is outside 0..65535; pick a free port such as 8000")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        raise InputError(f"--host {host!r} does not resolve ({e.strerror or e}); use an address of this machine "
+                         f"such as 127.0.0.1 or 0.0.0.0") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise InputError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or "
+                             f"--host, or stop the process using it") from None
+
+
 def run(args) -> int:
     if args.interpret:  # before anything imports triton, which reads it at import time
         os.environ["TRITON_INTERPRET"] = "1"
@@ -70,12 +92,15 @@ def run(args) -> int:
     dtype = getattr(torch, "bfloat16" if name == "auto" and device == "cuda" else "float32" if name == "auto"
                     else name)
     check_load_args(args.random_weights, dtype, device, args.seed)
+    from onekernel.runtime.runners import check_mode
+    check_mode(mode, device, args.interpret)
+    check_address(args.host, args.port)
 
     t0 = time.perf_counter()
-    say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     files = open_model(args.model, random_weights=args.random_weights)
     ctx = context_limit(files.config.max_seq_len, args.max_seq_len) if args.max_seq_len else min(
         files.config.max_seq_len, DEFAULT_CONTEXT_CAP)
+    say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
     engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue)
 
