@@ -17,7 +17,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import make_runner
-from onekernel.exec import stream_device as sd
+from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_plan import (CHUNK_ELEMS, arg_table, chunk_cols, make_plan, pack_weights,
                                         prefer_stream, records)
 from onekernel.graph.schedule import validate

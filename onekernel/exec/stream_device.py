@@ -8,133 +8,31 @@ One CTA per SM. Two partitions (``gl.warp_specialize``):
 * **consumer** (4 warps): per queue position, spins (``ld.acquire.gpu``, bounded) on the task's events, runs
   the task, CTA-barrier, one release atomic add on the task's event. GEMV tasks read their activation once
   per task into shared memory (RMSNorm applied once there), then per chunk: wait ``ready``, chunk -> registers,
-  arrive ``empty`` (the loader refills the slot while we compute), per batch row one [RG] reduction added to
-  an fp32 accumulator in k order; epilogue per row group (residual / RoPE + KV append / logits + argmax
-  partials) or per unit (gate/up + SiLU). Attention, merge, embedding and argmax tasks use plain loads.
+  each warp releases the slot (the loader refills it while we compute), in-thread partial sums per batch row
+  accumulated in k order; epilogue per row group (residual / RoPE + KV append / logits + argmax partials) or
+  per unit (gate/up + SiLU). Attention, merge, embedding and argmax tasks use plain loads.
 
-Numerics follow ops/ (HF rounding points, ``rnd``); a row's reductions never depend on the batch size
-(batch invariance). The math is the same as the interpreter-tested Triton tile functions, not the same
-instructions: the GPU check compares both paths (scripts/gpu_suite.py, tests marked gpu).
-Every wait is bounded; the first failure is recorded in err[0:5] = (code, task, a, b, c) (ERRORS).
+Shared pieces (record layout, kinds, waits): ``exec.stream_base``; the task bodies that stream no weights:
+``exec.stream_tasks``.
+
+Numerics follow ops/ (HF rounding points; ``rnd`` and ``silu`` are the ops' own Triton functions, called
+from Gluon); a row's reductions never depend on the batch size (batch invariance). The reduction orders
+differ from the interpreter-tested Triton tile functions: the GPU checks compare both paths
+(tests/test_stream_gpu.py, scripts/stream_check.py).
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from triton.language.extra.cuda import libdevice
 
-# Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
-# (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
-# another shape (_reinterpret -> reinterpret).
-barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-if hasattr(gl.shared_memory_descriptor, "reinterpret"):
-    @gluon.jit
-    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-        return desc.reinterpret(dtype, shape, layout)
-else:
-    @gluon.jit
-    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-        return desc._reinterpret(dtype, shape, layout)
-
-_c = gl.constexpr
-# Task kinds (record field F_KIND).
-K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX = (_c(i) for i in range(8))
-# Record fields (int32 [n_positions + 1, REC]); the per-op buffer offsets are in argtab (16-byte units).
-(F_KIND, F_OP, F_TASK, F_SIGNAL, F_WB, F_WE, F_EV0, F_EX0, F_TILE, F_U0, F_NU, F_K, F_NKB, F_N,
- F_IDX) = (_c(i) for i in range(15))
-REC = _c(16)
-ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
-          3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
-
-
-# ----------------------------------------------------------------------------------------------- primitives
-@gluon.jit
-def _ld_acquire(p):
-    return gl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p], dtype=gl.int32,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _now():
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smem_addr(offset):
-    """Shared address of byte ``offset`` of the dynamic shared memory: Gluon has no non-blocking mbarrier wait,
-    so the bounded waits address the mbarriers at the offset Triton allocates them (stream_plan checks it)."""
-    return gl.inline_asm_elementwise("{ .reg .u32 b; mov.u32 b, global_smem; add.u32 $0, b, $1; }", "=r,r",
-                                     [offset], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _record(err, code, t, a, b, c):
-    """The first failure claims err[0] and writes err[0:5] = (code, task, a, b, c); per thread, barrier-free."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 z; mov.b32 z, 0; atom.global.relaxed.gpu.cas.b32 $0, [$1], z, $2;"
-        " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+4], $3; @p st.global.b32 [$1+8], $4;"
-        " @p st.global.b32 [$1+12], $5; @p st.global.b32 [$1+16], $6; }",
-        "=r,l,r,r,r,r,r", [err, code, t, a, b, c], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _try_wait(addr, parity):
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
-        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _wait(ok, addr, parity, err, code, t, i, slot, WAIT_NS: gl.constexpr):
-    """Bounded mbarrier wait (skipped unless ok); 0 after recording a timeout (then the caller skips the rest)."""
-    if ok != 0:
-        ok = _try_wait(addr, parity)
-        if ok == 0:
-            t0 = _now()
-            tn = t0
-            while (ok == 0) & (tn - t0 < WAIT_NS):
-                ok = _try_wait(addr, parity)
-                tn = _now()
-            if ok == 0:
-                _record(err, code, t, i, slot, parity)
-    return ok
-
-
-@gluon.jit
-def _spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
-    """Spin until cnt[0] >= want (every thread, ``ld.acquire.gpu``), for at most WAIT_NS and not once another
-    failure is recorded (err[0] polled every 256 polls)."""
-    seen = _ld_acquire(cnt)
-    if seen < want:
-        t0 = _now()
-        tn = t0
-        n = 0
-        bad = 0
-        while (seen < want) & (bad == 0) & (tn - t0 < WAIT_NS):
-            seen = _ld_acquire(cnt)
-            tn = _now()
-            n += 1
-            if n % 256 == 0:
-                bad = gl.load(err, volatile=True)
-        if (seen < want) & (bad == 0):
-            _record(err, 1, t, ev, seen, want)
-
-
-@gluon.jit
-def rnd(x, dt: gl.constexpr):
-    """fp32 x rounded to dtype dt (bf16 / fp16, ties to even), as fp32 (ops.gemv.rnd, in Gluon)."""
-    if dt == gl.bfloat16:
-        u = x.to(gl.int32, bitcast=True)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) & -65536
-        return u.to(gl.float32, bitcast=True)
-    else:
-        u = x.to(gl.int32, bitcast=True)
-        u = (u + 0xFFF + ((u >> 13) & 1)) & -8192
-        y = u.to(gl.float32, bitcast=True)
-        y = gl.where(gl.abs(x) < 6.103515625e-05, (x + 0.75) - 0.75, y)
-        return gl.where(gl.abs(y) > 65504.0, x * float("inf"), y)
+from onekernel.exec.stream_base import (F_IDX, F_K, F_KIND, F_N, F_NKB, F_NU, F_OP, F_SIGNAL, F_TASK, F_U0,
+                                        K_ARGMAX, K_ATTN, K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
+                                        barrier, now, record, smem_addr, tma_load, view, wait_bounded, wait_deps,
+                                        warp_release)
+from onekernel.exec.stream_tasks import argmax_task, attn_task, embed_task, merge_task
+from onekernel.ops.gemv import rnd, silu  # the ops' own rounding and SiLU (Triton functions Gluon calls)
 
 
 # ----------------------------------------------------------------------------------------------- loader
@@ -144,28 +42,16 @@ def _loader(w_desc, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl
     """1 warp: TMA chunk c0 + i of the packed stream into slot i % SLOTS, for i in [0, n_chunks). Its waits get
     twice the consumer's bound, so the first recorded failure is the cause."""
     rows: gl.constexpr = w_desc.block_type.shape[0]
-    empty0 = _smem_addr(BARS + 8 * SLOTS)
+    empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1
     for i in range(n_chunks):
         slot = i % SLOTS
-        ok = _wait(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
+        ok = wait_bounded(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
         mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes, pred=ok != 0)
-        tma_load(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot),
-                                        pred=ok != 0)
+        tma_load(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot), pred=ok != 0)
 
 
 # ----------------------------------------------------------------------------------------------- GEMV
-@gluon.jit
-def _warp_release(addr, ok):
-    """Every lane: ``fence.proxy.async`` (its generic-proxy reads of the slot before the TMA's next write),
-    ``bar.warp.sync``, then lane 0 arrives on the mbarrier at shared address ``addr`` (count: one per consumer
-    warp), unless ok == 0. No CTA-wide barrier per chunk."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 l; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 l, %laneid;"
-        " setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $2, 0, p; @p mbarrier.arrive.shared::cta.b64 _, [$1];"
-        " mov.b32 $0, 0; }", "=r,r,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
-
-
 @gluon.jit
 def _fill_x(xbuf, x, nw, K, B: gl.constexpr, KXB: gl.constexpr, CK: gl.constexpr, NORM: gl.constexpr,
             EPS: gl.constexpr):
@@ -178,15 +64,17 @@ def _fill_x(xbuf, x, nw, K, B: gl.constexpr, KXB: gl.constexpr, CK: gl.constexpr
     dt: gl.constexpr = x.dtype.element_ty
     offs = gl.arange(0, XR, layout=gl.SliceLayout(1, BL))[:, None] * CK + \
         gl.arange(0, CK, layout=gl.SliceLayout(0, BL))[None, :]
+    gs = ()
+    if NORM:
+        for j in gl.static_range(0, KXB, XR):
+            gs = gs + (gl.load(nw + offs + j * CK, mask=offs + j * CK < K, other=0.0),)
     for b in range(B):
         xb = x + b * K
         ss = gl.zeros([XR, CK], gl.float32, BL)
-        gs = ()
         for j in gl.static_range(0, KXB, XR):
             o = offs + j * CK
             v = gl.load(xb + o, mask=o < K, other=0.0, cache_modifier=".cg")
             if NORM:
-                gs = gs + (gl.load(nw + o, mask=o < K, other=0.0),)
                 f = v.to(gl.float32)
                 ss += f * f
             xbuf.index(b).slice(j, XR).store(v)
@@ -216,15 +104,15 @@ def _group(ring, bars, xbuf, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constex
     A3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])   # [BP, RG, 32]
     CHUNK_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
     ROW_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])        # xbuf rows, indexed to a chunk
-    ready0 = _smem_addr(BARS)
-    empty0 = _smem_addr(BARS + 8 * SLOTS)
+    ready0 = smem_addr(BARS)
+    empty0 = smem_addr(BARS + 8 * SLOTS)
     bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, gl.SliceLayout(2, A3)))[:, None, None]
     acc = gl.zeros([BP, RG, 32], gl.float32, A3)
     for kb in range(nkb):
         slot = i % SLOTS
-        ok = _wait(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
+        ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
         w = view(ring.index(slot), ring.dtype, [RG, NREP, 32, 8], CHUNK_SL).load(L4).to(gl.float32)
-        _warp_release(empty0 + 8 * slot, ok)
+        warp_release(empty0 + 8 * slot, ok)
         i += 1
         for b in range(B):
             xk = view(xbuf.index(b), xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
@@ -275,7 +163,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
             au, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
                                AL)
             g = rnd(ag, dt)
-            s = rnd(gl.div_rn(g, 1.0 + libdevice.exp(-g)), dt)
+            s = rnd(silu(g), dt)
             gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt),
                      mask=bm & ((u * RG + r) < N)[None, :])
     elif kind == K_QKV:
@@ -336,168 +224,6 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
     return ok, i
 
 
-# ----------------------------------------------------------------------------------------------- other tasks
-@gluon.jit
-def _embed(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.constexpr, BD: gl.constexpr):
-    """out[b, cols] = table[tokens[b], cols] for the tile's BD columns (a token outside [0, V) gives zeros)."""
-    L1: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
-    tokens = base_i + gl.load(a) * 4
-    table = base_t + gl.load(a + 1) * 8
-    out = base_t + gl.load(a + 2) * 8
-    cols = gl.load(rec + F_TILE) * BD + gl.arange(0, BD, layout=L1)
-    for b in range(B):
-        tok = gl.load(tokens + b, cache_modifier=".cg")
-        okt = (tok >= 0) & (tok < V)
-        v = gl.load(table + tok.to(gl.int64) * D + cols, mask=(cols < D) & okt, other=0.0)
-        gl.store(out + b * D + cols, v, mask=cols < D)
-
-
-@gluon.jit
-def _wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr, WAIT_NS: gl.constexpr):
-    """Spin on every event the task at ``rec`` waits for (the first from the record, the rest from ``wl``);
-    with PROFILE, stamp the time the last one was satisfied."""
-    wb = gl.load(rec + F_WB)
-    we = gl.load(rec + F_WE)
-    if we > wb:
-        e0 = gl.load(rec + F_EV0)
-        _spin(ev_cnt + e0, gl.load(rec + F_EX0) * epoch, err, t, e0, WAIT_NS)
-        for j in range(wb + 1, we):
-            e = gl.load(wl + 2 * j)
-            _spin(ev_cnt + e, gl.load(wl + 2 * j + 1) * epoch, err, t, e, WAIT_NS)
-    if PROFILE:
-        gl.store(prof + t * 4 + 1, _now())
-
-
-@gluon.jit
-def _attn(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr,
-          WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-          SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr):
-    """Split-KV partial of tile (b, kv head g, split s) for the R = Hq/Hkv query heads of g (ops/attention.py:
-    O_s = sum_j exp(x_j - lse_s) v_j, lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
-
-    The first BN positions of the split are loaded before the dependency wait (every position but the one
-    this step writes, seq_lens[b], was written by earlier steps); that row is patched in after the wait. Warps
-    split the query heads, so every reduction stays inside a warp (no CTA barrier). fp32 CUDA-core products
-    over [RP, BN, HD], online softmax in exp2."""
-    R: gl.constexpr = HQ // HKV
-    TD: gl.constexpr = 32 if HD >= 256 else HD // 8
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
-    S2: gl.constexpr = gl.SliceLayout(2, L3)  # [RP, BN]
-    S1: gl.constexpr = gl.SliceLayout(1, L3)  # [RP, HD]
-    S0: gl.constexpr = gl.SliceLayout(0, L3)  # [BN, HD]
-    tile = gl.load(rec + F_TILE)
-    b = tile // (HKV * NSPLIT)
-    g = (tile // NSPLIT) % HKV
-    s = tile % NSPLIT
-    q = base_t + gl.load(a) * 8
-    kc = base_t + gl.load(a + 1) * 8
-    vc = base_t + gl.load(a + 2) * 8
-    pos = gl.load(base_i + gl.load(a + 3) * 4 + b, cache_modifier=".cg")  # the row this step writes
-    o_part = base_f + gl.load(a + 4) * 4
-    lse_part = base_f + gl.load(a + 5) * 4
-    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
-    nk = gl.arange(0, BN, layout=gl.SliceLayout(1, S0))
-    dk = gl.arange(0, HD, layout=gl.SliceLayout(0, S0))
-    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
-    n0 = s * SPLIT
-    ptr = (n0 + nk)[:, None] * HD + dk[None, :]
-    old = ((n0 + nk) < end) & ((n0 + nk) != pos)
-    k_pre = gl.load(kc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
-    v_pre = gl.load(vc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
-    _wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    cur = ((n0 + nk) == pos) & ((n0 + nk) < end)
-    k_pre = gl.where(cur[:, None], gl.load(kc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"),
-                     k_pre)
-    v_pre = gl.where(cur[:, None], gl.load(vc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"),
-                     v_pre)
-    rq = gl.arange(0, RP, layout=gl.SliceLayout(1, S1))
-    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, S1))
-    heads = g * R + rq
-    qk_scale = SM_SCALE * 1.4426950408889634
-    qv = gl.load(q + (b * HQ + heads)[:, None] * HD + dq[None, :], mask=(rq < R)[:, None], other=0.0,
-                 cache_modifier=".cg").to(gl.float32) * qk_scale
-    q3 = gl.expand_dims(qv, 1)
-    nx = gl.arange(0, BN, layout=gl.SliceLayout(0, S2))
-    m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
-    l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
-    acc = gl.zeros([RP, HD], gl.float32, S1)
-    k = k_pre.to(gl.float32)
-    v = v_pre.to(gl.float32)
-    for n0 in range(s * SPLIT, end, BN):
-        if n0 > s * SPLIT:
-            ptr = (n0 + nk)[:, None] * HD + dk[None, :]
-            msk = ((n0 + nk) < end)[:, None]
-            k = gl.load(kc + kv_off + ptr, mask=msk, other=0.0, cache_modifier=".cg").to(gl.float32)
-            v = gl.load(vc + kv_off + ptr, mask=msk, other=0.0, cache_modifier=".cg").to(gl.float32)
-        x = gl.sum(q3 * gl.expand_dims(k, 0), axis=2)
-        x = gl.where(((n0 + nx) < end)[None, :], x, float("-inf"))
-        m_new = gl.maximum(m, gl.max(x, axis=1))
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(x - m_new[:, None])
-        l = l * alpha + gl.sum(p, axis=1)
-        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v, 0), axis=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, S1))[:, None] + pv
-        m = m_new
-    nonempty = l > 0.0
-    lsafe = gl.where(nonempty, l, 1.0)
-    o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
-    lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
-    slot = (b * HQ + heads) * NSPLIT + s
-    gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
-    rl = gl.arange(0, RP, layout=gl.SliceLayout(1, S2))
-    gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
-
-
-@gluon.jit
-def _merge(rec, a, base_t, base_f, HQ: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
-           NSP2: gl.constexpr, CHM: gl.constexpr, LM: gl.constexpr):
-    """attn[b, h] = sum_s exp(lse_s - LSE) O_s, LSE = log sum_s exp(lse_s) (ops/attention.py), tile b*Hq + h."""
-    dt: gl.constexpr = base_t.dtype.element_ty
-    row = gl.load(rec + F_TILE)
-    o_part = base_f + gl.load(a) * 4
-    lse_part = base_f + gl.load(a + 1) * 4
-    out = base_t + gl.load(a + 2) * 8
-    SL: gl.constexpr = gl.SliceLayout(1, LM)
-    sp = gl.arange(0, NSP2, layout=SL)
-    lse = gl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-    mx = gl.max(lse, axis=0)
-    mx = gl.where(mx == float("-inf"), 0.0, mx)
-    tot = gl.sum(gl.exp(lse - mx), axis=0)
-    d = gl.arange(0, HD, layout=gl.SliceLayout(0, LM))
-    acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM))
-    for c in range(0, NSPLIT, CHM):
-        idx = c + gl.arange(0, CHM, layout=SL)
-        lc = gl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-        live = lc > float("-inf")
-        oc = gl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
-                     cache_modifier=".cg")
-        acc += gl.sum(oc * gl.exp(lc - mx)[:, None], axis=0)
-    gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
-
-
-@gluon.jit
-def _argmax(a, base_f, base_i, B: gl.constexpr, NT: gl.constexpr):
-    """next_tokens[b] = pidx[b, t*], t* the smallest t maximising pmax[b, t] (= torch.argmax of the logits)."""
-    L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    CT: gl.constexpr = 1024
-    pmax = base_f + gl.load(a) * 4
-    pidx = base_i + gl.load(a + 1) * 4
-    out = base_i + gl.load(a + 2) * 4
-    for b in range(B):
-        best = float("-inf")
-        bi = 0
-        for t0 in range(0, NT, CT):
-            ot = t0 + gl.arange(0, CT, layout=L1)
-            v = gl.load(pmax + b * NT + ot, mask=ot < NT, other=float("-inf"), cache_modifier=".cg")
-            cm = gl.max(v, axis=0)
-            ci = gl.min(gl.where(v == cm, ot, 2147483647), axis=0)
-            gi = gl.load(pidx + b * NT + ci, cache_modifier=".cg")
-            if cm > best:
-                best = cm
-                bi = gi
-        gl.store(out + b, bi)
-
-
 # ----------------------------------------------------------------------------------------------- worker
 @gluon.jit
 def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
@@ -521,19 +247,19 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
         kind = gl.load(rec + F_KIND)
         t = gl.load(rec + F_TASK)
         if PROFILE:
-            gl.store(prof + t * 4, _now())
+            gl.store(prof + t * 4, now())
         a = argtab + gl.load(rec + F_OP) * MAXA
         if kind == K_ATTN:  # it loads the old KV rows before it waits
-            _attn(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS, HQ, HKV, HD, S,
+            attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS, HQ, HKV, HD, S,
                   SPLIT, NSPLIT, RP, BN, SM_SCALE)
         else:
-            _wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+            wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if kind == K_EMBED:
-            _embed(rec, a, base_t, base_i, B, V, D, BD)
+            embed_task(rec, a, base_t, base_i, B, V, D, BD)
         elif kind == K_MERGE:
-            _merge(rec, a, base_t, base_f, HQ, HD, NSPLIT, NSP2, CHM, LM)
+            merge_task(rec, a, base_t, base_f, HQ, HD, NSPLIT, NSP2, CHM, LM)
         elif kind == K_ARGMAX:
-            _argmax(a, base_f, base_i, B, NT)
+            argmax_task(a, base_f, base_i, B, NT)
         elif kind != K_ATTN:
             ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, KXB,
                           RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -542,10 +268,10 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
         if sig >= 0:
             gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
         if PROFILE:
-            gl.store(prof + t * 4 + 2, _now())
+            gl.store(prof + t * 4 + 2, now())
             gl.store(prof + t * 4 + 3, wid.to(gl.int64))
     if i != n_chunks:
-        _record(err, 4, -1, i, n_chunks, 0)
+        record(err, 4, -1, i, n_chunks, 0)
 
 
 @gluon.jit

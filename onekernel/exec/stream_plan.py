@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from onekernel.exec import stream_device as sd
+from onekernel.exec import stream_base as sd
 from onekernel.graph.deps import derive_dependencies, derive_events, transitive_reduction
 from onekernel.graph.ir import Graph, Op, Region, Task
 from onekernel.graph.schedule import Schedule, validate
@@ -106,7 +106,7 @@ def _slots(B: int, kxb: int, ck: int, rg: int) -> int:
 @dataclass
 class StreamPlan:
     graph: Graph                          # the re-tiled graph (same buffers, plus stream.pmax / stream.pidx)
-    kinds: list[int]                      # per op of ``graph``: the stream_device task kind
+    kinds: list[int]                      # per op of ``graph``: the stream_base task kind
     schedule: Schedule
     events: object                        # graph.deps.EventTable
     units: list[tuple[int, int]]          # per task: (first unit, units) for GEMV tasks, (0, 0) otherwise
@@ -245,7 +245,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
 
 
 def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queue records int32 [positions + 1, REC] (stream_device.F_*) and the wait list int32 [n, 2]."""
+    """Queue records int32 [positions + 1, REC] (stream_base.F_*) and the wait list int32 [n, 2]."""
     g, ev = plan.graph, plan.events
     rows, wl = [], []
     for q in plan.schedule.queues:

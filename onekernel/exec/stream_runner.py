@@ -16,6 +16,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
+from onekernel.exec.stream_base import ERRORS
 from onekernel.exec.megakernel import PersistentRunner
 from onekernel.exec.stream_plan import arg_table, make_plan, pack_weights, records, unsupported
 from onekernel.graph.schedule import residency_check
@@ -78,7 +79,7 @@ class StreamMegakernelRunner(PersistentRunner):
     every task of ``task_graph`` into ``prof`` int64 [tasks, 4]: start, dependencies satisfied, end (ns),
     worker)."""
 
-    wait_errors = {k: v for k, v in sd.ERRORS.items() if k != 1}
+    wait_errors = {k: v for k, v in ERRORS.items() if k != 1}
 
     def __init__(self, step, *, n_workers: int | None = None, use_cuda_graph: bool | None = None,
                  check_every: int = 0, wait_ms: int = 2000, profile: bool = False):

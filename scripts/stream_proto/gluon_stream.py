@@ -44,7 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from onekernel.exec.stream_device import _record, _smem_addr, _spin, _wait  # noqa: E402
+from onekernel.exec.stream_base import record as _record, smem_addr as _smem_addr, spin as _spin, wait_bounded as _wait  # noqa: E402,E501
 from common import (ROW_GROUP, check_stages, copy_bandwidth_gbs, make_weights, parse_args,  # noqa: E402
                     stages_for, tile_groups, time_launches, write_record)
 

@@ -1,0 +1,138 @@
+"""What every part of the streaming megakernel (``exec.stream_device``) shares: the queue record's layout and the
+task kinds, the error codes, the Triton-version aliases, and the synchronisation primitives (bounded
+``ld.acquire`` spins on event counters, bounded mbarrier waits, a per-warp slot release, the first-failure error
+record). Every wait is bounded; the first failure is recorded in err[0:5] = (code, task, a, b, c) (ERRORS).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+
+# Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
+# (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
+# another shape (_reinterpret -> reinterpret).
+barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return desc.reinterpret(dtype, shape, layout)
+else:
+    @gluon.jit
+    def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return desc._reinterpret(dtype, shape, layout)
+
+_c = gl.constexpr
+# Task kinds (record field F_KIND).
+K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX = (_c(i) for i in range(8))
+# Record fields (int32 [n_positions + 1, REC]); the per-op buffer offsets are in argtab (16-byte units).
+(F_KIND, F_OP, F_TASK, F_SIGNAL, F_WB, F_WE, F_EV0, F_EX0, F_TILE, F_U0, F_NU, F_K, F_NKB, F_N,
+ F_IDX) = (_c(i) for i in range(15))
+REC = _c(16)
+ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
+          3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
+
+
+# ----------------------------------------------------------------------------------------------- primitives
+@gluon.jit
+def ld_acquire(p):
+    return gl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def now():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def smem_addr(offset):
+    """Shared address of byte ``offset`` of the dynamic shared memory: Gluon has no non-blocking mbarrier wait,
+    so the bounded waits address the mbarriers at the offset Triton allocates them (found after compiling:
+    stream_runner.fit_kernel)."""
+    return gl.inline_asm_elementwise("{ .reg .u32 b; mov.u32 b, global_smem; add.u32 $0, b, $1; }", "=r,r",
+                                     [offset], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def record(err, code, t, a, b, c):
+    """The first failure claims err[0] and writes err[0:5] = (code, task, a, b, c); per thread, barrier-free."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 z; mov.b32 z, 0; atom.global.relaxed.gpu.cas.b32 $0, [$1], z, $2;"
+        " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+4], $3; @p st.global.b32 [$1+8], $4;"
+        " @p st.global.b32 [$1+12], $5; @p st.global.b32 [$1+16], $6; }",
+        "=r,l,r,r,r,r,r", [err, code, t, a, b, c], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def try_wait(addr, parity):
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
+        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def wait_bounded(ok, addr, parity, err, code, t, i, slot, WAIT_NS: gl.constexpr):
+    """Bounded mbarrier wait (skipped unless ok); 0 after recording a timeout (then the caller skips the rest)."""
+    if ok != 0:
+        ok = try_wait(addr, parity)
+        if ok == 0:
+            t0 = now()
+            tn = t0
+            while (ok == 0) & (tn - t0 < WAIT_NS):
+                ok = try_wait(addr, parity)
+                tn = now()
+            if ok == 0:
+                record(err, code, t, i, slot, parity)
+    return ok
+
+
+@gluon.jit
+def spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
+    """Spin until cnt[0] >= want (every thread, ``ld.acquire.gpu``), for at most WAIT_NS and not once another
+    failure is recorded (err[0] polled every 256 polls)."""
+    seen = ld_acquire(cnt)
+    if seen < want:
+        t0 = now()
+        tn = t0
+        n = 0
+        bad = 0
+        while (seen < want) & (bad == 0) & (tn - t0 < WAIT_NS):
+            seen = ld_acquire(cnt)
+            tn = now()
+            n += 1
+            if n % 256 == 0:
+                bad = gl.load(err, volatile=True)
+        if (seen < want) & (bad == 0):
+            record(err, 1, t, ev, seen, want)
+
+
+@gluon.jit
+def warp_release(addr, ok):
+    """Every lane: ``fence.proxy.async`` (its generic-proxy reads of the slot before the TMA's next write),
+    ``bar.warp.sync``, then lane 0 arrives on the mbarrier at shared address ``addr`` (count: one per consumer
+    warp), unless ok == 0. No CTA-wide barrier per chunk."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 l; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 l, %laneid;"
+        " setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $2, 0, p; @p mbarrier.arrive.shared::cta.b64 _, [$1];"
+        " mov.b32 $0, 0; }", "=r,r,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+
+
+
+@gluon.jit
+def wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr, WAIT_NS: gl.constexpr):
+    """Spin on every event the task at ``rec`` waits for (the first from the record, the rest from ``wl``);
+    with PROFILE, stamp the time the last one was satisfied."""
+    wb = gl.load(rec + F_WB)
+    we = gl.load(rec + F_WE)
+    if we > wb:
+        e0 = gl.load(rec + F_EV0)
+        spin(ev_cnt + e0, gl.load(rec + F_EX0) * epoch, err, t, e0, WAIT_NS)
+        for j in range(wb + 1, we):
+            e = gl.load(wl + 2 * j)
+            spin(ev_cnt + e, gl.load(wl + 2 * j + 1) * epoch, err, t, e, WAIT_NS)
+    if PROFILE:
+        gl.store(prof + t * 4 + 1, now())
+
+
