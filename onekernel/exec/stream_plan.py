@@ -202,7 +202,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                     continue
                 reads, writes = _gemv_regions(kind, op, g, rows, u0, u1, rg, len(tasks))
                 nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
-                tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, 2 * B * nb // 2))
+                tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
                 units.append((u0, u1 - u0))
             new.params.update(NKB=nkb, KG=k)
             group_rows[len(g.ops)] = rows
@@ -221,12 +221,17 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     deps = transitive_reduction(derive_dependencies(g))
     events = derive_events(g, deps)
     queues, load = [[] for _ in range(n_workers)], [0] * n_workers
+    gemv = set(GEMV_KINDS.values())
     for op, kind in zip(g.ops, kinds):
-        mine = [0] * n_workers  # tasks of this op per worker: spread first (they run in parallel), then bytes
+        order = []  # other ops: round r gives every worker its r-th task of the op, fewest bytes first
         for j, t in enumerate(op.task_ids):
-            w = j if kind in GEMV_KINDS.values() else min(range(n_workers), key=lambda i: (mine[i], load[i], i))
+            if kind in gemv:
+                w = j
+            else:
+                if j % n_workers == 0:
+                    order = sorted(range(n_workers), key=lambda i: (load[i], i))
+                w = order[j % n_workers]
             queues[w].append(t)
-            mine[w] += 1
             load[w] += max(g.tasks[t].bytes, 1)
     schedule = Schedule(queues, n_workers, "stream")
     validate(schedule, g, deps)
