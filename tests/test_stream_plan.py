@@ -193,3 +193,19 @@ def test_weight_stream_does_not_depend_on_the_batch(seed):
         streams.append(pack_weights(make_plan(step, W), step.tensors))
     for packed, off in streams[1:]:
         assert torch.equal(packed, streams[0][0]) and torch.equal(off, streams[0][1])
+
+
+def test_runners_of_one_model_share_one_stream_while_they_hold_it(seed):
+    import gc
+
+    from onekernel.exec.stream_runner import _STREAMS, shared_stream
+    step1, W = _step(1, seed)
+    step4, _ = _step(4, seed)  # the same seed: equal weights, but other tensors: another stream
+    a = shared_stream(make_plan(step1, W), step1.tensors)
+    assert shared_stream(make_plan(step1, W), step1.tensors) is a
+    b = shared_stream(make_plan(step4, W), step4.tensors)
+    assert b is not a and torch.equal(b.packed, a.packed)
+    n = len(_STREAMS)
+    del a, b
+    gc.collect()
+    assert len(_STREAMS) == n - 2, "a stream no runner holds must be freed"

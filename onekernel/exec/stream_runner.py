@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +27,14 @@ BOX = [32, 256]  # one 16 KB chunk as a TMA box (box dimensions are limited to 2
 # Weight streams shared by the runners of one model (the server's batch buckets): the stream depends on the
 # weights, the worker count and the chunk shape, never on the batch (tests/test_stream_plan.py checks it).
 # An entry lives as long as a runner holds its stream.
-_STREAMS: "weakref.WeakValueDictionary[tuple, torch.Tensor]" = weakref.WeakValueDictionary()
+_STREAMS: "weakref.WeakValueDictionary[tuple, WeightStream]" = weakref.WeakValueDictionary()
+
+
+@dataclass
+class WeightStream:
+    """A packed weight stream bf16/fp16 [chunks, RG, CK] and chunk_off int32 [W + 1] (stream_plan.pack_weights)."""
+    packed: torch.Tensor
+    chunk_off: torch.Tensor
 
 
 def bar_offset(llir: str) -> int | None:
@@ -35,19 +43,18 @@ def bar_offset(llir: str) -> int | None:
     return min(offs) if offs else None
 
 
-def shared_stream(plan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_stream(plan, tensors: dict) -> WeightStream:
     """``stream_plan.pack_weights`` once per (weights, workers, chunk shape): runners of other batch sizes over
     the same weights reuse the packed stream (a copy of every GEMV weight: 15 GB for Llama-3.1-8B) instead of
     packing their own. Weights are never written after loading, so a stream is never stale."""
     c = plan.consts
     key = (len(plan.schedule.queues), c["RG"], c["CK"],
            tuple(tensors[w].data_ptr() for w in plan.weight_of.values()))
-    packed = _STREAMS.get(key)
-    if packed is None:
-        packed, off = pack_weights(plan, tensors)
-        packed.chunk_off = off  # kept with the stream it indexes
-        _STREAMS[key] = packed
-    return packed, packed.chunk_off
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = WeightStream(*pack_weights(plan, tensors))
+        _STREAMS[key] = stream
+    return stream
 
 
 def fit_kernel(compile_fn, consts: dict, smem_limit: int):
@@ -104,7 +111,8 @@ class StreamMegakernelRunner(PersistentRunner):
         qrec, wl = records(self.plan)
         self.qrec, self.wl = qrec.to(dev), wl.to(dev)
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
-        self.packed, self.chunk_off = shared_stream(self.plan, self.tensors)
+        self.stream = shared_stream(self.plan, self.tensors)  # held: it lives as long as a runner uses it
+        self.packed, self.chunk_off = self.stream.packed, self.stream.chunk_off
         self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
                       (step.graph.meta["dtype"], torch.float32, torch.int32)}
         self.argtab = torch.zeros(len(g.ops), self.plan.consts["MAXA"], dtype=torch.int64, device=dev)
