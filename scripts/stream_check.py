@@ -23,32 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from onekernel.bench.modes import random_decode_state, step_on_copy  # noqa: E402
 from onekernel.bench.timing import median_ms  # noqa: E402
 from onekernel.models.load import load_model  # noqa: E402
-from onekernel.runtime.kv_cache import KVCache  # noqa: E402
-from onekernel.runtime.runners import make_step_runner  # noqa: E402
-
-
-def make_cache(model, B, S, lens, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    cache = KVCache(model.config, B, S, torch.bfloat16, "cuda")
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g, device="cuda").to(torch.bfloat16))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g, device="cuda").to(torch.bfloat16))
-    cache.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-    return cache
-
-
-def run_one(model, mode, cache, tokens, **opts):
-    """(logits, next_tokens, k, v, runner) after one step from a copy of ``cache``."""
-    c = KVCache(model.config, cache.k.shape[1], cache.k.shape[3], torch.bfloat16, "cuda")
-    c.k.copy_(cache.k)
-    c.v.copy_(cache.v)
-    c.seq_lens.copy_(cache.seq_lens)
-    r = make_step_runner(mode, model, c, **opts)
-    logits, nxt = r.step(tokens)
-    torch.cuda.synchronize()
-    r.check()
-    return logits.clone(), nxt.clone(), c, r
 
 
 def rel_err(a, b):
@@ -58,12 +35,10 @@ def rel_err(a, b):
 def check(model, B, context, seed):
     S = context + 64
     lens = [max(1, context - 37 * b) for b in range(B)]
-    cache = make_cache(model, B, S, lens, seed)
-    tokens = torch.randint(0, model.config.vocab_size, (B,), dtype=torch.int32, device="cuda",
-                           generator=torch.Generator(device="cuda").manual_seed(seed + 1))
-    ref = run_one(model, "reference", cache, tokens)
-    tri = run_one(model, "megakernel", cache, tokens, backend="triton")
-    glu = run_one(model, "megakernel", cache, tokens, backend="gluon")
+    cache, tokens = random_decode_state(model, B, S, lens, seed)
+    ref = step_on_copy(model, "reference", cache, tokens)
+    tri = step_on_copy(model, "megakernel", cache, tokens, backend="triton")
+    glu = step_on_copy(model, "megakernel", cache, tokens, backend="gluon")
     rec = {"batch": B, "context": context, "lens": lens,
            "rel_err_gluon_vs_ref": rel_err(glu[0], ref[0]), "rel_err_triton_vs_ref": rel_err(tri[0], ref[0]),
            "rel_err_gluon_vs_triton": rel_err(glu[0], tri[0]),
@@ -84,16 +59,16 @@ def check(model, B, context, seed):
     if B > 1:  # bitwise batch invariance: row b alone at batch 1
         same = True
         for b in range(B):
-            one = make_cache(model, 1, S, [lens[b]], seed)
+            one, _ = random_decode_state(model, 1, S, [lens[b]], seed)
             one.k.copy_(cache.k[:, b:b + 1])
             one.v.copy_(cache.v[:, b:b + 1])
-            lg = run_one(model, "megakernel", one, tokens[b:b + 1], backend="gluon")[0]
+            lg = step_on_copy(model, "megakernel", one, tokens[b:b + 1], backend="gluon")[0]
             same &= bool(torch.equal(lg[0], glu[0][b]))
         rec["batch_invariant_bitwise"] = same
     for name, r in (("triton", tri[3]), ("gluon", glu[3])):
         rec[f"ms_{name}"] = median_ms(lambda r=r: r.step(tokens), steps=200, warmup=20)
         r.check()
-    graph = run_one(model, "graph", cache, tokens)[3]
+    graph = step_on_copy(model, "graph", cache, tokens)[3]
     rec["ms_graph"] = median_ms(lambda: graph.step(tokens), steps=200, warmup=20)
     return rec
 

@@ -36,17 +36,35 @@ def make_bench_runner(mode, model, cache, **opts):
     return make_step_runner(mode, model, cache, **opts)
 
 
-def random_decode_state(model, batch: int, context: int):
-    """A KV cache of random K/V with every sequence at position ``context - 1`` and random tokens [B] (int32):
-    the state every timed step starts from (seeded, so each mode of one run sees the same numbers)."""
+def random_decode_state(model, batch: int, context: int, lens: list[int] | None = None, seed: int = 0):
+    """A KV cache of ``context`` positions holding random K/V, every sequence at position ``context - 1`` (or
+    at ``lens[b]``), and random tokens [B] (int32): the state every timed step starts from (seeded, so each mode
+    of one run sees the same numbers)."""
     cfg = model.config
     cache = KVCache(cfg, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     cache.k.normal_(generator=g)
     cache.v.normal_(generator=g)
-    cache.seq_lens.fill_(context - 1)
+    if lens is None:
+        cache.seq_lens.fill_(context - 1)
+    else:
+        cache.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
     tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda", dtype=torch.int32, generator=g)
     return cache, tokens
+
+
+def step_on_copy(model, mode: str, cache, tokens, **options):
+    """One step of ``mode`` (runner ``options``) from a copy of ``cache``: (logits, next_tokens, the copy after
+    the step, the runner); the device error word is checked. Several modes compared on one state each start
+    from the same numbers."""
+    c = KVCache(model.config, cache.k.shape[1], cache.k.shape[3], cache.k.dtype, cache.k.device)
+    for dst, src in ((c.k, cache.k), (c.v, cache.v), (c.seq_lens, cache.seq_lens)):
+        dst.copy_(src)
+    r = make_bench_runner(mode, model, c, **options)
+    logits, nxt = r.step(tokens)
+    torch.cuda.synchronize()
+    r.check()
+    return logits.clone(), nxt.clone(), c, r
 
 
 def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
