@@ -227,14 +227,14 @@ def test_decode_step_tiny_b4_row_matches_b1():
 
 
 def test_rmsnorm_pass_in_chunks_and_row_groups(monkeypatch):
-    """The RMSNorm pass's runtime loops (ops/gemv.py ``rms_rstd``): K = 600 in 3 chunks (NORM_CHUNK made 256;
+    """The RMSNorm pass's runtime loops (ops/gemv_rows.py ``rms_rstd``): K = 600 in 3 chunks (NORM_CHUNK made 256;
     the benchmark models need one) and 5 rows in groups of 4 (the last group masked): each row equals its
     batch-1 run and the PyTorch reference."""
     import triton.language as tl
 
-    from onekernel.ops import gemv
+    from onekernel.ops import gemv_rows
 
-    monkeypatch.setattr(gemv, "NORM_CHUNK", tl.constexpr(256))
+    monkeypatch.setattr(gemv_rows, "NORM_CHUNK", tl.constexpr(256))
     _check_rows(b_gate_up, 5, (0, 3, 4), seed=5)
     g = b_gate_up(5)
     t = _inputs(g, torch.Generator().manual_seed(6))

@@ -20,7 +20,8 @@ from onekernel.graph.deps import derive_dependencies
 from onekernel.graph.ir import Graph
 from onekernel.models.config import get_config, rope_inv_freq
 from onekernel.ops.embed import add_embed
-from onekernel.ops.gemv import add_gate_up, add_gemv_residual, rnd
+from onekernel.ops.gemv import add_gate_up, add_gemv_residual
+from onekernel.ops.gemv_rows import rnd
 from onekernel.ops.lm_head import add_lm_head
 from onekernel.ops.qkv import add_qkv_rope
 

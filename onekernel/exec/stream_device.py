@@ -32,7 +32,7 @@ from onekernel.exec.stream_base import (F_IDX, F_K, F_KIND, F_N, F_NKB, F_NU, F_
                                         barrier, now, record, smem_addr, tma_load, view, wait_bounded, wait_deps,
                                         warp_release)
 from onekernel.exec.stream_tasks import argmax_task, attn_task, embed_task, merge_task
-from onekernel.ops.gemv import rnd, silu  # the ops' own rounding and SiLU (Triton functions Gluon calls)
+from onekernel.ops.gemv_rows import rnd, silu  # the ops' own rounding and SiLU (Triton functions Gluon calls)
 
 
 # ----------------------------------------------------------------------------------------------- loader

@@ -6,7 +6,7 @@ lm_head, tile t = BLOCK_N vocab rows [t*BLOCK_N, ...) for all B rows (model dtyp
     pmax[b, t] = max_n logits[b, n],   pidx[b, t] = smallest n reaching it          (fp32 / int32 [B, T])
 argmax, one task: next_tokens[b] = pidx[b, t*] with t* the smallest t maximising pmax[b, t]; that is the
 smallest index of the row maximum, exactly ``torch.argmax`` (NaN logits are not handled).
-Batch invariance: the logits use the per-row GEMV of ops/gemv.py (tiles independent of B); max/argmax are
+Batch invariance: the logits use the per-row GEMV of ops/gemv_rows.py (tiles independent of B); max/argmax are
 exact (order-free, ties to the smallest index), so argmax's B-dependent BLOCK_T cannot change a result.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv import gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd, tile_rows
+from onekernel.ops.gemv_rows import gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd, tile_rows
 from onekernel.ops.tiling import Tiling, cdiv, gemv_blocks, gemv_cost, pow2_ceil, region, row_tiled_tasks
 
 

@@ -25,7 +25,7 @@ Every tile re-reads all partials of its rows (from L2): cheap while they are sma
 models/decode_graph.py uses this op only below a partials-size threshold.
 Batch invariance: every per-row value is computed from [CH, BLOCK_K] / [BLOCK_K] tiles of that row alone (CH
 from NSPLIT and BLOCK_K, never from B), and the GEMV is
-``row_dot`` selected into a [BLOCK_B, BLOCK_N] accumulator (``mac_rows2d``'s pattern, ops/gemv.py); tile
+``row_dot`` selected into a [BLOCK_B, BLOCK_N] accumulator (``mac_rows2d``'s pattern, ops/gemv_rows.py); tile
 shapes never depend on B, so row b's output is bitwise the same for every B.
 The prologue loads only the tile's first weight chunk (weights are ready before the step); partials and the
 residual are activations, read in the body with ``cache_modifier=".cg"``.
@@ -39,7 +39,7 @@ import triton.language as tl
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.attention import merge_partials
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv import last_chunk, load_w_chunk, rnd, row_dot, row_of, tile_rows
+from onekernel.ops.gemv_rows import last_chunk, load_w_chunk, rnd, row_dot, row_of, tile_rows
 from onekernel.ops.tiling import Tiling, gemv_blocks, region, row_tiled_tasks
 
 # Elements of one [CH, BLOCK_K] partials tile (CH splits x BLOCK_K columns; CH = min(next_pow2(NSPLIT),
@@ -133,7 +133,7 @@ def oproj_merge_body(tile, w0, o_part, lse_part, w, res, out, B: tl.constexpr, N
         n_live = tl.where(ob == b, live_splits(lse_part, b, HQ, NSPLIT, NSP2), n_live)
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     wv = w0
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv.py gemv_rows)
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv_rows.py gemv_rows)
         nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
         acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0 - BLOCK_K, B, BLOCK_B, K, HQ, HD, NSPLIT, CH,
                               BLOCK_K, dt)

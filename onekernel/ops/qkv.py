@@ -13,7 +13,7 @@ Math (HF modeling_llama.py / modeling_qwen3.py, every step rounded to dt where H
 Tile = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
 (P = hd/2, i.e. the whole head, when QK_NORM). Tiles are numbered t = h * (hd / 2P) + c, q heads first,
 then k heads, then v heads (no RoPE/norm on v). P and BLOCK_K never depend on B and the QKV dot products
-and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv.py). cos/sin use libdevice (exact range reduction, positions up
+and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv_rows.py). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from triton.language.extra import libdevice
 
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
+from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
 from onekernel.ops.tiling import Tiling, batch_block, block_k_for, region
 
 @triton.jit

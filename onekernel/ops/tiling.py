@@ -15,7 +15,7 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
   row doubles that stage's latency; measured -289 us per step on SmolLM2-135M against "cover").
 * Batch: ``BLOCK_B = next_pow2(B)`` rows of accumulator; BLOCK_N and BLOCK_K do NOT depend on B (they are
   the B=1 choices), so that each batch row's arithmetic is the same for every B (batch invariance, see
-  ops/gemv.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row.
+  ops/gemv_rows.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row.
 """
 from __future__ import annotations
 
