@@ -51,6 +51,19 @@ def chunk_cols(ks: list[int]) -> int:
     return ck
 
 
+def _k(op) -> int:
+    """The reduction length K of a GEMV op (qkv_rope calls it D)."""
+    return op.params["K"] if "K" in op.params else op.params["D"]
+
+
+def chunk_shape(graph) -> tuple[list[int], int, int, int]:
+    """(every GEMV op's K, CK, RG, KXB): chunk columns and rows, and the activation buffer's chunk rows (a power of
+    two) of a step's graph."""
+    ks = [_k(op) for op in graph.ops if op.kind.name in GEMV_KINDS]
+    ck = chunk_cols(ks)
+    return ks, ck, CHUNK_ELEMS // ck, pow2_ceil(max(-(-k // ck) for k in ks))
+
+
 def unsupported(step) -> str | None:
     """Why the streaming megakernel cannot run ``step`` (None when it can)."""
     g = step.graph
@@ -68,14 +81,11 @@ def unsupported(step) -> str | None:
         return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
     if any(op.params.get("QK_NORM") for op in g.ops):
         return "Qwen3's per-head q/k RMSNorm has no streaming body yet"
-    ks = [op.params["K"] if "K" in op.params else op.params["D"] for op in g.ops if op.kind.name in GEMV_KINDS]
-    ck = chunk_cols(ks)
-    rg = CHUNK_ELEMS // ck
+    _, ck, rg, kxb = chunk_shape(g)
     hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
     B = step.batch
-    kxb = pow2_ceil(max(-(-k // ck) for k in ks))
     if _slots(B, kxb, ck, rg) < MIN_SLOTS:
         return (f"batch {B} x K {kxb * ck} activations do not fit in shared memory beside {MIN_SLOTS} weight "
                 f"slots")
@@ -173,10 +183,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     doc). Call ``unsupported(step)`` first."""
     src = step.graph
     B = step.batch
-    gemv_ops = [op for op in src.ops if op.kind.name in GEMV_KINDS]
-    ks = [op.params["K"] if "K" in op.params else op.params["D"] for op in gemv_ops]
-    ck = chunk_cols(ks)
-    rg = CHUNK_ELEMS // ck
+    _, ck, rg, kxb = chunk_shape(src)
     lm = next(op for op in src.ops if op.kind.name == "lm_head")
     nt = min(n_workers, _units(sd.K_LMHEAD.value, lm, rg)[0])
     g = Graph(buffers=dict(src.buffers), meta=dict(src.meta))
@@ -192,7 +199,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
-            k = op.params["K"] if "K" in op.params else op.params["D"]
+            k = _k(op)
             gpu = 2 if kind == sd.K_GATEUP.value else 1   # chunk groups per unit
             nkb = -(-k // ck)
             tasks, bounds = [], [(w * nu) // n_workers for w in range(n_workers + 1)]
@@ -240,7 +247,6 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    kxb = pow2_ceil(max(-(-k // ck) for k in ks))
     consts = dict(B=B, BP=pow2_ceil(B), KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(B, kxb, ck, rg), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
