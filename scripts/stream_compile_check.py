@@ -91,7 +91,7 @@ def main() -> None:
     k, plan, consts = compile_stream(model, batch, workers)
     rec = {"model": model, "batch": batch, "workers": workers, "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

@@ -56,7 +56,9 @@ def megakernel_class(step, backend: str, interpret: bool, options: dict):
     """The megakernel runner class for ``backend``: "triton" (``exec.megakernel``, every device and the
     interpreter), "gluon" (``exec.stream_runner``: the weight-streaming kernel; InputError with the reason when
     the step is unsupported) or "auto" (gluon where supported, no Triton-only option such as ``profile`` is
-    given and the model is big enough for streaming to win: ``stream_plan.prefer_stream``; else triton)."""
+    given and the model is big enough for streaming to win: ``stream_plan.prefer_stream``; else triton).
+    The streaming kernel takes every batch 1..16 of a model it supports, so "auto" picks the same backend for
+    all of them (bitwise batch invariance); a batch above 16 takes the Triton kernel."""
     from onekernel.exec.megakernel import MegakernelRunner
 
     if backend not in BACKENDS:

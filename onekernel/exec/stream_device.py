@@ -7,7 +7,9 @@ One CTA per SM. Two partitions (``gl.warp_specialize``):
   the step, so the ring stays full across task boundaries and while the consumer waits.
 * **consumer** (4 warps): per queue position, spins (``ld.acquire.gpu``, bounded) on the task's events, runs
   the task, CTA-barrier, one release atomic add on the task's event. GEMV tasks read their activation once
-  per task into shared memory (RMSNorm applied once there), then per chunk: wait ``ready``, chunk -> registers,
+  per task into shared memory (RMSNorm applied once there; the first XB batch rows, as many as fit beside the
+  ring: a larger batch re-reads and re-normalises its other rows from L2 per chunk, the same operations, so
+  the same bits), then per chunk: wait ``ready``, chunk -> registers,
   each warp releases the slot (the loader refills it while we compute), in-thread partial sums per batch row
   accumulated in k order; epilogue per row group (residual / RoPE + KV append / logits + argmax partials) or
   per unit (gate/up + SiLU). Attention, merge, embedding and argmax tasks use plain loads.
@@ -53,17 +55,21 @@ def _loader(w_desc, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl
 
 # ----------------------------------------------------------------------------------------------- GEMV
 @gluon.jit
-def _fill_x(xbuf, x, nw, K, B: gl.constexpr, KXB: gl.constexpr, CK: gl.constexpr, NORM: gl.constexpr,
-            EPS: gl.constexpr):
-    """xbuf[b, j, :] = (RMSNorm?)x[b, j*CK:(j+1)*CK] (model dtype, 0 past K) for every batch row b: the
-    activation read once per task (RMSNorm computed once per task). RMSNorm as HF: ``w * (x.float() *
-    rstd).to(dt)`` rounded to dt. The norm weight is loaded with x (one memory round trip); each thread reads
-    back only the elements it stored, so the two passes need no barrier between them."""
+def _fill_x(xbuf, x, nw, K, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr, KXB: gl.constexpr,
+            CK: gl.constexpr, NORM: gl.constexpr, EPS: gl.constexpr):
+    """xbuf[b, j, :] = (RMSNorm?)x[b, j*CK:(j+1)*CK] (model dtype, 0 past K) for the batch rows b < XB that
+    shared memory holds: the activation read once per task (RMSNorm computed once per task). Returns fp32 [BP]
+    rstd of every row (NORM; _xrow normalises the rows b >= XB with it, chunk by chunk). RMSNorm as HF:
+    ``w * (x.float() * rstd).to(dt)`` rounded to dt. The norm weight is loaded with x (one memory round trip);
+    each thread reads back only the elements it stored, so the two passes need no barrier between them."""
     BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     XR: gl.constexpr = 4 if KXB >= 4 else KXB
     dt: gl.constexpr = x.dtype.element_ty
     offs = gl.arange(0, XR, layout=gl.SliceLayout(1, BL))[:, None] * CK + \
         gl.arange(0, CK, layout=gl.SliceLayout(0, BL))[None, :]
+    RL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])     # per-batch-row rstd [BP]
+    ridx = gl.arange(0, BP, layout=RL)
+    rstd_all = gl.zeros([BP], gl.float32, RL)
     gs = ()
     if NORM:
         for j in gl.static_range(0, KXB, XR):
@@ -77,22 +83,45 @@ def _fill_x(xbuf, x, nw, K, B: gl.constexpr, KXB: gl.constexpr, CK: gl.constexpr
             if NORM:
                 f = v.to(gl.float32)
                 ss += f * f
-            xbuf.index(b).slice(j, XR).store(v)
+            if b < XB:
+                xbuf.index(b).slice(j, XR).store(v)
         if NORM:
             rstd = gl.rsqrt(gl.sum(gl.sum(ss, axis=1), axis=0) / K + EPS)
-            for j in gl.static_range(0, KXB, XR):
-                v = xbuf.index(b).slice(j, XR).load(BL).to(gl.float32)
-                h = rnd(rnd(v * rstd, dt) * gs[j // XR].to(gl.float32), dt)
-                xbuf.index(b).slice(j, XR).store(h.to(dt))
+            rstd_all = gl.where(ridx == b, rstd, rstd_all)
+            if b < XB:
+                for j in gl.static_range(0, KXB, XR):
+                    xv = xbuf.index(b).slice(j, XR).load(BL).to(gl.float32)
+                    h = rnd(rnd(xv * rstd, dt) * gs[j // XR].to(gl.float32), dt)
+                    xbuf.index(b).slice(j, XR).store(h.to(dt))
     barrier()
+    return rstd_all
 
 
 @gluon.jit
-def _group(ring, bars, xbuf, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr,
-           RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
-           AL: gl.constexpr):
+def _xrow(x, nw, K, rstd_all, b, kb, BP: gl.constexpr, CK: gl.constexpr, NORM: gl.constexpr, X3: gl.constexpr):
+    """Chunk kb of batch row b's (RMSNorm?)activation, [CK/256, 32, 8] in layout X3, read from global memory
+    (L2) for the rows xbuf does not hold: the same operations as _fill_x, so the same bits."""
+    dt: gl.constexpr = x.dtype.element_ty
+    NREP: gl.constexpr = CK // 256
+    o = kb * CK + \
+        gl.arange(0, NREP, layout=gl.SliceLayout(1, gl.SliceLayout(2, X3)))[:, None, None] * 256 + \
+        gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, X3)))[None, :, None] * 8 + \
+        gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, X3)))[None, None, :]
+    v = gl.load(x + b * K + o, mask=o < K, other=0.0, cache_modifier=".cg")
+    if NORM:
+        rstd = gl.sum(gl.where(gl.arange(0, BP, layout=rstd_all.type.layout) == b, rstd_all, 0.0), axis=0)
+        g = gl.load(nw + o, mask=o < K, other=0.0)
+        v = rnd(rnd(v.to(gl.float32) * rstd, dt) * g.to(gl.float32), dt).to(dt)
+    return v
+
+
+@gluon.jit
+def _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
+           KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
+           WAIT_NS: gl.constexpr, NORM: gl.constexpr, AL: gl.constexpr):
     """fp32 [BP, RG] (layout AL): row group sums ``sum_k x[b, k] W[row, k]`` for every batch row b, the
-    group's nkb chunks consumed from the ring (chunk counter i).
+    group's nkb chunks consumed from the ring (chunk counter i). Rows b < XB read their activation from xbuf,
+    the others from global memory (``xs`` = (x, norm weight, K, rstd): _xrow).
 
     A chunk [RG, CK] is read as [RG, CK/256, 32, 8]: lane l holds columns rep*256 + 8l .. +8 of its rows, so
     the per-chunk product sums stay inside the thread (no shuffles): per row and lane, 8 then CK/256 in-thread
@@ -115,7 +144,12 @@ def _group(ring, bars, xbuf, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constex
         warp_release(empty0 + 8 * slot, ok)
         i += 1
         for b in range(B):
-            xk = view(xbuf.index(b), xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
+            if XB >= B:  # every row in xbuf (compile-time)
+                xk = view(xbuf.index(b), xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
+            elif b < XB:
+                xk = view(xbuf.index(b), xbuf.dtype, [KXB, NREP, 32, 8], ROW_SL).index(kb).load(X3)
+            else:
+                xk = _xrow(xs[0], xs[1], xs[2], xs[3], b, kb, BP, CK, NORM, X3)
             part = gl.sum(gl.sum(w * xk.to(gl.float32)[None, :, :, :], axis=3), axis=1)
             part = gl.convert_layout(part, gl.SliceLayout(0, A3))
             acc = gl.where(bidx == b, acc + part[None, :, :], acc)
@@ -124,7 +158,8 @@ def _group(ring, bars, xbuf, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.constex
 
 @gluon.jit
 def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
-          B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
+          B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr,
+          CK: gl.constexpr,
           SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
           HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr, AL: gl.constexpr):
     """One GEMV task: units [u0, u0 + nu) of op rows (exec.stream_plan: RESID/LMHEAD unit = RG rows, GATEUP =
@@ -137,10 +172,12 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
     nkb = gl.load(rec + F_NKB)
     N = gl.load(rec + F_N)
     x = base_t + gl.load(a) * 8
+    nw = base_t + gl.load(a + 1) * 8
     if (kind == K_GATEUP) | (kind == K_QKV) | (kind == K_LMHEAD):
-        _fill_x(xbuf, x, base_t + gl.load(a + 1) * 8, K, B, KXB, CK, True, EPS)
+        rstd = _fill_x(xbuf, x, nw, K, B, BP, XB, KXB, CK, True, EPS)
     else:
-        _fill_x(xbuf, x, x, K, B, KXB, CK, False, EPS)
+        rstd = _fill_x(xbuf, x, x, K, B, BP, XB, KXB, CK, False, EPS)
+    xs = (x, nw, K, rstd)
     bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
     r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
     bm = bidx[:, None] < B
@@ -152,16 +189,16 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
             offs = b64 * N + (u * RG + r)[None, :]
             m = bm & ((u * RG + r) < N)[None, :]
             rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")  # in flight during the chunks
-            acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                                AL)
+            acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
+                                WAIT_NS, False, AL)
             gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
     elif kind == K_GATEUP:
         out = base_t + gl.load(a + 2) * 8
         for u in range(u0, u0 + nu):
-            ag, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                               AL)
-            au, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                               AL)
+            ag, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
+                                WAIT_NS, True, AL)
+            au, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
+                                WAIT_NS, True, AL)
             g = rnd(ag, dt)
             s = rnd(silu(g), dt)
             gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt),
@@ -183,8 +220,8 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
             ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + c * P + (r % P))[None, :]
             cs = rnd(libdevice.cos(ang), dt)
             sn = rnd(libdevice.sin(ang), dt)
-            acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                                AL)
+            acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
+                                WAIT_NS, True, AL)
             y = rnd(acc, dt)
             hr = (r // P) * (HD // 2) + c * P + (r % P)
             if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
@@ -208,8 +245,8 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
         best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
         barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
         for u in range(u0, u0 + nu):
-            acc, ok, i = _group(ring, bars, xbuf, nkb, ok, i, err, t, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS,
-                                AL)
+            acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
+                                WAIT_NS, True, AL)
             lg = rnd(acc, dt)
             rows = u * RG + r
             gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])  # V % RG: padding rows
@@ -227,7 +264,8 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 # ----------------------------------------------------------------------------------------------- worker
 @gluon.jit
 def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
-              n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr,
+              n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
+              KXB: gl.constexpr, RG: gl.constexpr,
               CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
               MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
               HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr,
@@ -261,7 +299,7 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
         elif kind == K_ARGMAX:
             argmax_task(a, base_f, base_i, B, NT)
         elif kind != K_ATTN:
-            ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, KXB,
+            ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                           RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
         barrier()  # every store of the task issued (and xbuf free for the next one)
         sig = gl.load(rec + F_SIGNAL)
@@ -276,7 +314,8 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
 
 @gluon.jit
 def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
-                      base_t, base_f, base_i, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr,
+                      base_t, base_f, base_i, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
+                      XB: gl.constexpr, KXB: gl.constexpr,
                       RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                       WAIT_NS: gl.constexpr, MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                       HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
@@ -289,12 +328,13 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
     counters), epoch / done int32 [1], err int32 [5], prof int64 [tasks, 4] (PROFILE: start, dependencies
     satisfied, end in ns of %globaltimer, worker). Shared memory: the ring (SLOTS x 16 KB), xbuf
-    [B, KXB, CK] (the activation of a GEMV task), 2 SLOTS mbarriers at byte BARS."""
+    [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
+    chunk), 2 SLOTS mbarriers at byte BARS."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
     epoch = gl.load(epoch_ptr, volatile=True)
     ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
-    xbuf = gl.allocate_shared_memory(w_desc.dtype, [B, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xbuf = gl.allocate_shared_memory(w_desc.dtype, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):
         mbarrier.init(bars.index(j), count=1)          # ready: the loader's expect + the TMA bytes
@@ -304,7 +344,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     n_chunks = gl.load(chunk_off + wid + 1) - c0
     gl.warp_specialize([
         (_consumer, (ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
-                     epoch, n_chunks, PROFILE, B, BP, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
+                     epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])

@@ -29,6 +29,8 @@ from onekernel.graph.schedule import Schedule, validate
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
 SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
 MIN_SLOTS = 4
+XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
+MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
@@ -85,10 +87,10 @@ def unsupported(step) -> str | None:
     hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
-    B = step.batch
-    if _slots(B, kxb, ck, rg) < MIN_SLOTS:
-        return (f"batch {B} x K {kxb * ck} activations do not fit in shared memory beside {MIN_SLOTS} weight "
-                f"slots")
+    if step.batch > MAX_BATCH:
+        return f"batch {step.batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
+    if _slots(1, kxb, ck, rg) < MIN_SLOTS:
+        return f"one row of K {kxb * ck} activations does not fit in shared memory beside {MIN_SLOTS} weight slots"
     return None
 
 
@@ -108,8 +110,15 @@ def prefer_stream(step, n_workers: int) -> bool:
     return layer / max(n_layers, 1) / n_workers >= STREAM_MIN_LAYER_BYTES
 
 
-def _slots(B: int, kxb: int, ck: int, rg: int) -> int:
-    fixed = B * kxb * ck * 2 + 2048
+def xbuf_rows(B: int, kxb: int, ck: int) -> int:
+    """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
+    XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
+    room = SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2
+    return max(1, min(B, room // (kxb * ck * 2)))
+
+
+def _slots(xb: int, kxb: int, ck: int, rg: int) -> int:
+    fixed = xb * kxb * ck * 2 + 2048
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
@@ -247,7 +256,8 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    consts = dict(B=B, BP=pow2_ceil(B), KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(B, kxb, ck, rg), MAXA=MAXA,
+    xb = xbuf_rows(B, kxb, ck)
+    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
