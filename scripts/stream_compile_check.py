@@ -39,7 +39,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     from triton.runtime.jit import mangle_type
 
     from onekernel.exec import stream_device as sd
-    from onekernel.exec.stream_plan import make_plan, records
+    from onekernel.exec.stream_plan import bars_guess, make_plan, records
     from onekernel.exec.stream_runner import BOX, fit_kernel
     from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph
@@ -54,7 +54,8 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, BARS=0, PROFILE=False)
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=False)
+    consts["BARS"] = bars_guess(consts)
     sig = {n: mangle_type(a) for n, a in zip(fn.arg_names, args)}
     sig.update({n: "constexpr" for n in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
@@ -64,7 +65,13 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
         return triton.compile(GluonASTSource(fn, sig, cst, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4})
 
-    k, consts = fit_kernel(compile_fn, consts, SMEM_OPTIN_H200)
+    n = [0]
+
+    def counted(c):
+        n[0] += 1
+        return compile_fn(c)
+    k, consts = fit_kernel(counted, consts, SMEM_OPTIN_H200)
+    consts["compiles"] = n[0]
     return k, plan, consts
 
 
@@ -91,7 +98,7 @@ def main() -> None:
     k, plan, consts = compile_stream(model, batch, workers)
     rec = {"model": model, "batch": batch, "workers": workers, "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

@@ -122,6 +122,13 @@ def _slots(xb: int, kxb: int, ck: int, rg: int) -> int:
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
+def bars_guess(c: dict) -> int:
+    """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
+    batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
+    compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
+    return c["SLOTS"] * CHUNK_ELEMS * 2 + c["XB"] * c["KXB"] * c["CK"] * 2 + 1024
+
+
 @dataclass
 class StreamPlan:
     graph: Graph                          # the re-tiled graph (same buffers, plus stream.pmax / stream.pidx)

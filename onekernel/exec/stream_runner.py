@@ -19,7 +19,8 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERRORS
 from onekernel.exec.megakernel import PersistentRunner
-from onekernel.exec.stream_plan import arg_table, make_plan, pack_weights, records, unsupported
+from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, make_plan, pack_weights, records, \
+    unsupported
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
@@ -61,7 +62,8 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
     """(compiled kernel, constants) from ``compile_fn(consts)``: recompiled with the mbarriers' real byte offset
     when the guess in consts["BARS"] was wrong (the bounded waits address them by offset), and with one ring
     slot fewer while the kernel's shared memory (ring + activations + the compiler's scratch) exceeds
-    ``smem_limit`` bytes. Raises RuntimeError if no offset is found or fewer than 2 slots would fit."""
+    ``smem_limit`` bytes. Each compile of a cold cache costs seconds to a minute, so the first guess
+    (``stream_plan.bars_guess``) is where the allocator put the barriers in the cases measured. Raises RuntimeError if no offset is found or fewer than 2 slots would fit."""
     consts = dict(consts)
     while True:
         k = compile_fn(consts)
@@ -77,6 +79,7 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
             raise RuntimeError(f"streaming megakernel: {k.metadata.shared} bytes of shared memory with 2 ring slots "
                                f"exceed the GPU's {smem_limit}")
         consts["SLOTS"] -= 1
+        consts["BARS"] -= CHUNK_ELEMS * 2  # the ring comes first: the barriers move down by one slot
 
 
 class StreamMegakernelRunner(PersistentRunner):
@@ -129,6 +132,7 @@ class StreamMegakernelRunner(PersistentRunner):
         self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
         self.wait_limit = f"{wait_ms} ms"
         self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
+        self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
 
