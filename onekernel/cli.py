@@ -188,7 +188,8 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
                                  "text": s.text, "finish_reason": s.finish_reason}
                                 for p, s in zip(prompts, res.sequences)],
                   "timings": {"prefill_ms": t.prefill_ms, "decode_ms_per_step": t.decode_ms_per_step,
-                              "decode_steps": t.decode_steps, "total_ms": t.total_ms}}
+                              "decode_steps": t.decode_steps, "total_ms": t.total_ms},
+                  "batch_bucket": res.bucket}
         print(json.dumps(record))
         return
     if stream:
@@ -199,6 +200,8 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
     n_prompt = sum(len(s.prompt_ids) for s in res.sequences)
     n_gen = sum(len(s.generated_ids) for s in res.sequences)
     batch = f", batch {len(prompts)}" if len(prompts) > 1 else ""
+    if res.bucket > len(prompts):
+        batch += f" (decode step at batch bucket {res.bucket})"
     if not args.quiet:  # a note: stdout carries only the text
         say(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
             f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")

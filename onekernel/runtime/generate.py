@@ -19,6 +19,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.ops.tiling import MAX_BATCH
 from onekernel.runtime.args import check_flag, check_int, check_model
+from onekernel.runtime.buckets import bucket_for, bucket_sizes
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.prompts import encode_prompts
 from onekernel.runtime.reference import prefill
@@ -70,6 +71,7 @@ class GenerationResult:
     mode: str
     device: str
     dtype: str
+    bucket: int = 0  # the batch size the decode step ran at (>= the prompts: padded to a bucket)
 
 
 def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
@@ -115,6 +117,10 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         interpret: run a Triton mode on the CPU in the Triton interpreter; TRITON_INTERPRET=1 must be set
             before onekernel is imported (Triton reads it when a kernel is defined; the CLI sets it).
         ignore_eos: keep generating past EOS (for benchmarks).
+        Batch buckets: a kernel mode runs its decode step at the smallest bucket size (1, 2, 4, 8, 16;
+        ``runtime.buckets``) that holds the prompts, padded with one-token greedy sequences whose outputs are
+        dropped, so 3 prompts reuse the batch-4 kernels (no new compile) and cost what 4 cost. Batch invariance
+        (a row's logits do not depend on the other rows) keeps every prompt's tokens the same as alone.
         parallel: None, or a tensor-parallel rank's group (``onekernel.dist.tp_reference.TPGroup``); then
             ``model`` is the rank's shard, prompts are checked against ``parallel.config`` (the whole model's),
             and the runner (``parallel.step_runner(mode, model, cache, interpret=...)``) does the prefill.
@@ -157,7 +163,10 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     B = len(ids)
     compiled = mode != "reference" and not interpret
     cache_len = max_seq_len or default_cache_len(max(map(len, ids)) + max_new_tokens, cfg.max_seq_len, compiled)
-    cache = KVCache(model.config, B, cache_len, dtype, device)  # a rank's shard: its local KV heads
+    nb = B if mode == "reference" else bucket_for(B, bucket_sizes(MAX_BATCH))
+    ids = ids + [ids[0][:1]] * (nb - B)  # padding rows: one token each, greedy, outputs dropped
+    params = params + [SamplingParams()] * (nb - B)
+    cache = KVCache(model.config, nb, cache_len, dtype, device)  # a rank's shard: its local KV heads
     if parallel is None:
         runner = make_step_runner(mode, model, cache, interpret=interpret)
     else:
@@ -180,7 +189,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         emit(host[slot])
 
     def emit(tokens: torch.Tensor) -> None:
-        for b, t in enumerate(tokens.tolist()):
+        for b, t in enumerate(tokens.tolist()[:B]):
             if done[b]:
                 continue
             piece = streams[b].push(t)
@@ -202,7 +211,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     # last sequence finishes, the one step already queued beyond it is discarded (its position is inside the
     # cache: prompt + max_new_tokens <= its length).
     pinned = device.type == "cuda"
-    host = [torch.empty(B, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+    host = [torch.empty(nb, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
     events = [torch.cuda.Event() if pinned else None for _ in range(2)]
     step_ms, pending, k, t_last = [], None, 0, time.perf_counter()
     while not all(done):
@@ -217,7 +226,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         pending, k = k % 2, k + 1
 
     seqs = [SequenceResult(p, s.ids, s.text, "eos" if s.ids and s.ids[-1] in eos else "length")
-            for p, s in zip(ids, streams)]
+            for p, s in zip(ids[:B], streams)]
     timings = Timings(prefill_ms, statistics.median(step_ms) if step_ms else 0.0,
                       (time.perf_counter() - t_start) * 1e3, len(step_ms), step_ms)
-    return GenerationResult(seqs, timings, mode, str(device), str(dtype).removeprefix("torch."))
+    return GenerationResult(seqs, timings, mode, str(device), str(dtype).removeprefix("torch."), nb)
