@@ -106,44 +106,58 @@ case "$1" in
     step 55 serve-megakernel python3 -m onekernel.bench.serve --model smollm2-135m --random-weights \
         --modes megakernel --out "$W/serve" --server-timeout 50
     ;;
-17) # session 7, final commit, on nvidia-h200-x2 right after the TP call (the machine is warm): every compile cache
-    # warmed in parallel processes over both GPUs, with the GPU checks; then the timed runs: Llama-3.2-1B on GPU 0
-    # and Llama-3.1-8B on GPU 1 at the same time (two processes, one per GPU, 32 host cores), then the serving
-    # benchmark on GPU 0 and the stream profile on GPU 1
+17|17a|17b) # session 7, final commit. On nvidia-h200-x2, one call: every compile cache warmed in parallel
+    # processes over both GPUs, with the GPU checks; then Llama-3.2-1B on GPU 0 and Llama-3.1-8B on GPU 1 at the
+    # same time (one process per GPU, 32 host cores), then the serving benchmark (GPU 0) and the stream profile
+    # (GPU 1). On one H200, two calls back to back (the machine and its caches stay warm between them): 17a =
+    # warm-up, checks and Llama-3.2-1B; 17b = Llama-3.1-8B, serving benchmark, stream profile.
+    G1=1; [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || G1=0
+    part=${1#17}
     warm() { local gpu=$1 name=$2; shift 2; (timeout 200 env CUDA_VISIBLE_DEVICES=$gpu python3 -m onekernel.cli bench \
              --steps 2 --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     M1="torch+graph,torch+compile,eager,graph,pdl,megakernel,megakernel-triton"
     M8="torch+graph,torch+compile,graph,pdl,megakernel,megakernel-triton"
-    log "warm-up and checks"
-    warm 0 1b-kern $B1 --batch 1,2,4,8,16 --modes eager,graph,pdl
-    warm 0 1b-mk $B1 --batch 1,2,4,8,16 --modes megakernel
-    warm 0 1b-mkt $B1 --batch 1,2,4,8,16 --modes megakernel-triton
-    warm 0 1b-tc $B1 --batch 1,2,4,8,16 --modes torch+compile
-    warm 1 8b-kern $B8 --batch 1,2,4,8,16 --modes graph,pdl
-    warm 1 8b-mk $B8 --batch 1,2,4,8,16 --modes megakernel
-    warm 1 8b-mkt $B8 --batch 1,2,4,8,16 --modes megakernel-triton
-    warm 1 8b-tc $B8 --batch 1,2,4,8,16 --modes torch+compile
-    (timeout 200 env CUDA_VISIBLE_DEVICES=1 python3 -m onekernel.bench.serve --model smollm2-135m --random-weights \
-        --modes megakernel,graph,pdl --out /tmp/warm/serve --server-timeout 190 >"$W/warm-serve.log" 2>&1) &
-    (timeout 200 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 200 env CUDA_VISIBLE_DEVICES=1 python3 scripts/invariance_check.py qwen3-0.6b --out "$W/inv-q.json" \
-        >"$W/inv-q.log" 2>&1) &
-    (timeout 200 env CUDA_VISIBLE_DEVICES=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
-        -p no:cacheprovider >"$W/stream-test.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 8 benches finished"
-    tail -n 4 "$W/stream-test.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
     mkdir -p "$W/bench" "$W/serve"
-    (step 250 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $M1) &
-    (step 250 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 --modes $M8 --steps 100) &
-    wait
-    (step 120 serve env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.bench.serve --model smollm2-135m --random-weights \
-        --modes megakernel,graph,pdl --out "$W/serve" --server-timeout 100) &
-    (step 60 profile-1b env CUDA_VISIBLE_DEVICES=1 python3 scripts/stream_profile.py --model llama-3.2-1b --out "$W/profile") &
-    wait
+    if [ "$part" != b ]; then
+        log "warm-up and checks (second GPU: $G1)"
+        warm 0 1b-kern $B1 --batch 1,2,4,8,16 --modes eager,graph,pdl
+        warm 0 1b-mk $B1 --batch 1,2,4,8,16 --modes megakernel
+        warm 0 1b-mkt $B1 --batch 1,2,4,8,16 --modes megakernel-triton
+        warm 0 1b-tc $B1 --batch 1,2,4,8,16 --modes torch+compile
+        warm $G1 8b-kern $B8 --batch 1,2,4,8,16 --modes graph,pdl
+        warm $G1 8b-mk $B8 --batch 1,2,4,8,16 --modes megakernel
+        warm $G1 8b-mkt $B8 --batch 1,2,4,8,16 --modes megakernel-triton
+        warm $G1 8b-tc $B8 --batch 1,2,4,8,16 --modes torch+compile
+        (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 -m onekernel.bench.serve --model smollm2-135m \
+            --random-weights --modes megakernel,graph,pdl --out /tmp/warm/serve --server-timeout 190 \
+            >"$W/warm-serve.log" 2>&1) &
+        (timeout 200 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
+            --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+        (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py qwen3-0.6b \
+            --out "$W/inv-q.json" >"$W/inv-q.log" 2>&1) &
+        (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
+            -p no:cacheprovider >"$W/stream-test.log" 2>&1) &
+        wait
+        log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 8 benches finished"
+        tail -n 4 "$W/stream-test.log" | tee -a "$OUT/log.txt"
+        grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+        (step 250 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $M1) &
+        [ "$part" = a ] || (step 250 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 \
+            --modes $M8 --steps 100) &
+        wait
+    fi
+    if [ "$part" = b ]; then
+        step 250 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $M8 --steps 100
+    fi
+    if [ "$part" != a ]; then
+        (step 120 serve env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.bench.serve --model smollm2-135m \
+            --random-weights --modes megakernel,graph,pdl --out "$W/serve" --server-timeout 100) &
+        [ "$G1" = 1 ] || wait
+        (step 60 profile-1b env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/stream_profile.py --model llama-3.2-1b \
+            --out "$W/profile") &
+        wait
+    fi
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
