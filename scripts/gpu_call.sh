@@ -118,7 +118,8 @@ case "$1" in
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     M1="torch+graph,torch+compile,eager,graph,pdl,megakernel,megakernel-triton"
     M8="torch+graph,torch+compile,graph,pdl,megakernel,megakernel-triton"
-    mkdir -p "$W/bench" "$W/serve"
+    MMA="--gemv mma --batch 1,8,16 --modes graph,pdl,megakernel-triton"   # the tensor-core GEMV path
+    mkdir -p "$W/bench" "$W/bench-mma" "$W/serve"
     if [ "$part" != b ]; then
         log "warm-up and checks (second GPU: $G1)"
         warm 0 1b-kern $B1 --batch 1,2,4,8,16 --modes eager,graph,pdl
@@ -129,11 +130,15 @@ case "$1" in
         warm $G1 8b-mk $B8 --batch 1,2,4,8,16 --modes megakernel
         warm $G1 8b-mkt $B8 --batch 1,2,4,8,16 --modes megakernel-triton
         warm $G1 8b-tc $B8 --batch 1,2,4,8,16 --modes torch+compile
+        warm 0 1b-mma $B1 $MMA
+        warm $G1 8b-mma $B8 $MMA
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 -m onekernel.bench.serve --model smollm2-135m \
             --random-weights --modes megakernel,graph,pdl --out /tmp/warm/serve --server-timeout 190 \
             >"$W/warm-serve.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
             --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+        (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
+            --modes eager,graph,pdl,megakernel/triton --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py qwen3-0.6b \
             --out "$W/inv-q.json" >"$W/inv-q.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
@@ -142,13 +147,16 @@ case "$1" in
         log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 8 benches finished"
         tail -n 4 "$W/stream-test.log" | tee -a "$OUT/log.txt"
         grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
-        (step 250 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $M1) &
-        [ "$part" = a ] || (step 250 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 \
-            --modes $M8 --steps 100) &
+        (step 230 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $M1 &&
+            step 80 bench-1b-mma env CUDA_VISIBLE_DEVICES=0 $bench/bench-mma $B1 $MMA) &
+        [ "$part" = a ] || (step 230 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 \
+            --modes $M8 --steps 100 && step 80 bench-8b-mma env CUDA_VISIBLE_DEVICES=1 $bench/bench-mma $B8 $MMA \
+            --steps 100) &
         wait
     fi
     if [ "$part" = b ]; then
-        step 250 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $M8 --steps 100
+        step 230 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $M8 --steps 100
+        step 80 bench-8b-mma $bench/bench-mma $B8 $MMA --steps 100
     fi
     if [ "$part" != a ]; then
         (step 120 serve env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.bench.serve --model smollm2-135m \
