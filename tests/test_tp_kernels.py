@@ -62,3 +62,25 @@ def test_after_names_must_be_ops():
     with pytest.raises(InputError, match="after= names o_proj.99, which are not ops"):
         make_step_runner("eager", tiny, KVCache(tiny.config, 1, 8, torch.float32, "cpu"), interpret=True,
                          after={"o_proj.99": lambda: None})
+
+
+def test_cli_generate_tp2_eager_equals_tp1(seed):
+    """`onekernel generate --tp 2 --mode eager --interpret` (the CLI's launcher, gloo, the Triton interpreter)
+    emits the greedy tokens of --tp 1's reference mode (fp32: the logits differ by rounding only; the seed is
+    fixed per test, so a near-tie cannot make it flaky)."""
+    import json
+
+    from test_tp import _cli
+
+    args = ("generate", "--model", "tiny", "--random-weights", "--prompt", "hello", "--max-new-tokens", "3",
+            "--json", "--quiet", "--seed", str(seed))
+    rc, out, err = _cli(*args, "--mode", "eager", "--interpret", "--tp", "2", "--allreduce", "nccl",
+                        env={"TRITON_INTERPRET": "1"})
+    assert rc == 0, err
+    got = json.loads(out)
+    rc, out, err = _cli(*args, "--mode", "reference")
+    assert rc == 0, err
+    want = json.loads(out)
+    assert got["mode"] == "eager" and want["mode"] == "reference"
+    assert got["sequences"][0]["generated_ids"] == want["sequences"][0]["generated_ids"]
+    assert len(got["sequences"][0]["generated_ids"]) == 3

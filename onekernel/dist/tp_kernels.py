@@ -66,21 +66,24 @@ class TPKernelRunner:
         B, D = t["embed.out"].shape
         reduce = (group.all_reduce if allreduce == "nccl" else
                   SymmAllReduce((B, D), t["embed.out"].dtype, dev))
-        # host calls after ops: names looked up at call time (the step's activations never move)
-        after = {"embed": lambda: reduce(t["embed.out"]), "lm_head.argmax": self._gather}
+        V = group.config.vocab_size
+        self.logits = logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
+        self.next_tokens = next_tokens = torch.full((B,), -1, dtype=torch.int32, device=dev)
+        bound = self.bound
+
+        def gather() -> None:  # the rank's logits -> the whole logits and the greedy tokens (every rank)
+            local = bound.tensors[bound.logits]
+            logits.copy_(group.gather_logits(local))
+            next_tokens.copy_(group.argmax(local))
+
+        # host calls after ops (closures over tensors, not over self: no reference cycle keeps a dropped
+        # runner's weights alive); names looked up at call time (the step's activations never move)
+        after = {"embed": lambda: reduce(t["embed.out"]), "lm_head.argmax": gather}
         for i in range(model.config.n_layers):
             for op in (f"o_proj.{i}", f"down.{i}"):
                 after[op] = lambda op=op: reduce(t[f"{op}.out"])
-        V = group.config.vocab_size
-        self.logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
-        self.next_tokens = torch.full((B,), -1, dtype=torch.int32, device=dev)
-        self.runner = make_runner(mode, self.bound, interpret=interpret, after=after, **options)
+        self.runner = make_runner(mode, bound, interpret=interpret, after=after, **options)
         self.steps = 0
-
-    def _gather(self) -> None:
-        local = self.bound.tensors[self.bound.logits]
-        self.logits.copy_(self.group.gather_logits(local))
-        self.next_tokens.copy_(self.group.argmax(local))
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         self.group.where = "prefill"
