@@ -43,7 +43,8 @@ def _args():
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=32, help="greedy steps compared")
-    ap.add_argument("--context", type=int, default=256, help="KV-cache positions (the state starts at context-40)")
+    ap.add_argument("--context", type=int, default=512,
+                    help="KV-cache positions, the state starting at context-40 (512: the bench's kernels)")
     ap.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU: gloo, fp32, the Triton "
                     "interpreter (use --models tiny --steps 2 --context 48); symm and torch+graph fail there")
     return ap.parse_args()

@@ -3,8 +3,8 @@
 argv[1]: JSON {"model": config name, "vocab": vocab size override or null, "tp": N, "seed": S, "prompts": [[ids]],
 "steps": decode steps, "out": path, "mode": optional, default "reference" (a kernel mode runs in the Triton
 interpreter: the test sets TRITON_INTERPRET=1)}. Random fp32 weights of ``seed``; the rank's shard; prefill,
-then greedy decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax tokens and
-its KV cache to ``out`` (torch.save).
+then greedy decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax
+tokens and its KV cache to ``out`` (torch.save).
 """
 import dataclasses
 import json
