@@ -110,7 +110,7 @@ def _run_generate(args) -> int:
     mode, note = args.mode, None
     if mode is None:
         if device == "cuda":
-            mode = DEFAULT_GPU_MODE
+            mode = DEFAULT_GPU_MODE if args.tp == 1 else "graph"  # no megakernel at --tp > 1 yet
         elif args.interpret:
             mode, note = "eager", "note: --interpret without --mode: the eager mode runs in the Triton interpreter"
         else:
@@ -154,7 +154,7 @@ def _run_generate(args) -> int:
         progress.phase("loading the weights")
         load_args = {"random_weights": args.random_weights, "dtype": dtype, "seed": args.seed}
         model, parallel = (files.load(device=device, **load_args), None) if rank is None else \
-            cli_tp.load_rank(files, rank, args.tp, **load_args)
+            cli_tp.load_rank(files, rank, args.tp, allreduce=args.allreduce or "nccl", **load_args)
         progress.phase("prefill")
 
         eos, counts = set() if args.ignore_eos else model.tokenizer.eos_token_ids, [0] * len(prompts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from onekernel.dist.allreduce import ALLREDUCES, check_allreduce
 from onekernel.dist.process import RankInfo, close_rank, in_rank, init_rank, launch
 from onekernel.dist.sharding import check_tp, load_shard, shard_config
 from onekernel.dist.tp_reference import TPGroup, check_tp_mode
@@ -15,8 +16,27 @@ from onekernel.errors import DeviceError, InputError
 def add_tp_argument(p) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size: N processes (one per GPU on cuda), started by onekernel or by "
-                        "`torchrun --nproc-per-node N -m onekernel ...`; for now the PyTorch reference step only "
-                        "(generate --mode reference, bench --modes torch)")
+                        "`torchrun --nproc-per-node N -m onekernel ...`; modes reference, eager, graph, pdl (no "
+                        "megakernel yet)")
+    p.add_argument("--allreduce", default=None, metavar="|".join(ALLREDUCES),
+                   help="with --tp > 1, the kernel modes' all-reduce: nccl (torch.distributed, captured in the CUDA "
+                        "graph) or symm (PyTorch symmetric memory's one-shot kernel; GPUs only); default nccl "
+                        "(bench: both)")
+
+
+def check_tp_options(args, mode: str | None, device: str) -> None:
+    """The --tp options' checks before anything loads: the mode (None: bench checks its own), --allreduce.
+    Raises InputError."""
+    if mode is not None:
+        check_tp_mode(mode)
+    if args.allreduce is None:
+        return
+    if args.tp == 1:
+        raise InputError("--allreduce applies at --tp > 1 only; drop it or add --tp 2")
+    if mode == "reference":
+        raise InputError("--allreduce applies to the kernel modes (eager, graph, pdl) at --tp > 1; the reference "
+                         "mode all-reduces through torch.distributed")
+    check_allreduce(args.allreduce, device)
 
 
 def launch_tp(args, mode: str, device: str, check=None) -> int:
@@ -27,7 +47,7 @@ def launch_tp(args, mode: str, device: str, check=None) -> int:
     raises, RankError (a rank failed)."""
     from onekernel.models.load import open_model
 
-    check_tp_mode(mode)
+    check_tp_options(args, mode, device)
     files = open_model(args.model, random_weights=args.random_weights)
     check_tp(files.config, args.tp, device)
     if check is not None:
@@ -38,7 +58,7 @@ def launch_tp(args, mode: str, device: str, check=None) -> int:
 def join_tp(args, mode: str, device: str) -> RankInfo:
     """Inside a rank: check the mode, join the process group (``process.init_rank``) and, on a rank other than
     0, drop stdout and the progress display. Returns the RankInfo."""
-    check_tp_mode(mode)
+    check_tp_options(args, mode, device)
     info = init_rank(args.tp, device)
     if info.rank != 0:
         args.quiet = True
@@ -46,12 +66,12 @@ def join_tp(args, mode: str, device: str) -> RankInfo:
     return info
 
 
-def load_rank(files, info: RankInfo, tp: int, **load_args):
-    """The rank's ShardedModel (``sharding.load_shard``; ``load_args`` as ``ModelFiles.load``) and its TPGroup.
-    Raises what ``check_tp`` and ``ModelFiles.load`` raise."""
+def load_rank(files, info: RankInfo, tp: int, allreduce: str = "nccl", **load_args):
+    """The rank's ShardedModel (``sharding.load_shard``; ``load_args`` as ``ModelFiles.load``) and its TPGroup
+    (its kernel modes' default ``allreduce``). Raises what ``check_tp`` and ``ModelFiles.load`` raise."""
     check_tp(files.config, tp, info.device.type)
     shard = shard_config(files.config, tp, info.rank)
-    return load_shard(files, shard, device=info.device, **load_args), TPGroup(shard)
+    return load_shard(files, shard, device=info.device, **load_args), TPGroup(shard, allreduce)
 
 
 def start(args, mode: str, device: str, check=None):
@@ -61,48 +81,71 @@ def start(args, mode: str, device: str, check=None):
     if args.tp < 1:
         raise InputError(f"--tp must be >= 1, got {args.tp}")
     if args.tp == 1:
+        check_tp_options(args, None, device)
         return None
     return join_tp(args, mode, device) if in_rank() else launch_tp(args, mode, device, check)
 
 
 def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int:
-    """``onekernel bench --tp N``: the tensor-parallel PyTorch step ("torch") timed at each batch on N GPUs
-    (``bench.tp``); rank 0 prints the table and writes ``bench-tp{N}-DATE-MODEL.json`` under --out.
-    ``context_of(cfg)`` is the checked --context; ``modes_given``: --modes was passed (it must then be "torch").
-    Raises InputError (--study, another mode), DeviceError (no GPU,
-    more ranks than GPUs), UnsupportedModelError (head counts), before anything loads."""
+    """``onekernel bench --tp N``: the tensor-parallel step timed at each batch on N GPUs in torch, torch+graph,
+    eager, graph and pdl (``bench.tp``; the kernel modes with --allreduce, default both nccl and symm); rank 0
+    prints the table and writes ``bench-tp{N}-DATE-MODEL-COMMIT.json`` and ``.md`` under --out (the JSON after
+    every record). ``context_of(cfg)`` is the checked --context; ``modes_given``: --modes was passed (then a
+    subset of ``bench.tp.TP_BENCH_MODES``). Raises InputError (--study, another mode, --allreduce),
+    DeviceError (no GPU, more ranks than GPUs), UnsupportedModelError (head counts), before anything loads."""
     import json
+    import os
+    import subprocess
     import time
     from pathlib import Path
 
     import torch
 
-    from onekernel.bench.tp import bench_tp, tp_table
+    from onekernel.bench.tp import TP_BENCH_MODES, bench_tp, tp_table
     from onekernel.models.load import open_model
 
     if args.study:
         raise InputError("--study runs at --tp 1 only; drop --tp or --study")
-    if modes_given and args.modes != "torch":
-        raise InputError(f"--tp {args.tp} times the PyTorch tensor-parallel step only (--modes torch) for now; "
-                         f"the kernel modes and torch+graph at --tp > 1 come with the GPU part of issue 13")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if modes_given else list(TP_BENCH_MODES)
+    bad = [m for m in modes if m not in TP_BENCH_MODES]
+    if bad:
+        raise InputError(f"--tp {args.tp} times {', '.join(TP_BENCH_MODES)} (not {', '.join(bad)}: the megakernel "
+                         f"at --tp > 1 is not built yet); pass --modes with those")
     if not torch.cuda.is_available():
         raise DeviceError("bench --tp times GPU ranks and needs CUDA GPUs (one per rank); on this machine use "
                           "`onekernel generate --tp N` (the reference mode over gloo)")
-    rank = start(args, "reference", "cuda")
+    rank = start(args, None, "cuda")
     if isinstance(rank, int):
         return rank
     files = open_model(args.model, random_weights=args.random_weights)
     model, group = load_rank(files, rank, args.tp, random_weights=args.random_weights, dtype=torch.bfloat16,
                              seed=args.seed)
-    records = bench_tp(model, group, batches, context_of(files.config), steps=args.steps)
+    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+            "date": time.strftime("%Y-%m-%d")}
+    out = Path(args.out)
+    path = out / f"bench-tp{args.tp}-{meta['date']}-{files.config.name}-{commit or 'nocommit'}.json"
+    done: list[dict] = []
+
+    def keep(rec):  # rank 0 writes every record as soon as it exists: a run stopped early keeps what it measured
+        done.append({**meta, **rec})
+        if rank.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(done, indent=1))
+            print(f"tp{args.tp} batch {rec['batch']} {rec['mode']} {rec['allreduce'] or ''}: "
+                  f"{rec['ms_per_step'] or rec.get('error')}", file=sys.stderr, flush=True)
+
+    allreduces = [args.allreduce] if args.allreduce else ["nccl", "symm"]
+    records = bench_tp(model, group, batches, context_of(files.config), modes, allreduces, steps=args.steps,
+                       progress=keep)
     close_rank()
     if rank.rank == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"bench-tp{args.tp}-{time.strftime('%Y-%m-%d')}-{files.config.name}.json"
-        path.write_text(json.dumps(records, indent=1))
-        print(tp_table(records))
-        print(f"wrote {path}")
+        done = [{**meta, **r} for r in records]  # with ratio_to_torch_graph, set once a batch is done
+        path.write_text(json.dumps(done, indent=1))
+        path.with_suffix(".md").write_text(tp_table(done) + "\n")
+        print(tp_table(done))
+        print(f"wrote {path} and .md")
     return 0
 
 

@@ -5,6 +5,7 @@
 #    weights, batch 1 and 8; every record also checks the mode's step against the PyTorch reference).
 # 2 (at once after 1, the machine is still warm): join the default GGUF; real-model checks and profile
 #    (gpu_suite.py real); `onekernel bench` and `--study` on it.
+# 20 (kind nvidia-h200-x2): tensor parallel, TP=2 checks and `bench --tp 2` (issue 13).
 # Calls 3-11 (sessions 2-5) are in docs/GPU-RUNS.md and in git history (`git show ab8f7cd:scripts/gpu_call.sh`).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
@@ -166,6 +167,25 @@ case "$1" in
             --out "$W/profile") &
         wait
     fi
+    ;;
+20) # session 7, issue 13's GPU part, kind nvidia-h200-x2 (~7.5 min): the TP=2 checks (scripts/tp_check.py: TP=2
+    # logits and 32 greedy tokens against TP=1, every TP mode and all-reduce, batch 1 and 8) of Llama-3.2-1B and
+    # Llama-3.1-8B in parallel (they also compile every TP=1 and TP=2 kernel the bench needs), then
+    # `onekernel bench --tp 2` of each (torch, torch+graph, eager/graph/pdl x nccl/symm), one at a time
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    log "GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | tr '\n' ' ')"
+    for m in llama-3.2-1b llama-3.1-8b; do
+        (timeout 250 python3 scripts/tp_check.py --models $m --out "$W/tp-check-$m.json" \
+            >"$W/tp-check-$m.log" 2>&1; echo "rc=$?" >>"$W/tp-check-$m.log") &
+    done
+    wait
+    for m in llama-3.2-1b llama-3.1-8b; do
+        log "tp_check $m: $(tail -n 1 "$W/tp-check-$m.log")"
+        grep -h '^{' "$W/tp-check-$m.log" | cut -c1-260 | tee -a "$OUT/log.txt"
+    done
+    mkdir -p "$W/bench"
+    step 90 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8
+    step 120 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

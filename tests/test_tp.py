@@ -36,13 +36,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(tp: int, args: dict) -> None:
-    """tests/tp_worker.py as ``tp`` gloo ranks (torchrun's variables); fails the test when a rank fails."""
-    env = {**os.environ, "WORLD_SIZE": str(tp), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "OMP_NUM_THREADS": "1"}
+def _run_ranks(tp: int, args: dict, env: dict | None = None, timeout: float = BOUND_S) -> None:
+    """tests/tp_worker.py as ``tp`` gloo ranks (torchrun's variables, and ``env``); fails the test when a rank
+    fails or the ranks take over ``timeout`` seconds."""
+    env = {**os.environ, **(env or {}), "WORLD_SIZE": str(tp), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(WORKER), json.dumps(args)], cwd=ROOT, stderr=subprocess.PIPE,
                               text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(tp)]
-    errs = [p.communicate(timeout=BOUND_S)[1] for p in procs]
+    errs = [p.communicate(timeout=timeout)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(errs)
 
 
@@ -92,10 +93,10 @@ def test_tp2_prefill_and_decode_equal_tp1(name, vocab, seed, tmp_path):
     torch.testing.assert_close(got["v"], cache.v[:, :, :hkv], rtol=1e-6, atol=1e-6)
 
 
-def _cli(*args, env=None):
+def _cli(*args, env=None, timeout=BOUND_S):
     """``python -m onekernel`` in a subprocess -> (returncode, stdout, stderr)."""
     p = subprocess.run([sys.executable, "-m", "onekernel", *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=BOUND_S, env={**os.environ, **(env or {})})
+                       timeout=timeout, env={**os.environ, **(env or {})})
     return p.returncode, p.stdout, p.stderr
 
 
@@ -150,16 +151,19 @@ def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
     for extra, msg in [(("--tp", "3"), "tensor-parallel size 3 does not divide n_heads=4, n_kv_heads=2"),
                        (("--tp", "0"), "--tp must be >= 1, got 0"),
                        (("--tp", "2", "--max-new-tokens", "300"), "over the context of 256"),
-                       (("--tp", "2", "--mode", "eager", "--interpret"),
-                        "come with the GPU part of issue 13; use --mode reference")]:
+                       (("--tp", "2", "--mode", "megakernel", "--interpret"),
+                        "--mode megakernel does not run tensor-parallel yet"),
+                       (("--tp", "2", "--mode", "eager", "--interpret", "--allreduce", "symm"),
+                        "--allreduce symm needs CUDA GPUs"),
+                       (("--tp", "2", "--allreduce", "symm"), "--allreduce applies to the kernel modes")]:
         assert main([*GENERATE, *extra]) == 2
         assert msg in capsys.readouterr().err
 
 
 def test_bench_tp_refusals(capsys):
     bench = ("bench", "--model", "tiny", "--random-weights", "--tp", "2")
-    assert main([*bench, "--modes", "graph"]) == 2
-    assert "times the PyTorch tensor-parallel step only (--modes torch)" in capsys.readouterr().err
+    assert main([*bench, "--modes", "megakernel"]) == 2
+    assert "--tp 2 times torch, torch+graph, eager, graph, pdl" in capsys.readouterr().err
     assert main([*bench, "--study"]) == 2
     assert "--study runs at --tp 1 only" in capsys.readouterr().err
     if not torch.cuda.is_available():
@@ -209,15 +213,22 @@ def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, s
             assert torch.equal(a, b)
         with pytest.raises(InputError, match="one rank's tensor-parallel shard"):
             make_step_runner("reference", model, caches[1])
-        # bench --tp's loop, with a CPU cache and one untimed step in place of the CUDA-event timing
+        # bench --tp's loop, with a CPU cache and one untimed step in place of the CUDA-event timing; "eager"
+        # (no GPU, no interpreter) fails on every rank and is recorded as an error
         import onekernel.bench.tp as bench_tp
         monkeypatch.setattr(bench_tp, "median_ms", lambda fn, **k: (fn(), {"median_ms": 2.0, "p10_ms": 1.0,
-                                                                            "p90_ms": 3.0})[1])
+                                                                            "p90_ms": 3.0, "steps": 1})[1])
+        monkeypatch.setattr(bench_tp, "copy_bandwidth_gbs", lambda: 1.0)
         monkeypatch.setattr(bench_tp, "random_decode_state",
                             lambda m, b, c: (KVCache(m.config, b, c, torch.float32, "cpu"), None))
-        recs = bench_tp.bench_tp(model, TPGroup(shard), [1, 2], 8, steps=1)
-        assert [(r["batch"], r["tp"], r["mode"], r["ms_per_step"], r["tokens_per_s"]) for r in recs] == \
-            [(1, 1, "torch", 2.0, 500.0), (2, 1, "torch", 2.0, 1000.0)]
-        assert "| tiny | 1 | 2 | torch | 2.000 | 1,000 |" in bench_tp.tp_table(recs)
+        recs = bench_tp.bench_tp(model, TPGroup(shard), [1, 2], 8, modes=("torch", "eager"), steps=1)
+        assert [(r["batch"], r["tp"], r["mode"], r["allreduce"], r["ms_per_step"], r["tokens_per_s"])
+                for r in recs] == [(1, 1, "torch", None, 2.0, 500.0), (1, 1, "eager", "nccl", None, None),
+                                   (2, 1, "torch", None, 2.0, 1000.0), (2, 1, "eager", "nccl", None, None)]
+        assert recs[0]["rel_err_vs_torch"] == 0.0 and recs[0]["argmax_agree"] == "1/1"
+        assert "DeviceError: mode 'eager' runs Triton kernels on a CUDA GPU" in recs[1]["error"]
+        table = bench_tp.tp_table(recs)
+        assert "| tiny | 1 | 2 | torch | - | 2.000 | 1,000 |" in table
+        assert "| eager | nccl | error: DeviceError" in table
     finally:
         close_rank()

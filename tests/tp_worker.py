@@ -1,9 +1,10 @@
 """One rank of the tensor-parallel tests (tests/test_tp.py starts it with torchrun's variables).
 
 argv[1]: JSON {"model": config name, "vocab": vocab size override or null, "tp": N, "seed": S, "prompts": [[ids]],
-"steps": decode steps, "out": path}. Random fp32 weights of ``seed``; the rank's shard; prefill, then greedy
-decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax tokens and
-its KV cache to ``out`` (torch.save).
+"steps": decode steps, "out": path, "mode": optional, default "reference" (a kernel mode runs in the Triton
+interpreter: the test sets TRITON_INTERPRET=1)}. Random fp32 weights of ``seed``; the rank's shard; prefill,
+then greedy decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax
+tokens and its KV cache to ``out`` (torch.save).
 """
 import dataclasses
 import json
@@ -31,14 +32,15 @@ def main(a: dict) -> None:
     group = TPGroup(shard)
     prompts = a["prompts"]
     cache = KVCache(shard.config, len(prompts), max(map(len, prompts)) + a["steps"], torch.float32, "cpu")
-    runner = group.step_runner("reference", model, cache)
+    mode = a.get("mode", "reference")
+    runner = group.step_runner(mode, model, cache, **({"interpret": True} if mode != "reference" else {}))
     logits = [runner.prefill(prompts)]
     tokens = [logits[0].argmax(-1).to(torch.int32)]
     for _ in range(a["steps"]):
         lg, nxt = runner.step(tokens[-1])
         cache.seq_lens += 1
-        logits.append(lg)
-        tokens.append(nxt)
+        logits.append(lg.clone())  # a kernel runner's outputs are overwritten by its next step
+        tokens.append(nxt.clone())
     if info.rank == 0:
         torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v},
                    a["out"])

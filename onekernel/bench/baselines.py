@@ -15,6 +15,22 @@ from onekernel.models.config import rope_inv_freq
 from onekernel.runtime.reference import decode_one_token
 
 
+def capture(fn):
+    """``fn()`` run twice on a side stream (warm-up: allocations, lazy initialisations such as NCCL's), then
+    captured in a ``torch.cuda.CUDAGraph``: returns (the graph, fn's outputs: static tensors its replays
+    overwrite)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 class TorchGraphRunner:
     """PyTorch + CUDA graph: ``decode_one_token`` captured once, replayed every step. ``step(tokens)`` as every
     runner; ``check()`` is a no-op."""
@@ -33,19 +49,14 @@ class TorchGraphRunner:
         return decode_one_token(self.model.config, self.model.weights, c.k, c.v, c.seq_lens, self.tokens,
                                 self.inv_freq)
 
+    def _step(self):
+        logits = self._decode()
+        return logits, logits.argmax(-1).to(torch.int32)
+
     def step(self, tokens):
         self.tokens.copy_(tokens)
         if self.graph is None:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    self._decode()
-            torch.cuda.current_stream().wait_stream(s)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self._decode()
-                self.next = self.logits.argmax(-1).to(torch.int32)
+            self.graph, (self.logits, self.next) = capture(self._step)
         self.graph.replay()
         return self.logits, self.next
 

@@ -28,15 +28,17 @@ class TPGroup:
     """One rank's collectives over the default ``torch.distributed`` group (joined by ``process.init_rank``),
     for ``shard`` (its rank, TP size and vocabulary range). ``config`` is the whole model's config (what
     ``runtime.generate`` checks prompts against). A collective that fails (a peer died, or did not answer within
-    ``process.timeout_s()``) raises RankError naming this rank and ``where`` (the step)."""
+    ``process.timeout_s()``) raises RankError naming this rank and ``where`` (the step). ``allreduce``: the
+    kernel modes' all-reduce when ``step_runner`` is not given one ("nccl" | "symm", ``dist.allreduce``)."""
 
-    def __init__(self, shard: Shard):
+    def __init__(self, shard: Shard, allreduce: str = "nccl"):
         import torch.distributed as dist
 
         if not dist.is_initialized() or dist.get_world_size() != shard.tp or dist.get_rank() != shard.rank:
             raise InputError(f"TPGroup for rank {shard.rank} of {shard.tp} needs the process group of that rank "
                              f"joined first (onekernel.dist.process.init_rank)")
         self.dist, self.shard, self.config = dist, shard, shard.full
+        self.allreduce = allreduce  # the kernel modes' default all-reduce (dist.allreduce)
         self.where = "start-up"
 
     def _run(self, name: str, fn, *args) -> None:
@@ -81,19 +83,34 @@ class TPGroup:
         parts = self._gather(F.pad(logits, (0, width - logits.shape[-1])))
         return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, (vocab_range(V, t, r) for r in range(t)))], -1)
 
-    def step_runner(self, mode: str, model, cache, *, interpret: bool = False):
-        """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook). Only "reference" exists;
-        other modes raise InputError (the kernel modes at TP > 1 come with issue 13's GPU part)."""
+    def step_runner(self, mode: str, model, cache, *, interpret: bool = False, allreduce: str | None = None,
+                    **options):
+        """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook): "reference" (this module's
+        TPReferenceRunner; no options) or a kernel mode, eager | graph | pdl (``dist.tp_kernels.TPKernelRunner``
+        with ``allreduce`` "nccl" | "symm", default the group's, and ``options``). Raises InputError for the
+        megakernel (not built at TP > 1 yet), an unknown mode, options given to the reference mode, and as
+        TPKernelRunner."""
         check_tp_mode(mode)
-        return TPReferenceRunner(model, cache, self)
+        if mode == "reference":
+            if options or allreduce is not None:
+                raise InputError(f"the tensor-parallel reference mode takes no runner options, got "
+                                 f"{', '.join(sorted(options)) or 'allreduce=' + str(allreduce)}")
+            return TPReferenceRunner(model, cache, self)
+        from onekernel.dist.tp_kernels import TPKernelRunner
+        return TPKernelRunner(mode, model, cache, self, interpret=interpret, allreduce=allreduce or self.allreduce,
+                              **options)
+
+
+TP_MODES = ("reference", "eager", "graph", "pdl")
 
 
 def check_tp_mode(mode: str) -> None:
-    """InputError unless ``mode`` runs at TP > 1 today (the reference mode)."""
-    if mode != "reference":
-        raise InputError(f"--mode {mode} does not run tensor-parallel yet: the kernel modes at --tp > 1 (eager, "
-                         f"graph, pdl, megakernel) come with the GPU part of issue 13; use --mode reference, or "
-                         f"--tp 1")
+    """InputError unless ``mode`` runs at TP > 1 (TP_MODES; the megakernel does not yet)."""
+    if mode == "megakernel":
+        raise InputError("--mode megakernel does not run tensor-parallel yet (its all-reduce tile tasks are issue "
+                         "13's next part); use --mode eager, graph or pdl, or --tp 1")
+    if mode not in TP_MODES:
+        raise InputError(f"unknown mode {mode!r} at --tp > 1; choose one of {', '.join(TP_MODES)}")
 
 
 class TPReferenceRunner:

@@ -12,6 +12,11 @@ order, grid = the op's tiles.
   (weight loads) overlaps the previous kernel's tail. Captured in a CUDA graph like ``graph``.
   ``prologue_split=False`` waits before the prologue instead (measures what the prologue overlap is worth);
   ``trigger="end"`` triggers the dependent launch after the body (for grids of more than one wave).
+
+``after``: {op name: host callable} run right after that op's launch, in program order (tensor parallel's
+all-reduces, dist/tp_kernels.py). They are part of every launch sequence: called each step in eager, captured
+with the kernels in graph and pdl (a collective that launches its own kernels must be capturable, as NCCL's
+and symmetric memory's are). A PDL chain breaks at such a call: the next kernel waits for it to finish.
 """
 from __future__ import annotations
 
@@ -23,15 +28,21 @@ from onekernel.exec.codegen import launch_op
 
 
 class EagerRunner(StepRunner):
-    """Options: ``profile`` (StepRunner); ``prologue_split``, ``trigger`` (read with PDL only: module doc)."""
+    """Options: ``profile`` (StepRunner); ``prologue_split``, ``trigger`` (read with PDL only: module doc);
+    ``after`` (host calls after named ops: module doc; InputError for a name that is not an op)."""
 
     mode = "eager"
     pdl = False
 
-    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "entry", profile: bool = False):
+    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "entry", profile: bool = False,
+                 after: dict | None = None):
         super().__init__(step, profile=profile)
         if trigger not in ("entry", "end"):
             raise InputError(f"unknown PDL trigger {trigger!r}; choose 'entry' or 'end'")
+        self.after = dict(after or {})
+        unknown = sorted(set(self.after) - {op.name for op in self.graph.ops})
+        if unknown:
+            raise InputError(f"after= names {', '.join(unknown)}, which are not ops of the step's graph")
         self.prologue_split = prologue_split  # read only with PDL (PdlRunner)
         self.trigger = trigger  # read only with PDL
 
@@ -40,6 +51,8 @@ class EagerRunner(StepRunner):
             launch_op(self.graph, op, self.tensors, pdl=self.pdl, prof=self.prof,
                       prof_base=op.task_ids[0] if op.task_ids else 0, prologue_split=self.prologue_split,
                       trigger_end=self.trigger == "end")
+            if op.name in self.after:
+                self.after[op.name]()
 
     def _run(self, moved: bool) -> None:
         self.launch_all()

@@ -15,6 +15,8 @@ Program order (layer i = 0..L-1); each builder names its outputs after its op (`
 Fused weights (made once when the graph is bound): ``layers.{i}.wqkv`` = cat(wq, wk, wv) [(Hq+2Hkv)hd, D],
 ``layers.{i}.w_gate_up`` = cat(w_gate, w_up) [2F, D]. Weight buffers keep the canonical names of
 docs/DESIGN.md; the KV cache of layer i is ``layers.{i}.k_cache`` / ``v_cache`` [B, Hkv, S, hd].
+``residual=False`` (a tensor-parallel rank other than 0, dist/tp_kernels.py): o_proj and down add the zero
+buffer ``residual.zero`` [B, D] instead of the residual stream, so the all-reduce after them adds it once.
 """
 from __future__ import annotations
 
@@ -81,11 +83,14 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
 
 
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
-                 tiling: Tiling = Tiling(), fuse_merge: bool = False) -> tuple[Graph, dict, dict]:
+                 tiling: Tiling = Tiling(), fuse_merge: bool = False,
+                 residual: bool = True) -> tuple[Graph, dict, dict]:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
     model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
     ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
     ``attn_merge`` + ``gemv_residual``; measured slower on the H200, so off by default (docs/DESIGN.md).
+    ``residual``: False makes o_proj and down add zeros (``residual.zero``) in place of the residual stream
+    (their output is then a partial sum a tensor-parallel all-reduce completes; see the module doc).
 
     Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
     the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
@@ -112,6 +117,13 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     inv_freq = g.add_buffer("rope_inv_freq", (HD // 2,), torch.float32, "weight")
     wsrc[inv_freq.name] = WeightSource(compute=lambda: rope_inv_freq(cfg))
     x = add_embed(g, "embed", tokens, weight("tok_embeddings", (V, D)))
+    zero = None
+    if not residual:
+        zero = g.add_buffer("residual.zero", (B, D), dtype, "weight")
+        wsrc[zero.name] = WeightSource(compute=lambda: torch.zeros(B, D))
+
+    def res(stream):  # what o_proj and down add: the residual stream, or the zero buffer
+        return stream if zero is None else zero
     for i in range(L):
         p = f"layers.{i}."
         k_cache = cached(p + "k_cache", (B, HKV, S, HD), "kv", lambda c, i=i: c.k[i])
@@ -125,14 +137,14 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
                                             n_sm=tiling.n_sm)
         wo = weight(p + "wo", (D, HQ * HD))
         if fuse_merge:
-            h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, x, tiling=tiling)
+            h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, res(x), tiling=tiling)
         else:
             attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
-            h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, x, tiling=tiling)
+            h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, res(x), tiling=tiling)
         act = add_gate_up(g, f"gate_up.{i}", h, weight(p + "ffn_norm", (D,)),
                           weight(p + "w_gate_up", (2 * F, D), (p + "w_gate", p + "w_up")), eps=cfg.norm_eps,
                           tiling=tiling)
-        x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), h, tiling=tiling)
+        x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), res(h), tiling=tiling)
     logits, next_tokens = add_lm_head(g, "lm_head", x, weight("norm", (D,)), weight("lm_head", (V, D)),
                                       eps=cfg.norm_eps, tiling=tiling)
     g.meta["io"] = {"tokens": tokens.name, "logits": logits.name, "next_tokens": next_tokens.name}
@@ -146,14 +158,15 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
 
 
 def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
-                      fuse_merge: bool = False) -> BoundStep:
+                      fuse_merge: bool = False, residual: bool = True) -> BoundStep:
     """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
     weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
     fused ``wqkv``/``w_gate_up`` are concatenated here, once. cache: a KV cache (``k``, ``v`` [L, B, Hkv, S, hd],
     ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
     ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
-    write shows. Raises InputError (a missing weight, a cache or weight of the wrong shape),
+    write shows. ``residual``: see ``decode_graph``. Raises InputError (a missing weight, a cache or weight of
+    the wrong shape),
     UnsupportedModelError (see ``check_supported``)."""
     if not isinstance(tiling, Tiling):
         raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
@@ -161,7 +174,8 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
     if (L, HKV, HD) != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim):
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
                          f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
-    g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge)
+    g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge,
+                                 residual=residual)
     dev = cache.k.device
     tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
                for name, src in wsrc.items()}

@@ -1,0 +1,213 @@
+"""Tensor parallel on two GPUs (issue 13): TP=2 logits and greedy tokens against TP=1, every TP mode.
+
+    python scripts/tp_check.py [--out F] [--models llama-3.2-1b,llama-3.1-8b] [--batches 1,8] [--steps 32]
+
+Starts itself under torchrun (2 processes, one per GPU) unless already in a rank. Per model (random bf16
+weights, seed 0; both ranks draw the same full weights and keep their shard, rank 0 also keeps the full model)
+and batch: one random decode state (K/V ~ N(0, 1), every sequence at position ``context - 40``, seeded tokens
+from the whole vocabulary; each rank's cache holds its KV heads of the same numbers), then
+
+1. TP=1 on GPU 0 (rank 1 waits at a gloo barrier with a 15-minute timeout, not in an NCCL collective): one
+   step and ``--steps`` greedy steps in reference, eager, graph, pdl;
+2. TP=2 on both GPUs: the same in reference ("torch"), torch+graph and eager, graph, pdl with each all-reduce
+   (nccl, symm); rank 0 compares with TP=1: ``rel_err`` (relative L2 error of the whole logits) against the same
+   mode at TP=1 (torch and torch+graph: the reference) and ``rel_err_vs_reference``; ``argmax_agree`` (rows);
+   greedy: ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row) and the TP=1 top-2 margin there
+   (relative to the logit range: a small margin means rounding, not a bug, decided the token).
+
+Rank 0 prints one JSON line per record and rewrites ``--out`` after each, so a step that fails or runs out of
+time keeps the earlier ones; a mode that fails gets {"error": ...}. NVLink multicast stays off
+(``dist.process.NO_MULTICAST``).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TP1_MODES = ("reference", "eager", "graph", "pdl")
+TP2_MODES = (("reference", None), ("torch+graph", None), ("eager", "nccl"), ("graph", "nccl"), ("pdl", "nccl"),
+             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"))
+
+
+def _args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tp_check.json")
+    ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--steps", type=int, default=32, help="greedy steps compared")
+    ap.add_argument("--context", type=int, default=512,
+                    help="KV-cache positions, the state starting at context-40 (512: the bench's kernels)")
+    ap.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU: gloo, fp32, the Triton "
+                    "interpreter (use --models tiny --steps 2 --context 48); symm and torch+graph fail there")
+    return ap.parse_args()
+
+
+def _state(cfg, shard, batch, context, dev, dtype):
+    """(the full cache (None on rank 1), the rank's cache, tokens int32 [B]) of one seeded random state."""
+    import torch
+
+    from onekernel.runtime.kv_cache import KVCache
+
+    full = KVCache(cfg, batch, context, dtype, dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    full.k.normal_(generator=g)
+    full.v.normal_(generator=g)
+    full.seq_lens.fill_(max(0, context - 40))
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device=dev, dtype=torch.int32, generator=g)
+    local = KVCache(shard.config, batch, context, dtype, dev)
+    h = shard.config.n_kv_heads
+    local.k.copy_(full.k[:, :, shard.rank * h:(shard.rank + 1) * h])
+    local.v.copy_(full.v[:, :, shard.rank * h:(shard.rank + 1) * h])
+    local.seq_lens.copy_(full.seq_lens)
+    return (full if shard.rank == 0 else None), local, tokens
+
+
+def _copy(cache):
+    c = type(cache)(cache.cfg, cache.batch, cache.max_seq_len, cache.k.dtype, cache.k.device)
+    for d, s in ((c.k, cache.k), (c.v, cache.v), (c.seq_lens, cache.seq_lens)):
+        d.copy_(s)
+    return c
+
+
+def _run(make, cache, tokens, steps):
+    """One step, then ``steps`` greedy steps from the same state: (logits [B, V], tokens [steps, B],
+    per-step top-2 margins / logit range [steps, B])."""
+    import torch
+
+    c = _copy(cache)
+    r = make(c)
+    lg, nt = r.step(tokens)
+    first = lg.float().clone()
+    toks, margins, tok = [], [], nt.clone()
+    for _ in range(steps):
+        c.seq_lens += 1
+        lg, nt = r.step(tok)
+        top2 = lg.float().topk(2, dim=-1).values
+        margins.append((top2[:, 0] - top2[:, 1]) / (lg.float().amax(-1) - lg.float().amin(-1)))
+        tok = nt.clone()
+        toks.append(tok)
+    if lg.is_cuda:
+        torch.cuda.synchronize()
+    r.check()
+    del r
+    gc.collect()  # a kernel runner and its host calls form a cycle: free its weights copy and graphs now
+    return first, torch.stack(toks), torch.stack(margins)
+
+
+def _compare(rec, got, want, ref):
+    lg, toks, _ = got
+    wl, wt, wm = want
+    rec["rel_err"] = float((lg - wl).norm() / wl.norm())
+    rec["rel_err_vs_reference"] = float((lg - ref[0]).norm() / ref[0].norm())
+    rec["argmax_agree"] = f"{int((lg.argmax(-1) == wl.argmax(-1)).sum())}/{lg.shape[0]}"
+    same = toks == wt
+    rec["greedy_agree"] = f"{int(same.sum())}/{same.numel()}"
+    if not same.all():
+        s, b = (int(i) for i in (~same).nonzero()[0])
+        rec["first_diff"] = {"step": s, "row": b, "tp1_top2_margin": float(wm[s, b])}
+
+
+def main() -> int:
+    a = _args()
+    import torch
+    import torch.distributed as dist
+
+    from onekernel.dist.process import NO_MULTICAST, close_rank, init_rank
+    from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+    from onekernel.dist.tp_reference import TPGroup
+    from onekernel.models.load import open_model
+    from onekernel.runtime.runners import make_step_runner
+
+    os.environ.update(NO_MULTICAST)
+    info = init_rank(2, "cpu" if a.cpu else "cuda")
+    dtype = torch.float32 if a.cpu else torch.bfloat16
+    kw = {"interpret": True} if a.cpu else {}
+    slow = dist.new_group(backend="gloo", timeout=timedelta(minutes=15))  # rank 1 waits here for TP=1's work
+    dev, rank = info.device, info.rank
+    out, records = Path(a.out), []
+
+    def emit(rec):
+        if rank == 0:
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+            out.write_text(json.dumps(records, indent=1))
+
+    for name in a.models.split(","):
+        files = open_model(name, random_weights=True)
+        cfg = files.config
+        full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
+        shard = shard_config(cfg, 2, rank)
+        model = ShardedModel(shard.config, shard_weights(shard, full.weights), files.tokenizer, name, shard)
+        sums = torch.stack([w.float().sum() for w in (full.weights["tok_embeddings"], full.weights["layers.0.wq"])])
+        every = [torch.empty_like(sums) for _ in range(2)]
+        dist.all_gather(every, sums)
+        emit({"model": name, "weights_equal_across_ranks": bool(torch.equal(every[0], every[1]))})
+        if rank != 0:
+            full = None
+        torch.cuda.empty_cache()
+        group = TPGroup(shard)
+        for b in (int(x) for x in a.batches.split(",")):
+            full_cache, local, tokens = _state(cfg, shard, b, a.context, dev, dtype)
+            tp1 = {}
+            if rank == 0:  # 1. TP=1 on GPU 0
+                for mode in TP1_MODES:
+                    try:
+                        make1 = (lambda c, m=mode: make_step_runner(m, full, c, **(kw if m != "reference" else {})))
+                        tp1[mode] = _run(make1, full_cache, tokens, a.steps)
+                    except Exception as e:  # noqa: BLE001 - the other modes still run
+                        emit({"model": name, "batch": b, "tp": 1, "mode": mode,
+                              "error": f"{type(e).__name__}: {e}"[:1000]})
+                    torch.cuda.empty_cache()
+            dist.barrier(group=slow)
+            for mode, ar in TP2_MODES:  # 2. TP=2
+                rec = {"model": name, "batch": b, "tp": 2, "mode": mode, "allreduce": ar}
+                try:
+                    if mode == "torch+graph":
+                        from onekernel.bench.tp_graph import TPTorchGraphRunner
+
+                        def make(c):
+                            return TPTorchGraphRunner(model, c, group)
+                    elif mode == "reference":
+                        def make(c):
+                            return group.step_runner("reference", model, c)
+                    else:
+                        def make(c, m=mode, ar=ar):
+                            return group.step_runner(m, model, c, allreduce=ar, **kw)
+                    got = _run(make, local, tokens, a.steps)
+                    same = "reference" if mode in ("reference", "torch+graph") else mode
+                    if rank == 0 and same in tp1 and "reference" in tp1:
+                        _compare(rec, got, tp1[same], tp1["reference"])
+                except Exception as e:  # noqa: BLE001 - the other modes still run
+                    rec["error"] = f"{type(e).__name__}: {e}"[:1000]
+                    traceback.print_exc()
+                emit(rec)
+                torch.cuda.empty_cache()
+            del full_cache, local, tp1
+        full = model = None
+        torch.cuda.empty_cache()
+    close_rank()
+    return 0
+
+
+if __name__ == "__main__":
+    if "WORLD_SIZE" not in os.environ:  # start the two ranks (torchrun), each running this file
+        from onekernel.dist.process import NO_MULTICAST
+
+        os.environ.update(NO_MULTICAST)
+        os.environ.setdefault("ONEKERNEL_TP_TIMEOUT", "50")
+        import socket
+
+        with socket.socket() as sock:  # a free port: two checks may run at once
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                  "--master-addr", "127.0.0.1", "--master-port", str(port), __file__, *sys.argv[1:]])
+    sys.exit(main())
