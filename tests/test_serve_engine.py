@@ -150,3 +150,22 @@ def test_cpu_reference_step_attends_over_live_keys_with_the_same_bits(name, twin
         for c in (mine, full):
             c.seq_lens += 1
         seen.clear()
+
+
+@pytest.mark.parametrize("T,S", [(1, 700), (9, 9)])  # a decode step's query over a cache; a prefill's
+def test_cpu_attention_gqa_without_the_copy_has_the_same_bits(T, S, seed):
+    """On the CPU the reference attends with SDPA's enable_gqa instead of repeat_interleave-ing the cache: the
+    same bits (SmolLM2's 9 query heads over 3 KV heads)."""
+    import torch.nn.functional as F
+    from onekernel.models.config import get_config
+    from onekernel.runtime.reference import _attend
+    cfg = get_config("smollm2-135m")
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, cfg.n_heads, T, cfg.head_dim, generator=g)
+    k, v = (torch.randn(3, cfg.n_kv_heads, S, cfg.head_dim, generator=g) for _ in range(2))
+    mask = torch.rand(3, 1, T, S, generator=g) < 0.7
+    mask[..., 0] = True
+    rep = cfg.n_heads // cfg.n_kv_heads
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                          attn_mask=mask, scale=cfg.head_dim ** -0.5)
+    assert torch.equal(_attend(cfg, q, k, v, mask), want.transpose(1, 2).reshape(3, T, -1))
