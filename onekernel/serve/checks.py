@@ -112,8 +112,8 @@ def _sampling(req) -> SamplingParams:
         raise ApiError(f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to 2; got {t} (too small to "
                        f"sample with: use 0)", param="temperature")
     seed = req.seed if req.seed is not None else secrets.randbits(63)
-    return SamplingParams(t, req.top_k or None if req.top_k != -1 else None,
-                          1.0 if req.top_p is None else req.top_p, seed)
+    top_k = None if req.top_k in (None, -1, 0) else req.top_k  # -1 (vLLM) and 0: no limit
+    return SamplingParams(t, top_k, 1.0 if req.top_p is None else req.top_p, seed)
 
 
 def to_gen_request(req, prompt_ids: list[int], max_tokens: int | None, context: int, vocab_size: int,
