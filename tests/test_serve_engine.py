@@ -122,3 +122,50 @@ def test_window_text_pieces_add_up_to_the_whole_decode(seed):
     w = WindowText(tok, {eos})
     pieces = [w.push(t) for t in ids[:30] + [eos] + ids[30:]]
     assert "".join(pieces) + w.finish() == tok.decode(ids)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
+def test_cpu_reference_step_attends_over_live_keys_with_the_same_bits(name, twin_caches, seed, monkeypatch):
+    """A server's cache is 16 slots x 4096 positions; the CPU reference step attended over all of them (and copied
+    them for GQA) at every step. It now attends over the live keys rounded up to KEY_BLOCK: the same logits and
+    cache bits as the whole-cache step, whatever the other rows' lengths (batch invariance)."""
+    import torch.nn.functional as F
+    from onekernel.models.config import rope_inv_freq
+    from onekernel.runtime.reference import KEY_BLOCK, ReferenceRunner, decode_one_token
+    model = load_model(name, random_weights=True, seed=seed)
+    rng = random.Random(seed)
+    lens = [rng.randrange(2 * KEY_BLOCK) for _ in range(3)]
+    (mine, full), g = twin_caches(model, 3, 4 * KEY_BLOCK, lens, seed)
+    seen, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append(k.shape[-2]) or
+                        sdpa(q, k, v, **kw))
+    runner, inv_freq = ReferenceRunner(model, mine), rope_inv_freq(model.config)
+    for _ in range(3):
+        tokens = torch.randint(0, 256, (3,), generator=g, dtype=torch.int32)
+        logits = runner.step(tokens)[0]
+        assert set(seen) == {-(-(max(lens) + 1) // KEY_BLOCK) * KEY_BLOCK}, (seen, lens)
+        want = decode_one_token(model.config, model.weights, full.k, full.v, full.seq_lens, tokens, inv_freq)
+        assert torch.equal(logits, want) and torch.equal(mine.k, full.k) and torch.equal(mine.v, full.v)
+        lens = [n + 1 for n in lens]
+        for c in (mine, full):
+            c.seq_lens += 1
+        seen.clear()
+
+
+@pytest.mark.parametrize("T,S", [(1, 700), (9, 9)])  # a decode step's query over a cache; a prefill's
+def test_cpu_attention_gqa_without_the_copy_has_the_same_bits(T, S, seed):
+    """On the CPU the reference attends with SDPA's enable_gqa instead of repeat_interleave-ing the cache: the
+    same bits (SmolLM2's 9 query heads over 3 KV heads)."""
+    import torch.nn.functional as F
+    from onekernel.models.config import get_config
+    from onekernel.runtime.reference import _attend
+    cfg = get_config("smollm2-135m")
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, cfg.n_heads, T, cfg.head_dim, generator=g)
+    k, v = (torch.randn(3, cfg.n_kv_heads, S, cfg.head_dim, generator=g) for _ in range(2))
+    mask = torch.rand(3, 1, T, S, generator=g) < 0.7
+    mask[..., 0] = True
+    rep = cfg.n_heads // cfg.n_kv_heads
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                          attn_mask=mask, scale=cfg.head_dim ** -0.5)
+    assert torch.equal(_attend(cfg, q, k, v, mask), want.transpose(1, 2).reshape(3, T, -1))

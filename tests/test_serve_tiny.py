@@ -126,16 +126,16 @@ def test_stop_strings_and_stop_token_ids(server, model, seed):
 
 BAD = [  # (body or raw text, status, param, words the message has)
     ("{not json", 400, None, "not valid JSON"),
-    ({"max_tokens": 3}, 400, "prompt", "Field required"),
-    ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens", "valid integer"),
-    ({"prompt": "hi", "temperature": "hot"}, 400, "temperature", "valid number"),
+    ({"max_tokens": 3}, 400, "prompt", "prompt is required"),
+    ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens", 'max_tokens must be an integer >= 1, or null; got "3"'),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "temperature", "temperature must be a number from 0 to 2"),
     ({"prompt": "hi", "max_tokens": CTX}, 400, "max_tokens", "over the context"),
     ({"prompt": "", "max_tokens": 3}, 400, "prompt", "empty"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
-    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "stop has 5 strings; at most 4"),
     ({"prompt": "hi", "n": 2}, 400, "n", "n must be 1"),
     ({"prompt": [1, 2, 999]}, 400, "prompt", "outside the vocabulary"),
-    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "max_tokens must be an integer >= 1, or null; got 0"),
 ]
 
 
@@ -150,7 +150,7 @@ def test_bad_completion_requests_get_openai_errors(server, body, status, param, 
 
 def test_bad_chat_requests_and_the_server_keeps_serving(server):
     for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]},
-                                                          "messages.0.role"),
+                                                          "messages[0].role"),
                         ({"messages": [{"role": "user", "content": ""}]}, "messages"),
                         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 50}, "top_logprobs")]:
         r = httpx.post(server.url + "/v1/chat/completions", json=body)

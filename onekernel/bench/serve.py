@@ -23,6 +23,7 @@ import torch
 
 from onekernel.bench.serve_load import run_clients
 from onekernel.bench.serve_process import Server
+from onekernel.models.load import DTYPE_CHOICES, dtype_option
 
 
 def _commit() -> str:
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (ignore_eos)")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto")
     p.add_argument("--interpret", action="store_true", help="CPU smoke test of Triton modes")
     p.add_argument("--out", required=True, help="folder for serve-MODES.json and serve-MODES.md")
     p.add_argument("--server-timeout", type=float, default=1800.0, help="seconds to wait for warm-up (compiles)")
@@ -91,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from onekernel.models.load import load_model
     modes, counts = args.modes.split(","), [int(c) for c in args.clients.split(",")]
     device = "cuda" if torch.cuda.is_available() and not args.interpret else "cpu"
-    auto = torch.bfloat16 if device == "cuda" else torch.float32
-    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
+    dtype = dtype_option(args.dtype, device)
     model = load_model(args.model, random_weights=args.random_weights, dtype=dtype, device=device)
     # one cache length for the step bench and the server (the kernels are compiled for it): a power of two >= 512
     ctx = min(model.config.max_seq_len, max(512, 1 << (args.prompt_len + args.max_tokens - 1).bit_length()))

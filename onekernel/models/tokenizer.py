@@ -3,6 +3,7 @@
 named configs without a checkpoint, a byte-level fallback."""
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -12,6 +13,14 @@ from onekernel.errors import InputError, ModelFileError
 # End-of-turn tokens of the supported chat templates (SmolLM2/Qwen3 ChatML, Llama 3); added to
 # `eos_token_ids` when the vocabulary has them, so instruct models stop at the end of their turn.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|endoftext|>")
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, reversed: the character a piece uses for each byte -> that byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    moved = [b for b in range(256) if b not in keep]
+    return {**{chr(b): b for b in keep}, **{chr(256 + n): b for n, b in enumerate(moved)}}
 
 
 def _one_line(e: Exception, limit: int = 300) -> str:
@@ -104,6 +113,27 @@ class Tokenizer:
             raw = b"".join(bytes([i]) if 0 <= i < 256 else "\ufffd".encode() for i in ids)
             return raw.decode("utf-8", errors="replace")
         return self._hf.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, ids) -> list[bytes]:
+        """The bytes each token id stands for on its own: a byte-level BPE piece may be part of a UTF-8 character
+        (which ``decode`` shows as U+FFFD), so two ids can decode alike but never have the same bytes. A special
+        token gives its text's UTF-8 (``<|im_end|>``), an id outside the vocabulary b""."""
+        ids = [int(i) for i in ids]
+        if self._hf is None:
+            return [bytes([i]) if 0 <= i < 256 else b"" for i in ids]
+        byte_level = type(self._hf.backend_tokenizer.decoder).__name__ == "ByteLevel"
+        table, added = _gpt2_byte_decoder(), self._hf.added_tokens_decoder
+        out = []
+        for i, piece in zip(ids, self._hf.convert_ids_to_tokens(ids)):
+            if piece is None:
+                out.append(b"")
+            elif i not in added and byte_level and all(c in table for c in piece):
+                out.append(bytes(table[c] for c in piece))
+            elif i not in added and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(bytes([int(piece[3:5], 16)]))  # SentencePiece byte fallback
+            else:
+                out.append((piece if i in added else piece.replace("\u2581", " ")).encode())
+        return out
 
     def chat_plain(self, messages) -> list[int]:
         """Like ``chat``, but the message contents are plain text: a content that spells a special token (e.g.

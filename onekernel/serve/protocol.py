@@ -1,22 +1,22 @@
-"""OpenAI request bodies (pydantic, strict JSON types) and their checks -> an engine ``GenRequest``.
+"""OpenAI request bodies (pydantic, strict JSON types, finite numbers, no unknown fields) and ``ApiError``.
 
-Unknown fields are ignored (as the OpenAI API and vLLM do). Each bad field raises ``ApiError`` (HTTP 400, or 404
-for an unknown model) naming the field in ``param``; the app turns it into an OpenAI-style error body.
-Extensions (vLLM's names): ``top_k``, ``stop_token_ids``, ``ignore_eos``, ``return_token_ids``.
+Every field of OpenAI's completions and chat completions requests is declared, so an unknown key is a 400 that
+names it (as OpenAI's own API answers "Unrecognized request argument"); each field's ``description`` says what
+it takes, in the words the 400 for a bad value uses (``invalid.py``). Fields this server cannot honour are
+accepted only at their harmless values (``unsupported.py``); ``null`` means the default everywhere, as in
+OpenAI's API. Extensions (vLLM's names): ``top_k``, ``stop_token_ids``, ``ignore_eos``, ``return_token_ids``.
+Union-typed fields (``prompt``, ``stop``, a message's ``content``) are checked by hand (``checks.py``), so their
+errors name the field, not pydantic's union members.
 """
 from __future__ import annotations
 
-import secrets
-from typing import Literal
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from onekernel.errors import InputError
-from onekernel.runtime.sampling import SamplingParams
-from onekernel.serve.engine import GenRequest
+from onekernel.models.random_init import SEED_RANGE
 
 MAX_STOP = 4  # stop strings per request, as OpenAI's API allows
 MAX_TOP_LOGPROBS = 20
+FLAG = "true or false, or null"
 
 
 class ApiError(Exception):
@@ -28,139 +28,90 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
     def body(self) -> dict:
+        """The response body: ``{"error": {"message", "type", "param", "code"}}``."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+def _f(default, what: str, **limits):
+    return Field(default, description=what, **limits)
 
 
-class StreamOptions(_Strict):
-    include_usage: bool = False
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
-class _Common(_Strict):
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    seed: int | None = Field(None, ge=0, lt=2 ** 63)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    return_token_ids: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` honoured; ``include_obfuscation`` accepted (nothing is padded)."""
+    include_usage: bool | None = _f(None, FLAG)
+    include_obfuscation: bool | None = _f(None, FLAG)
+
+
+class ChatMessage(_Body):
+    """One message. ``content`` and the fields of an assistant message sent back (``refusal``, ``tool_calls``,
+    ``function_call``, ``audio``: accepted empty) are checked in ``checks.py``."""
+    role: str = _f(..., 'one of "system", "developer", "user", "assistant"')
+    content: JsonValue = _f(None, 'a string or a list of text parts ({"type": "text", "text": "..."})')
+    name: str | None = _f(None, "a string")
+    refusal: str | None = _f(None, "null")
+    tool_calls: list[JsonValue] | None = _f(None, "an empty list or null")
+    function_call: JsonValue = _f(None, "null")
+    audio: JsonValue = _f(None, "null")
+    tool_call_id: str | None = _f(None, "null")
+
+
+class _Common(_Body):
+    model: str | None = _f(None, "a string: the served model's id (GET /v1/models)")
+    max_tokens: int | None = _f(None, "an integer >= 1, or null", ge=1)
+    temperature: float | None = _f(None, "a number from 0 to 2 (0: greedy), or null", ge=0.0, le=2.0)
+    top_p: float | None = _f(None, "a number greater than 0 and at most 1, or null", gt=0.0, le=1.0)
+    top_k: int | None = _f(None, "an integer >= -1 (-1 or 0: no limit), or null", ge=-1)
+    seed: int | None = _f(None, f"an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, or null",
+                          ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stop: JsonValue = _f(None, f"a string or a list of up to {MAX_STOP} strings, or null")
+    stop_token_ids: list[int] | None = _f(None, "a list of token ids (integers), or null")
+    n: int | None = _f(None, "the integer 1, or null")
+    stream: bool | None = _f(None, FLAG)
+    stream_options: StreamOptions | None = _f(None, 'an object such as {"include_usage": true}, or null')
+    ignore_eos: bool | None = _f(None, FLAG)
+    return_token_ids: bool | None = _f(None, FLAG)
+    presence_penalty: float | None = _f(None, "a number from -2 to 2 (only 0 is supported), or null", ge=-2, le=2)
+    frequency_penalty: float | None = _f(None, "a number from -2 to 2 (only 0 is supported), or null", ge=-2, le=2)
+    logit_bias: dict[str, float] | None = _f(None, "an object of token id -> number (only {} is supported)")
+    user: str | None = _f(None, "a string (an end-user id; not used)")
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    """``POST /v1/completions``."""
+    prompt: JsonValue = _f(..., "a string, a list of token ids, or a list holding one of either")
+    logprobs: int | None = _f(None, f"an integer from 0 to {MAX_TOP_LOGPROBS}, or null", ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool | None = _f(None, "false or null (echo is not supported)")
+    suffix: str | None = _f(None, "null (suffix is not supported)")
+    best_of: int | None = _f(None, "the integer 1, or null")
 
 
 class ChatRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-
-
-def _unsupported(req: _Common) -> None:
-    if req.n != 1:
-        raise ApiError(f"n must be 1 (one choice per request), got {req.n}", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise ApiError(f"{name} is not supported; leave it at 0", param=name)
-    if req.logit_bias:
-        raise ApiError("logit_bias is not supported", param="logit_bias")
-    for name in ("echo", "suffix", "best_of"):
-        if getattr(req, name, None) not in (None, False, 1):
-            raise ApiError(f"{name} is not supported", param=name)
-
-
-def _stops(req: _Common, vocab_size: int) -> tuple[tuple[str, ...], frozenset[int]]:
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > MAX_STOP:
-        raise ApiError(f"at most {MAX_STOP} stop strings are allowed, got {len(stop)}", param="stop")
-    if any(not s for s in stop):
-        raise ApiError("a stop string is empty; every stop string needs at least one character", param="stop")
-    ids = list(req.stop_token_ids or [])
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ApiError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
-                       param="stop_token_ids")
-    return tuple(stop), frozenset(ids)
-
-
-def completion_prompt(req: CompletionRequest, tokenizer, vocab_size: int) -> list[int]:
-    """The prompt's token ids: a string, a list of ids, or a list of one of either."""
-    p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-        if len(p) != 1:
-            raise ApiError(f"one prompt per request is supported, got a list of {len(p)}", param="prompt")
-        p = p[0]
-    ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
-    if not ids or (isinstance(p, str) and not p):
-        raise ApiError("the prompt is empty; give at least one token of text", param="prompt")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ApiError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})", param="prompt")
-    return ids
-
-
-def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
-    """The chat template applied to the messages, their contents kept as plain text (``Tokenizer.chat_plain``)."""
-    msgs = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-             else "".join(part.text for part in m.content)} for m in req.messages]
-    if not any(m["content"] for m in msgs):
-        raise ApiError("every message is empty; give some text", param="messages")
-    try:
-        return tokenizer.chat_plain(msgs)
-    except InputError as e:
-        raise ApiError(str(e), param="messages") from None
-
-
-def to_gen_request(req: _Common, prompt_ids: list[int], max_tokens: int | None, context: int,
-                   vocab_size: int, top_logprobs: int | None) -> GenRequest:
-    """Check the common fields against the context (``context`` positions) and build the engine's request.
-    ``max_tokens`` None: up to the context. Raises ApiError."""
-    _unsupported(req)
-    stop, stop_ids = _stops(req, vocab_size)
-    room = context - len(prompt_ids)
-    if room < 1:
-        raise ApiError(f"the prompt has {len(prompt_ids)} tokens, which fills the context of {context}; shorten "
-                       f"it", param="prompt" if hasattr(req, "prompt") else "messages",
-                       code="context_length_exceeded")
-    if max_tokens is not None and max_tokens > room:
-        n = len(prompt_ids)
-        raise ApiError(f"the prompt has {n} token{'s' * (n != 1)} and max_tokens is {max_tokens}: "
-                       f"{len(prompt_ids) + max_tokens} positions, over the context of {context}; lower max_tokens "
-                       f"to at most {room}", param="max_tokens", code="context_length_exceeded")
-    seed = req.seed if req.seed is not None else secrets.randbits(63)
-    try:
-        sampling = SamplingParams(req.temperature, None if req.top_k in (None, -1) else req.top_k, req.top_p, seed)
-    except InputError as e:
-        raise ApiError(str(e).replace(" (--temperature)", "").replace(" (--top-k)", ""),
-                       param="temperature" if "temperature" in str(e) else "top_k") from None
-    return GenRequest(prompt_ids, max_tokens or room, sampling, stop, stop_ids, req.ignore_eos, top_logprobs)
+    """``POST /v1/chat/completions``."""
+    messages: list[ChatMessage] = _f(..., "a list of at least one message ({\"role\": ..., \"content\": ...})",
+                                     min_length=1)
+    max_completion_tokens: int | None = _f(None, "an integer >= 1, or null", ge=1)
+    logprobs: bool | None = _f(None, FLAG)
+    top_logprobs: int | None = _f(None, f"an integer from 0 to {MAX_TOP_LOGPROBS}, or null", ge=0,
+                                  le=MAX_TOP_LOGPROBS)
+    tools: list[JsonValue] | None = _f(None, "an empty list or null (tools are not supported)")
+    tool_choice: JsonValue = _f(None, '"none", "auto" or null (tools are not supported)')
+    parallel_tool_calls: bool | None = _f(None, FLAG)
+    functions: list[JsonValue] | None = _f(None, "an empty list or null (functions are not supported)")
+    function_call: JsonValue = _f(None, '"none", "auto" or null (functions are not supported)')
+    response_format: JsonValue = _f(None, '{"type": "text"} or null')
+    modalities: list[str] | None = _f(None, '["text"] or null')
+    audio: JsonValue = _f(None, "null (audio output is not supported)")
+    prediction: JsonValue = _f(None, "null (predicted outputs are not supported)")
+    reasoning_effort: JsonValue = _f(None, "null (the model has no reasoning setting)")
+    verbosity: JsonValue = _f(None, "null (the model has no verbosity setting)")
+    web_search_options: JsonValue = _f(None, "null (web search is not supported)")
+    store: bool | None = _f(None, "false or null (nothing is stored)")
+    metadata: dict[str, str] | None = _f(None, "an object of string -> string (tags; not used)")
+    service_tier: str | None = _f(None, '"auto", "default" or null')
+    prompt_cache_key: str | None = _f(None, "a string (a caching hint; not used)")
+    prompt_cache_retention: str | None = _f(None, "a string (a caching hint; not used)")
+    safety_identifier: str | None = _f(None, "a string (an end-user id; not used)")
