@@ -12,7 +12,7 @@ from pathlib import Path
 from onekernel.cli_tp import add_tp_argument
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
-from onekernel.ops.tiling import MAX_BATCH
+from onekernel.ops.tiling import GEMV_PATHS, MAX_BATCH
 
 
 def _add_model(p: argparse.ArgumentParser, batch_help: str, weights: bool = True) -> None:
@@ -126,7 +126,8 @@ def _run_profile(args) -> int:
     return 0
 
 
-BENCH_MODES = ("torch", "torch+graph", "torch+compile", *GPU_MODES, "megakernel-triton")
+BASELINE_MODES = ("torch", "torch+graph", "torch+compile")
+BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton")
 
 
 def _add_bench(p):
@@ -140,6 +141,9 @@ def _add_bench(p):
     p.add_argument("--variants", default=None, metavar="A,B",
                    help="with --study: only these variants (default all; a wrong name lists the valid ones)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
+    p.add_argument("--gemv", choices=GEMV_PATHS, default=None,
+                   help="GEMV path of every onekernel mode: fma (CUDA cores) or mma (tensor cores, the batch padded "
+                        "to 16); default: the model's")
     add_tp_argument(p)
 
 
@@ -179,8 +183,12 @@ def _run_bench(args) -> int:
 
     batches, modes = _bench_args(args)
     if args.tp != 1:
+        if args.gemv is not None:
+            raise InputError("--gemv selects the GEMV path of the Triton modes; --tp runs the PyTorch ones")
         from onekernel.cli_tp import run_bench_tp
         return run_bench_tp(args, batches, lambda cfg: _context(args, cfg), args.modes != ",".join(BENCH_MODES))
+    if args.gemv is not None and args.study:
+        raise InputError("--gemv applies to the bench's modes; the --study variants use the model's default path")
     if args.variants is not None and not args.study:
         raise InputError("--variants selects study variants; add --study, or use --modes for the bench")
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
@@ -201,6 +209,9 @@ def _run_bench(args) -> int:
     if only is not None:  # a subset never overwrites the full study's files
         stem += "-" + hashlib.sha1(",".join(sorted(only)).encode()).hexdigest()[:6]
     partial: list[dict] = []
+    opts = {m: {"gemv": args.gemv} for m in modes if m not in BASELINE_MODES} if args.gemv else None
+    if args.gemv:  # the two paths' records must not overwrite each other
+        stem += f"-{args.gemv}"
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):
@@ -221,7 +232,7 @@ def _run_bench(args) -> int:
             records = []
             with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
                 for b in batches:
-                    records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps,
+                    records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps, options=opts,
                                            progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"))
     records = [{**meta, **r} for r in records]
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))

@@ -7,6 +7,7 @@
 #    (gpu_suite.py real); `onekernel bench` and `--study` on it.
 # 20 (kind nvidia-h200-x2): tensor parallel, TP=2 checks and `bench --tp 2` (issue 13).
 # Calls 3-11 (sessions 2-5) are in docs/GPU-RUNS.md and in git history (`git show ab8f7cd:scripts/gpu_call.sh`).
+# 21: the tensor-core GEMV path (issue 12 item 1): its GPU tests, invariance, per-op times, bench (carry .whl).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -109,9 +110,10 @@ case "$1" in
     ;;
 17|17a|17b) # session 7, final commit. On nvidia-h200-x2, one call: every compile cache warmed in parallel
     # processes over both GPUs, with the GPU checks; then Llama-3.2-1B on GPU 0 and Llama-3.1-8B on GPU 1 at the
-    # same time (one process per GPU, 32 host cores), then the serving benchmark (GPU 0) and the stream profile
-    # (GPU 1). On one H200, two calls back to back (the machine and its caches stay warm between them): 17a =
-    # warm-up, checks and Llama-3.2-1B; 17b = Llama-3.1-8B, serving benchmark, stream profile.
+    # same time (one process per GPU, 32 host cores), then the serving benchmark (GPU 0) and the per-op GEMV
+    # times of both GEMV paths (GPU 1). On one H200, two calls back to back (the machine and its caches stay
+    # warm between them): 17a = warm-up, checks and Llama-3.2-1B; 17b = Llama-3.1-8B, serving benchmark,
+    # per-op GEMV times.
     G1=1; [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || G1=0
     part=${1#17}
     warm() { local gpu=$1 name=$2; shift 2; (timeout 200 env CUDA_VISIBLE_DEVICES=$gpu python3 -m onekernel.cli bench \
@@ -143,7 +145,7 @@ case "$1" in
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py qwen3-0.6b \
             --out "$W/inv-q.json" >"$W/inv-q.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
-            -p no:cacheprovider >"$W/stream-test.log" 2>&1) &
+            tests/test_mma_gpu.py -p no:cacheprovider >"$W/stream-test.log" 2>&1) &
         wait
         log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 8 benches finished"
         tail -n 4 "$W/stream-test.log" | tee -a "$OUT/log.txt"
@@ -163,8 +165,7 @@ case "$1" in
         (step 120 serve env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.bench.serve --model smollm2-135m \
             --random-weights --modes megakernel,graph,pdl --out "$W/serve" --server-timeout 100) &
         [ "$G1" = 1 ] || wait
-        (step 60 profile-1b env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/stream_profile.py --model llama-3.2-1b \
-            --out "$W/profile") &
+        (step 100 mma-ops env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/mma_ops.py --out "$W/mma-ops.json") &
         wait
     fi
     ;;
@@ -186,6 +187,32 @@ case "$1" in
     mkdir -p "$W/bench"
     step 90 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8
     step 120 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8
+    ;;
+21) # issue 12 item 1, the tensor-core GEMV path (gemv=mma), ~5-6 min (the limits add up to 8.5). Phase 1, in
+    # parallel (checks and compiles, no timings): the bf16 MMA op tests (vs reference and the CUDA-core path,
+    # bitwise B=5 vs B=1); bitwise batch invariance with gemv=mma at B=2,8,16 in eager/graph/pdl/Triton
+    # megakernel (Llama-3.2-1B); the bench's kernels of both models warmed. Phase 2, one at a time on the idle
+    # GPU: per-op GEMV time of both paths at B=1,8,16 (Llama-3.2-1B, Llama-3.1-8B shapes), then
+    # `onekernel bench --gemv mma --batch 1,8,16` on both models.
+    M3="--modes graph,pdl,megakernel-triton --batch 1,8,16 --random-weights"
+    warm() { local name=$1; shift; (timeout 170 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    log "phase 1: checks and warm-up, 5 processes"
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -p no:cacheprovider \
+        >"$W/mma-test.log" 2>&1) &
+    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
+        --modes eager,graph,pdl,megakernel/triton --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
+    warm 1b-mma --model llama-3.2-1b --gemv mma $M3
+    warm 8b-mma --model llama-3.1-8b --gemv mma $M3
+    warm fma --model llama-3.2-1b --gemv fma --modes graph --batch 1,8,16 --random-weights
+    wait
+    tail -n 3 "$W/mma-test.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W/inv-1b-mma.log" | cut -c1-200 | tee -a "$OUT/log.txt"
+    mkdir -p "$W/bench"
+    step 130 mma-ops python3 scripts/mma_ops.py --out "$W/mma-ops.json"
+    grep " x batch 1" "$W/mma-ops.log" | tee -a "$OUT/log.txt"
+    step 80 bench-1b-mma $bench/bench --model llama-3.2-1b --gemv mma $M3
+    step 110 bench-8b-mma $bench/bench --model llama-3.1-8b --gemv mma $M3
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

@@ -1,9 +1,11 @@
 """Bitwise batch invariance on the GPU (issue 12): row r of a batch-B step equals a batch-1 step of row r alone.
 
-    python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel] [--out F]
+    python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel] [--gemv mma]
+                                             [--out F]
 
 Random weights (bf16), random KV cache and positions, two steps per run (``gpu_full.batch_invariance_check``);
 a mode written ``megakernel/triton`` passes ``backend="triton"`` (the Triton megakernel, not the streaming one);
+``--gemv`` picks the GEMV path (fma: CUDA cores, mma: tensor cores; default: the model's, recorded as None);
 prints one JSON line per (mode, batch) and writes them all to ``--out``.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     ap.add_argument("--batches", default="2,8,16")
     ap.add_argument("--modes", default="eager,graph,pdl,megakernel,megakernel/triton",
                     help="comma-separated; MODE/BACKEND picks the megakernel backend")
+    ap.add_argument("--gemv", choices=("fma", "mma"), default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     import torch
@@ -39,10 +42,12 @@ def main() -> None:
             try:
                 name, _, backend = mode.partition("/")
                 opts = {"backend": backend} if backend else {}
-                rec = {"model": a.model, "mode": mode, "batch": b,
+                if a.gemv:
+                    opts["gemv"] = a.gemv
+                rec = {"model": a.model, "mode": mode, "batch": b, "gemv": a.gemv,
                        **batch_invariance_check(m, name, batch=b, **opts)}
             except Exception as e:  # noqa: BLE001 (recorded, the next case runs)
-                rec = {"model": a.model, "mode": mode, "batch": b, "error": f"{type(e).__name__}: {e}"[:300]}
+                rec = {"model": a.model, "mode": mode, "batch": b, "gemv": a.gemv, "error": f"{type(e).__name__}: {e}"[:300]}
             rec["s"] = round(time.perf_counter() - t0, 1)
             print(json.dumps(rec), flush=True)
             recs.append(rec)

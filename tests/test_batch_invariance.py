@@ -49,55 +49,55 @@ D, K_BIG = 80, 600  # K_BIG > 512 -> two BLOCK_K chunks, the last one partial
 SMALL = Tiling(n_sm=2)
 
 
-def b_gemv_residual(B):
+def b_gemv_residual(B, gemv="fma", dt=F32):
     N, K = 40, K_BIG
-    g, (x, w, res) = _graph([("x", (B, K), F32, "activation"), ("w", (N, K), F32, "weight"),
-                             ("res", (B, N), F32, "activation")])
-    add_gemv_residual(g, "o", x, w, res, tiling=SMALL)
+    g, (x, w, res) = _graph([("x", (B, K), dt, "activation"), ("w", (N, K), dt, "weight"),
+                             ("res", (B, N), dt, "activation")])
+    add_gemv_residual(g, "o", x, w, res, tiling=SMALL, gemv=gemv)
     return g
 
 
-def b_gate_up(B):
+def b_gate_up(B, gemv="fma", dt=F32):
     Fd, K = 48, K_BIG
-    g, (x, nw, w) = _graph([("x", (B, K), F32, "activation"), ("nw", (K,), F32, "weight"),
-                            ("w", (2 * Fd, K), F32, "weight")])
-    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=SMALL)
+    g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
+                            ("w", (2 * Fd, K), dt, "weight")])
+    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=SMALL, gemv=gemv)
     return g
 
 
-def _b_qkv(B, qk_norm):
+def _b_qkv(B, qk_norm, gemv, dt):
     HQ, HKV, HD, S = 4, 2, 32, 64
     NH = HQ + 2 * HKV
     g, (x, nw, w, inv, sl, qn, kn, kc, vc) = _graph([
-        ("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
-        ("w", (NH * HD, K_BIG), F32, "weight"), ("inv", (HD // 2,), F32, "weight"),
-        ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), F32, "weight"),
-        ("kn", (HD,), F32, "weight"), ("kc", (B, HKV, S, HD), F32, "kv"), ("vc", (B, HKV, S, HD), F32, "kv")])
+        ("x", (B, K_BIG), dt, "activation"), ("nw", (K_BIG,), dt, "weight"),
+        ("w", (NH * HD, K_BIG), dt, "weight"), ("inv", (HD // 2,), F32, "weight"),
+        ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), dt, "weight"),
+        ("kn", (HD,), dt, "weight"), ("kc", (B, HKV, S, HD), dt, "kv"), ("vc", (B, HKV, S, HD), dt, "kv")])
     norms = {"qn": qn, "kn": kn} if qk_norm else {}
-    add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=1e-6, **norms)
+    add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=1e-6, gemv=gemv, **norms)
     return g
 
 
-def b_qkv_llama(B):
-    return _b_qkv(B, False)
+def b_qkv_llama(B, gemv="fma", dt=F32):
+    return _b_qkv(B, False, gemv, dt)
 
 
-def b_qkv_qwen3(B):
-    return _b_qkv(B, True)
+def b_qkv_qwen3(B, gemv="fma", dt=F32):
+    return _b_qkv(B, True, gemv, dt)
 
 
-def b_lm_head(B):
+def b_lm_head(B, gemv="fma", dt=F32):
     V = 100
-    g, (x, nw, w) = _graph([("x", (B, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
-                            ("w", (V, K_BIG), F32, "weight")])
-    add_lm_head(g, "lm_head", x, nw, w, eps=1e-5, tiling=SMALL)
+    g, (x, nw, w) = _graph([("x", (B, K_BIG), dt, "activation"), ("nw", (K_BIG,), dt, "weight"),
+                            ("w", (V, K_BIG), dt, "weight")])
+    add_lm_head(g, "lm_head", x, nw, w, eps=1e-5, tiling=SMALL, gemv=gemv)
     return g
 
 
-def _b_partials(B):
+def _b_partials(B, dt=F32):
     """attn_partial over a 160-position cache (default split: 3 splits of 64; random seq_lens: empty splits)."""
-    g, (q, kc, vc, sl) = _graph([("q", (B, 8, 16), F32, "activation"), ("kc", (B, 2, 160, 16), F32, "kv"),
-                                 ("vc", (B, 2, 160, 16), F32, "kv"), ("seq_lens", (B,), torch.int32, "input")])
+    g, (q, kc, vc, sl) = _graph([("q", (B, 8, 16), dt, "activation"), ("kc", (B, 2, 160, 16), dt, "kv"),
+                                 ("vc", (B, 2, 160, 16), dt, "kv"), ("seq_lens", (B,), torch.int32, "input")])
     return g, add_attn_partial(g, "attn", q, kc, vc, sl)
 
 
@@ -107,13 +107,13 @@ def b_attention(B):
     return g
 
 
-def b_oproj_merge(B):
+def b_oproj_merge(B, gemv="fma", dt=F32):
     """The partials, then the fused merge + O-projection, K = 8*16 = 128 in 4 chunks of 32, 2 splits per
     partials tile."""
-    g, (o_part, lse_part) = _b_partials(B)
-    w = g.add_buffer("w", (40, 128), F32, "weight")
-    res = g.add_buffer("res", (B, 40), F32, "activation")
-    add_oproj_merge(g, "o", o_part, lse_part, w, res, tiling=SMALL, blocks={"BLOCK_K": 32, "CH": 2})
+    g, (o_part, lse_part) = _b_partials(B, dt)
+    w = g.add_buffer("w", (40, 128), dt, "weight")
+    res = g.add_buffer("res", (B, 40), dt, "activation")
+    add_oproj_merge(g, "o", o_part, lse_part, w, res, tiling=SMALL, gemv=gemv, blocks={"BLOCK_K": 32, "CH": 2})
     return g
 
 
@@ -142,7 +142,7 @@ def _inputs(g, gen):
     t = {}
     for name, b in g.buffers.items():
         if name in written and b.kind != "kv":
-            t[name] = torch.full(b.shape, float("nan")) if b.dtype.is_floating_point else \
+            t[name] = torch.full(b.shape, float("nan"), dtype=b.dtype) if b.dtype.is_floating_point else \
                 torch.full(b.shape, -1, dtype=b.dtype)
         elif name == "seq_lens":
             S = next(bb.shape[-2] for n, bb in g.buffers.items() if bb.kind == "kv")
@@ -150,9 +150,9 @@ def _inputs(g, gen):
         elif name == "tokens":
             t[name] = torch.randint(0, g.buffers["table"].shape[0], b.shape, generator=gen, dtype=torch.int32)
         elif name in ("nw", "qn", "kn"):
-            t[name] = 1 + 0.1 * torch.randn(b.shape, generator=gen)
+            t[name] = (1 + 0.1 * torch.randn(b.shape, generator=gen)).to(b.dtype)
         else:
-            t[name] = torch.randn(b.shape, generator=gen) * (0.2 if b.kind == "weight" else 1.0)
+            t[name] = (torch.randn(b.shape, generator=gen) * (0.2 if b.kind == "weight" else 1.0)).to(b.dtype)
     return t
 
 
@@ -162,11 +162,13 @@ def _run(g, t):
     return t
 
 
-def _check_rows(builder, B, rows, seed):
+def _check_rows(builder, B, rows, seed, **kw):
+    """Row r (of ``rows``) of a batch-B launch equals a batch-1 launch of row r, bitwise; kw: the builder's
+    options (gemv)."""
     gen = torch.Generator().manual_seed(seed)
-    gb = builder(B)
+    gb = builder(B, **kw)
     tb = _inputs(gb, gen)
-    g1 = builder(1)
+    g1 = builder(1, **kw)
     # the batch-1 runs get row r's inputs (weights shared); fresh poisoned outputs
     singles = {}
     for r in rows:
@@ -196,6 +198,21 @@ def test_op_row_matches_batch1_b16(builder):
 
 def test_oproj_merge_every_row_of_b3_matches_batch1():
     _check_rows(b_oproj_merge, 3, (0, 1, 2), seed=3)
+
+
+# Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).
+MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_oproj_merge]
+
+
+def test_every_gemv_kind_has_an_mma_builder():
+    """Every op kind with an MMA switch is checked on that path below."""
+    covered = {op.kind.name for b in MMA_BUILDERS for op in b(2, gemv="mma").ops if op.params.get("MMA")}
+    assert covered == {k.name for k in OP_KINDS if "MMA" in k.consts}
+
+
+@pytest.mark.parametrize("builder", MMA_BUILDERS, ids=[b.__name__[2:] for b in MMA_BUILDERS])
+def test_mma_op_row_matches_batch1(builder):
+    _check_rows(builder, 5, ROWS, seed=zlib.crc32(builder.__name__.encode()) + 1, gemv="mma")
 
 
 def test_decode_step_tiny_b4_row_matches_b1():

@@ -35,6 +35,19 @@ def _poison(r):
 @pytest.mark.parametrize("mode", ["eager", "megakernel"])
 @pytest.mark.parametrize("name,batch", [("tiny", 1), ("tiny", 3), ("tiny-qwen3", 2)])
 def test_mode_matches_reference(mode, name, batch, seed):
+    _check_against_reference(mode, name, batch, seed)
+
+
+@pytest.mark.parametrize("mode,name,batch", [("eager", "tiny", 3), ("megakernel", "tiny-qwen3", 2)])
+def test_mma_gemv_matches_reference(mode, name, batch, seed):
+    """The whole decode step with every GEMV on the tensor-core path (gemv="mma"): the separate kernels, and the
+    megakernel's generated dispatch with the MMA variants (Qwen3's q/k norm included)."""
+    _check_against_reference(mode, name, batch, seed, gemv="mma")
+
+
+def _check_against_reference(mode, name, batch, seed, **options):
+    """Three steps of ``mode`` (runner ``options``) against the reference runner from the same cache: logits,
+    greedy tokens and the K/V written."""
     model, cache, g = _setup(name, batch, seed)
     snap = (cache.k.clone(), cache.v.clone(), cache.seq_lens.clone())
     tokens = torch.randint(0, model.config.vocab_size, (3, batch), generator=g, dtype=torch.int32)
@@ -45,7 +58,8 @@ def test_mode_matches_reference(mode, name, batch, seed):
         want.append((lg.clone(), nt.clone(), cache.k.clone(), cache.v.clone()))
         cache.seq_lens += 1
     cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
-    r = make_step_runner(mode, model, cache, interpret=True)
+    r = make_step_runner(mode, model, cache, interpret=True, **options)
+    assert r.bound.graph.meta["gemv"] == options.get("gemv", "fma")
     for t, (lg_w, nt_w, k_w, v_w) in zip(tokens, want):
         _poison(r)
         lg, nt = r.step(t)

@@ -2,8 +2,8 @@
 
 Every op is launched with ``launch_op`` (one program per tile) on fresh random fp32 inputs, outputs poisoned
 with NaN first; every element is compared to (a) the op's PyTorch reference and (b) a plain formula written
-here. Shapes are awkward on purpose: N and K not multiples of the tile, batch 1 (CUDA-core path), 3 and 16
-(tl.dot path).
+here. Shapes are awkward on purpose: N and K not multiples of the tile, batch 1, 3 and 16 (the CUDA-core
+path; the tensor-core path: tests/test_ops_mma.py).
 """
 import dataclasses
 import os

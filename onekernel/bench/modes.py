@@ -1,6 +1,7 @@
 """Per-step decode latency of every mode on one model, batch and context, in one process.
 
-Each record: model, batch, context, mode, runner (the class that ran it: the megakernel's backend), ms_per_step (median of ``steps`` CUDA-event-timed steps after
+Each record: model, batch, context, mode, runner (the class that ran it: the megakernel's backend), gemv (the
+GEMV path of a onekernel mode's graph: "fma" CUDA cores or "mma" tensor cores; None for PyTorch), ms_per_step (median of ``steps`` CUDA-event-timed steps after
 warm-up), p10/p90, tokens_per_s, floor_ms (weight + KV bytes / copy bandwidth measured in the same run),
 pct_of_floor (floor / measured, %), ratio_to_torch_graph (measured / PyTorch + CUDA graph), and a correctness
 check of the mode's first step against the PyTorch reference step on the same input: rel_err_vs_torch (relative
@@ -91,6 +92,8 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
             opts = dict((options or {}).get(mode, {}))
             r = make_bench_runner(mode, model, cache, **opts)
             rec["runner"] = type(r).__name__
+            bound = getattr(r, "bound", None)  # the BoundStep of a onekernel runner
+            rec["gemv"] = bound.graph.meta.get("gemv") if bound is not None else None
             lg, nt = r.step(tokens)
             r.check()
             rec.update(rel_err_vs_torch=float((lg.float() - ref_logits.float()).norm() / ref_logits.float().norm()),

@@ -26,11 +26,13 @@ from onekernel.runtime.runners import make_step_runner
 GEMV_KINDS = ("qkv_rope", "oproj_merge", "gemv_residual", "gate_up", "lm_head")  # those with a weight "w"
 
 
-def gemv_bandwidth(model, name: str, bw_gbs: float, batch: int = 1, context: int = 512) -> list[dict]:
-    """One record per (op kind, shape): model, kind, N x K, tiles, us per op, GB/s, % of copy bandwidth."""
+def gemv_bandwidth(model, name: str, bw_gbs: float, batch: int = 1, context: int = 512,
+                   gemv: str | None = None) -> list[dict]:
+    """One record per (op kind, shape): model, batch, gemv (the path: "fma" CUDA cores, "mma" tensor cores;
+    None asks for the model's default), kind, N x K, tiles, us per op, GB/s, % of copy bandwidth."""
     cache = KVCache(model.config, batch, context, model.weights["tok_embeddings"].dtype, "cuda")
     cache.seq_lens.fill_(context - 1)
-    r = make_step_runner("eager", model, cache)
+    r = make_step_runner("eager", model, cache, gemv=gemv)
     r.step(torch.zeros(batch, dtype=torch.int32, device="cuda"))
     out = []
     for kind in GEMV_KINDS:
@@ -44,7 +46,7 @@ def gemv_bandwidth(model, name: str, bw_gbs: float, batch: int = 1, context: int
             ms = graph_median_ms(lambda: [launch_op(r.graph, o, r.tensors) for o in sel], inner=3, flush_l2=True)
             nbytes = sum(r.graph.tasks[t].bytes for o in sel for t in o.task_ids)
             gbs = nbytes / (ms * 1e-3) / 1e9
-            out.append({"model": name, "batch": batch, "kind": kind, "N": n, "K": k, "tiles": tiles,
+            out.append({"model": name, "batch": batch, "gemv": r.graph.meta["gemv"], "kind": kind, "N": n, "K": k, "tiles": tiles,
                         "ops": len(sel), "bytes_per_op": nbytes // len(sel), "us_per_op": 1e3 * ms / len(sel),
                         "GBps": gbs, "pct_of_copy": 100 * gbs / bw_gbs})
     return out

@@ -35,7 +35,7 @@ from onekernel.ops.gemv import GATE_UP, GEMV_RESIDUAL, add_gate_up, add_gemv_res
 from onekernel.ops.lm_head import ARGMAX, LM_HEAD, add_lm_head
 from onekernel.ops.oproj_merge import OPROJ_MERGE, add_oproj_merge
 from onekernel.ops.qkv import QKV_ROPE, add_qkv_rope
-from onekernel.ops.tiling import MAX_BATCH, Tiling
+from onekernel.ops.tiling import GEMV_PATHS, MAX_BATCH, Tiling
 
 # Every op kind a decode step is made of (the explicit list; nothing registers itself at import).
 OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP, LM_HEAD, ARGMAX)
@@ -82,25 +82,41 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
         raise InputError(f"max_seq_len={max_seq_len} must be >= 1")
 
 
+def default_gemv(cfg, dtype: torch.dtype) -> str:
+    """The GEMV path a model runs when none is asked for: a property of the model and its dtype, never of the
+    batch (a sequence's tokens must not depend on the batch it shares). "fma" for every model until the H200
+    measures "mma" (tensor cores) at least as fast at batch 1 (scripts/gpu_call.sh 21); fp32 models keep "fma"
+    in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores)."""
+    return "fma"
+
+
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
                  tiling: Tiling = Tiling(), fuse_merge: bool = False,
-                 residual: bool = True) -> tuple[Graph, dict, dict]:
+                 residual: bool = True, gemv: str | None = None) -> tuple[Graph, dict, dict]:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
     model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
     ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
     ``attn_merge`` + ``gemv_residual``; measured slower on the H200, so off by default (docs/DESIGN.md).
     ``residual``: False makes o_proj and down add zeros (``residual.zero``) in place of the residual stream
     (their output is then a partial sum a tensor-parallel all-reduce completes; see the module doc).
+    ``gemv``: "fma" (CUDA cores, ops/gemv_rows.py) or "mma" (tensor cores, ops/gemv_mma.py) for every GEMV op;
+    None takes ``default_gemv(cfg, dtype)``. Recorded in ``graph.meta["gemv"]``.
 
     Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
     the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
     graph's ``io`` meta names the tokens input and the logits / next_tokens outputs. Raises
-    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch."""
+    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch or an
+    unknown gemv path."""
     check_supported(cfg, batch, max_seq_len, dtype)
+    gemv = default_gemv(cfg, dtype) if gemv is None else gemv
+    if gemv not in GEMV_PATHS:
+        raise InputError(f"unknown gemv path {gemv!r}; choose one of {', '.join(GEMV_PATHS)} (CUDA cores or tensor "
+                         "cores), or None for the model's default")
     B, S, D, F, V, L = batch, max_seq_len, cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.n_layers
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
-    g.meta.update(model=cfg.name, batch=B, max_seq_len=S, dtype=dtype, tiling=tiling, fuse_merge=bool(fuse_merge))
+    g.meta.update(model=cfg.name, batch=B, max_seq_len=S, dtype=dtype, tiling=tiling, fuse_merge=bool(fuse_merge),
+                  gemv=gemv)
     wsrc: dict = {}
     csrc: dict = {}
 
@@ -132,21 +148,22 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
         qn, kn = (weight(p + "q_norm", (HD,)), weight(p + "k_norm", (HD,))) if cfg.qk_norm else (None, None)
         q = add_qkv_rope(g, f"qkv_rope.{i}", x, attn_norm, weight(p + "wqkv", ((HQ + 2 * HKV) * HD, D),
                                                                     (p + "wq", p + "wk", p + "wv")),
-                         inv_freq, seq_lens, k_cache, v_cache, eps=cfg.norm_eps, qn=qn, kn=kn, tiling=tiling)
+                         inv_freq, seq_lens, k_cache, v_cache, eps=cfg.norm_eps, qn=qn, kn=kn, tiling=tiling,
+                         gemv=gemv)
         o_part, lse_part = add_attn_partial(g, f"attn_partial.{i}", q, k_cache, v_cache, seq_lens,
                                             n_sm=tiling.n_sm)
         wo = weight(p + "wo", (D, HQ * HD))
         if fuse_merge:
-            h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, res(x), tiling=tiling)
+            h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, res(x), tiling=tiling, gemv=gemv)
         else:
             attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
-            h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, res(x), tiling=tiling)
+            h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, res(x), tiling=tiling, gemv=gemv)
         act = add_gate_up(g, f"gate_up.{i}", h, weight(p + "ffn_norm", (D,)),
                           weight(p + "w_gate_up", (2 * F, D), (p + "w_gate", p + "w_up")), eps=cfg.norm_eps,
-                          tiling=tiling)
-        x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), res(h), tiling=tiling)
+                          tiling=tiling, gemv=gemv)
+        x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), res(h), tiling=tiling, gemv=gemv)
     logits, next_tokens = add_lm_head(g, "lm_head", x, weight("norm", (D,)), weight("lm_head", (V, D)),
-                                      eps=cfg.norm_eps, tiling=tiling)
+                                      eps=cfg.norm_eps, tiling=tiling, gemv=gemv)
     g.meta["io"] = {"tokens": tokens.name, "logits": logits.name, "next_tokens": next_tokens.name}
     return g, wsrc, csrc
 
@@ -158,16 +175,15 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
 
 
 def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
-                      fuse_merge: bool = False, residual: bool = True) -> BoundStep:
+                      fuse_merge: bool = False, residual: bool = True, gemv: str | None = None) -> BoundStep:
     """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
     weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
     fused ``wqkv``/``w_gate_up`` are concatenated here, once. cache: a KV cache (``k``, ``v`` [L, B, Hkv, S, hd],
     ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
     ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
-    write shows. ``residual``: see ``decode_graph``. Raises InputError (a missing weight, a cache or weight of
-    the wrong shape),
-    UnsupportedModelError (see ``check_supported``)."""
+    write shows. tiling, fuse_merge, residual, gemv: as ``decode_graph``. Raises InputError (a missing weight, a
+    cache or weight of the wrong shape, an unknown gemv path), UnsupportedModelError (see ``check_supported``)."""
     if not isinstance(tiling, Tiling):
         raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
     L, B, HKV, S, HD = cache.k.shape
@@ -175,7 +191,7 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
                          f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
     g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge,
-                                 residual=residual)
+                                 residual=residual, gemv=gemv)
     dev = cache.k.device
     tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
                for name, src in wsrc.items()}

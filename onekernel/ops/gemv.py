@@ -2,7 +2,8 @@
 gate/up projection + SiLU*mul), built from the shared row blocks of ``ops.gemv_rows`` (numerics, batch
 invariance and compile-time notes there).
 
-Tile = BLOCK_N output rows for all B batch rows (see ops/tiling.py). The prologue loads the tile's first
+Tile = BLOCK_N output rows for all B batch rows (see ops/tiling.py); the ``MMA`` switch picks the tensor-core
+GEMV of ``ops.gemv_mma`` (BLOCK_B = 16) instead of the CUDA-core rows. The prologue loads the tile's first
 weight chunk (weights are ready before the step); the body reads activations (``.cg``) and streams the rest
 double-buffered: chunk k+1's load is issued before chunk k is reduced, so two chunks are in flight per CTA.
 """
@@ -14,6 +15,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.base import OpKind
+from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
 from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
@@ -22,17 +24,21 @@ from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost,
 # ----------------------------------------------------------------------------------------- gemv_residual
 @triton.jit
 def gemv_residual_prologue(tile, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n."""
+                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
+    """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n (MMA: on the
+    tensor cores, BLOCK_B = 16)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    acc = gemv_rows(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
+    if MMA:
+        acc = gemv_mma(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, False)
+    else:
+        acc = gemv_rows(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
     ob = tl.arange(0, BLOCK_B)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
@@ -48,18 +54,19 @@ def gemv_residual_reference(op: Op, t: dict) -> None:
 
 GEMV_RESIDUAL = OpKind(
     "gemv_residual", gemv_residual_prologue, gemv_residual_body, ("x", "w", "res", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, gemv_residual_reference)
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA"), 1, gemv_residual_reference)
 
 
 def add_gemv_residual(graph: Graph, name: str, x: Buffer, w: Buffer, res: Buffer, *, tiling: Tiling = Tiling(),
-                      blocks: dict | None = None) -> Buffer:
+                      gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, N] = res + x[B, K] @ w[N, K]^T`` (all model dtype) tiled over N; returns ``out``
-    (``{name}.out``). blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
+    (``{name}.out``). gemv: "fma" (CUDA cores) or "mma" (tensor cores; ops/tiling.py ``check_gemv``).
+    blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
     B, K = x.shape
     N = w.shape[0]
     es = w.nbytes // (N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling), **(blocks or {})}
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, gemv=gemv), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(n1 - n0, K, B, es, 2 * B * (n1 - n0) * es)
@@ -90,28 +97,55 @@ def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, BLOCK_B: tl.co
 
 
 @triton.jit
+def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(gate, up) fp32 [16, BLOCK_N] on the tensor cores (ops/gemv_mma.py ``gemv_mma`` with two weight
+    matrices): each normalized activation tile is made once and feeds both MMAs."""
+    ag = tl.zeros([BLOCK_N, COLS], tl.float32)
+    au = tl.zeros([BLOCK_N, COLS], tl.float32)
+    wg, wu = wg0, wu0
+    xv = load_xt(x, B, 0, K, BLOCK_K)
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_mma
+        ng = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        nu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
+        nx = load_xt(x, B, k0, K, BLOCK_K)
+        h = norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, True)
+        ag = mma_acc(ag, wg, h)
+        au = mma_acc(au, wu, h)
+        wg, wu, xv = ng, nu, nx
+    h = norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, True)
+    return tl.trans(mma_acc(ag, wg, h)), tl.trans(mma_acc(au, wu, h))
+
+
+@triton.jit
 def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
+                     MMA: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
+                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
+                 MMA: tl.constexpr):
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
-    w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n."""
+    w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n. MMA: on the tensor cores
+    (BLOCK_B = 16)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
-    z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    ag, au = z, z
-    wg, wu = wg0, wu0
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_rows_t
-        ng = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        nu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0 - BLOCK_K, B, BLOCK_B, K, BLOCK_K)
-        wg, wu = ng, nu
-    ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, last_chunk(K, BLOCK_K), B, BLOCK_B, K, BLOCK_K)
+    if MMA:
+        ag, au = gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B, N, K, BLOCK_N, BLOCK_K)
+    else:
+        z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+        ag, au = z, z
+        wg, wu = wg0, wu0
+        for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_rows_t
+            ng = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+            nu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
+            ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0 - BLOCK_K, B, BLOCK_B, K, BLOCK_K)
+            wg, wu = ng, nu
+        ag, au = gate_up_mac(ag, au, x, nw, rstd, wg, wu, last_chunk(K, BLOCK_K), B, BLOCK_B, K, BLOCK_K)
     dt = out.dtype.element_ty
     g = rnd(ag, dt)
     u = rnd(au, dt)
@@ -130,18 +164,18 @@ def gate_up_reference(op: Op, t: dict) -> None:
 
 GATE_UP = OpKind(
     "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 2, gate_up_reference)
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA"), 2, gate_up_reference)
 
 
 def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
-                tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+                tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
-    returns ``out`` (``{name}.out``)."""
+    returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``)."""
     B, K = x.shape
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), x.dtype, "activation")
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=MAX_TILE_ELEMS // 2),
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=MAX_TILE_ELEMS // 2, gemv=gemv),
          "EPS": float(eps), **(blocks or {})}
 
     def make(t, n0, n1):

@@ -22,8 +22,9 @@ Compile time (issue 12): the loops over the batch rows and over K are runtime lo
 not grow with B or K (it used to unroll B x K / BLOCK_K loads: minutes to compile at batch 8); only qkv's q/k
 norm (Qwen3) still unrolls the rows. Latency is kept where it was: the row loops load row b + 1's chunk before
 reducing row b's, the RMSNorm pass loads up to 4 rows at once, and at B = 1 the loops fold away (the same
-loads as before). No tensor cores: B=1 is the latency-critical case and keeps its 16-byte weight loads; the
-B-times CUDA-core FMA work of B > 1 is still cheap next to the weight stream for B <= 16.
+loads as before). This is the CUDA-core path (``gemv="fma"``): B FMAs per weight element, which made batch 8
+cost ~3x batch 1 on the H200; the tensor-core path (``gemv="mma"``, the same ops' ``MMA`` switch) is in
+ops/gemv_mma.py.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ lm_head, tile t = BLOCK_N vocab rows [t*BLOCK_N, ...) for all B rows (model dtyp
     pmax[b, t] = max_n logits[b, n],   pidx[b, t] = smallest n reaching it          (fp32 / int32 [B, T])
 argmax, one task: next_tokens[b] = pidx[b, t*] with t* the smallest t maximising pmax[b, t]; that is the
 smallest index of the row maximum, exactly ``torch.argmax`` (NaN logits are not handled).
-Batch invariance: the logits use the per-row GEMV of ops/gemv_rows.py (tiles independent of B); max/argmax are
+Batch invariance: the logits use the per-row GEMV of ops/gemv_rows.py or the tensor-core GEMV of ops/gemv_mma.py
+(``MMA``; tiles independent of B either way); max/argmax are
 exact (order-free, ties to the smallest index), so argmax's B-dependent BLOCK_T cannot change a result.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
+from onekernel.ops.gemv_mma import gemv_mma
 from onekernel.ops.gemv_rows import gemv_rows, load_w_chunk, rms_norm_ref, rms_rstd, rnd, tile_rows
 from onekernel.ops.tiling import Tiling, cdiv, gemv_blocks, gemv_cost, pow2_ceil, region, row_tiled_tasks
 
@@ -25,7 +27,7 @@ from onekernel.ops.tiling import Tiling, cdiv, gemv_blocks, gemv_cost, pow2_ceil
 @triton.jit
 def lm_head_prologue(tile, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EPS: tl.constexpr):
+                     EPS: tl.constexpr, MMA: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
@@ -33,10 +35,13 @@ def lm_head_prologue(tile, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.
 @triton.jit
 def lm_head_body(tile, w0, x, nw, w, logits, pmax, pidx, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EPS: tl.constexpr):
+                 EPS: tl.constexpr, MMA: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
-    acc = gemv_rows(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, True)
+    if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16
+        acc = gemv_mma(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, True)
+    else:
+        acc = gemv_rows(w0, x, nw, rstd, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, True)
     lg = rnd(acc, x.dtype.element_ty)
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
@@ -62,7 +67,7 @@ def lm_head_reference(op: Op, t: dict) -> None:
 
 LM_HEAD = OpKind(
     "lm_head", lm_head_prologue, lm_head_body, ("x", "nw", "w", "logits", "pmax", "pidx"),
-    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS"), 1, lm_head_reference)
+    ("B", "N", "K", "T", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA"), 1, lm_head_reference)
 
 
 @triton.jit
@@ -102,16 +107,17 @@ ARGMAX = OpKind("argmax", argmax_prologue, argmax_body, ("pmax", "pidx", "out"),
 
 
 def add_lm_head(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
-                tiling: Tiling = Tiling(), blocks: dict | None = None) -> tuple[Buffer, Buffer]:
+                tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> tuple[Buffer, Buffer]:
     """Append ``lm_head`` (op ``name``) and ``argmax`` (op ``{name}.argmax``); returns ``{name}.logits`` fp32
     [B, V] and ``{name}.next_tokens`` int32 [B] (outputs), with the partials ``{name}.pmax``/``.pidx`` as
-    scratch. blocks: tiling overrides (BLOCK_N, BLOCK_K of lm_head; BLOCK_T, tiles per argmax chunk)."""
+    scratch. gemv: "fma" | "mma" (CUDA or tensor cores, ops/tiling.py ``check_gemv``). blocks: tiling
+    overrides (BLOCK_N, BLOCK_K of lm_head; BLOCK_T, tiles per argmax chunk)."""
     B, K = x.shape
     N = w.shape[0]
     es = w.nbytes // (N * K)
     blocks = dict(blocks or {})
     block_t = blocks.pop("BLOCK_T", None)
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling), "EPS": float(eps), **blocks}
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, gemv=gemv), "EPS": float(eps), **blocks}
     T = p["T"] = cdiv(N, p["BLOCK_N"])
     logits = graph.add_buffer(f"{name}.logits", (B, N), torch.float32, "output")
     next_tokens = graph.add_buffer(f"{name}.next_tokens", (B,), torch.int32, "output")

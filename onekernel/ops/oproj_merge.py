@@ -25,8 +25,9 @@ Every tile re-reads all partials of its rows (from L2): cheap while they are sma
 models/decode_graph.py uses this op only below a partials-size threshold.
 Batch invariance: every per-row value is computed from [CH, BLOCK_K] / [BLOCK_K] tiles of that row alone (CH
 from NSPLIT and BLOCK_K, never from B), and the GEMV is
-``row_dot`` selected into a [BLOCK_B, BLOCK_N] accumulator (``mac_rows2d``'s pattern, ops/gemv_rows.py); tile
-shapes never depend on B, so row b's output is bitwise the same for every B.
+``row_dot`` selected into a [BLOCK_B, BLOCK_N] accumulator (``mac_rows2d``'s pattern, ops/gemv_rows.py), or
+with ``MMA`` the rows' merged chunks selected into a [16, BLOCK_K] tile for one tensor-core product per chunk
+(ops/gemv_mma.py); tile shapes never depend on B, so row b's output is bitwise the same for every B.
 The prologue loads only the tile's first weight chunk (weights are ready before the step); partials and the
 residual are activations, read in the body with ``cache_modifier=".cg"``.
 """
@@ -39,6 +40,7 @@ import triton.language as tl
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.attention import merge_partials
 from onekernel.ops.base import OpKind
+from onekernel.ops.gemv_mma import COLS, mma_acc
 from onekernel.ops.gemv_rows import last_chunk, load_w_chunk, rnd, row_dot, row_of, tile_rows
 from onekernel.ops.tiling import Tiling, gemv_blocks, region, row_tiled_tasks
 
@@ -99,7 +101,7 @@ def merge_chunk(o_part, lse_part, b, n_live, k0, K: tl.constexpr, HQ: tl.constex
 def oproj_merge_prologue(tile, o_part, lse_part, w, res, out, B: tl.constexpr, N: tl.constexpr,
                          K: tl.constexpr, HQ: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                          NSP2: tl.constexpr, CH: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         BLOCK_K: tl.constexpr, MMA: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
@@ -120,26 +122,61 @@ def oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0, B: tl.constexpr, BLOC
 
 
 @triton.jit
+def merged_tile(o_part, lse_part, n_live, k0, B: tl.constexpr, K: tl.constexpr, HQ: tl.constexpr,
+                HD: tl.constexpr, NSPLIT: tl.constexpr, CH: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
+    """The MMA path's activation tile: fp32 [16, BLOCK_K], row b < B = ``merge_chunk`` of row b (rows >= B are
+    0), each row selected in (no arithmetic across rows); n_live: int32 [16]."""
+    ob = tl.arange(0, COLS)
+    xt = tl.zeros([COLS, BLOCK_K], tl.float32)
+    for b in range(B):
+        xb = merge_chunk(o_part, lse_part, b, row_of(n_live, ob, b), k0, K, HQ, HD, NSPLIT, CH, BLOCK_K, dt)
+        xt = tl.where(ob[:, None] == b, xb[None, :], xt)
+    return xt
+
+
+@triton.jit
+def oproj_merge_mma(w0, o_part, lse_part, n_live, w, rows, rmask, B: tl.constexpr, K: tl.constexpr,
+                    HQ: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, CH: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
+    """fp32 [16, BLOCK_N] = merge(partials)[B, K] @ W[rows, :]^T on the tensor cores (ops/gemv_mma.py), weight
+    chunks double-buffered."""
+    acc = tl.zeros([BLOCK_N, COLS], tl.float32)
+    wv = w0
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+        acc = mma_acc(acc, wv, merged_tile(o_part, lse_part, n_live, k0 - BLOCK_K, B, K, HQ, HD, NSPLIT, CH,
+                                           BLOCK_K, dt))
+        wv = nxt
+    xt = merged_tile(o_part, lse_part, n_live, last_chunk(K, BLOCK_K), B, K, HQ, HD, NSPLIT, CH, BLOCK_K, dt)
+    return tl.trans(mma_acc(acc, wv, xt))
+
+
+@triton.jit
 def oproj_merge_body(tile, w0, o_part, lse_part, w, res, out, B: tl.constexpr, N: tl.constexpr,
                      K: tl.constexpr, HQ: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                      NSP2: tl.constexpr, CH: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
-    """out[b, n] = (res[b, n] + (merge(o_part, lse_part)[b, :] @ w[n, :]).to(dt)).to(dt), the tile's rows n."""
+                     BLOCK_K: tl.constexpr, MMA: tl.constexpr):
+    """out[b, n] = (res[b, n] + (merge(o_part, lse_part)[b, :] @ w[n, :]).to(dt)).to(dt), the tile's rows n
+    (MMA: on the tensor cores, BLOCK_B = 16)."""
     dt: tl.constexpr = out.dtype.element_ty
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     ob = tl.arange(0, BLOCK_B)
     n_live = tl.zeros([BLOCK_B], tl.int32)
     for b in range(B):
         n_live = tl.where(ob == b, live_splits(lse_part, b, HQ, NSPLIT, NSP2), n_live)
-    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    wv = w0
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv_rows.py gemv_rows)
-        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0 - BLOCK_K, B, BLOCK_B, K, HQ, HD, NSPLIT, CH,
+    if MMA:
+        acc = oproj_merge_mma(w0, o_part, lse_part, n_live, w, rows, rmask, B, K, HQ, HD, NSPLIT, CH, BLOCK_N,
                               BLOCK_K, dt)
-        wv = nxt
-    acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, HQ, HD, NSPLIT,
-                          CH, BLOCK_K, dt)
+    else:
+        acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+        wv = w0
+        for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered weight chunks (ops/gemv_rows.py gemv_rows)
+            nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+            acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, k0 - BLOCK_K, B, BLOCK_B, K, HQ, HD, NSPLIT,
+                                  CH, BLOCK_K, dt)
+            wv = nxt
+        acc = oproj_merge_mac(acc, o_part, lse_part, n_live, wv, last_chunk(K, BLOCK_K), B, BLOCK_B, K, HQ, HD,
+                              NSPLIT, CH, BLOCK_K, dt)
     m = (ob[:, None] < B) & rmask[None, :]
     offs = ob[:, None] * N + rows[None, :]
     r = tl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -157,17 +194,19 @@ def oproj_merge_reference(op: Op, t: dict) -> None:
 
 OPROJ_MERGE = OpKind(
     "oproj_merge", oproj_merge_prologue, oproj_merge_body, ("o_part", "lse_part", "w", "res", "out"),
-    ("B", "N", "K", "HQ", "HD", "NSPLIT", "NSP2", "CH", "BLOCK_B", "BLOCK_N", "BLOCK_K"), 1, oproj_merge_reference)
+    ("B", "N", "K", "HQ", "HD", "NSPLIT", "NSP2", "CH", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA"), 1,
+    oproj_merge_reference)
 
 
 def add_oproj_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, w: Buffer, res: Buffer, *,
-                    tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+                    tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, N] = res + merge(o_part, lse_part)[B, K] @ w[N, K]^T`` tiled over N (module doc) and
     return ``out`` (``{name}.out``).
 
     o_part fp32 [B, Hq, NSPLIT, HD], lse_part fp32 [B, Hq, NSPLIT], w/res in the model dtype; K = Hq*HD.
-    blocks: overrides of the tiling (BLOCK_N, BLOCK_K; CH = splits merged per partials tile; tests and tuning).
-    Raises ValueError when the shapes do not fit together. Task costs, e = model element size: bytes =
+    gemv: "fma" | "mma" (CUDA or tensor cores, ops/tiling.py ``check_gemv``). blocks: overrides of the tiling
+    (BLOCK_N, BLOCK_K; CH = splits merged per partials tile; tests and tuning). Raises ValueError when the
+    shapes do not fit together or for an unknown gemv path. Task costs, e = model element size: bytes =
     rows*K*e (weights) + B*Hq*NSPLIT*(HD+1)*4 (all partials of the batch, re-read by every tile) + 2*B*rows*e
     (res, out); flops = 2*B*rows*K + 5*B*K*NSPLIT (merge: max, exp, weight sum, multiply-add per split)."""
     B, HQ, NSPLIT, HD = o_part.shape
@@ -179,7 +218,7 @@ def add_oproj_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, w
     out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
     es = w.nbytes // (N * K)
     nsp2 = triton.next_power_of_2(NSPLIT)
-    p = {"B": B, "N": N, "K": K, "HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": nsp2, **gemv_blocks(N, K, B, tiling)}
+    p = {"B": B, "N": N, "K": K, "HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": nsp2, **gemv_blocks(N, K, B, tiling, gemv=gemv)}
     p["CH"] = max(1, min(nsp2, MERGE_TILE_ELEMS // p["BLOCK_K"]))
     p.update(blocks or {})
     part_bytes = B * HQ * NSPLIT * (HD + 1) * 4

@@ -13,7 +13,9 @@ Math (HF modeling_llama.py / modeling_qwen3.py, every step rounded to dt where H
 Tile = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
 (P = hd/2, i.e. the whole head, when QK_NORM). Tiles are numbered t = h * (hd / 2P) + c, q heads first,
 then k heads, then v heads (no RoPE/norm on v). P and BLOCK_K never depend on B and the QKV dot products
-and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv_rows.py). cos/sin use libdevice (exact range reduction, positions up
+and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv_rows.py;
+with ``MMA`` the products run on the tensor cores, ops/gemv_mma.py, and the q/k sums reduce each row of a
+[16, hd] tile). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ from triton.language.extra import libdevice
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
-from onekernel.ops.tiling import Tiling, batch_block, block_k_for, region
+from onekernel.ops.gemv_mma import gemv_mma
+from onekernel.ops.tiling import MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, check_gemv, region
 
 @triton.jit
 def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
@@ -44,7 +47,7 @@ def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
 def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EPS: tl.constexpr, QK_NORM: tl.constexpr):
+                      EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     return load_w_chunk(w, rows, rows < (HQ + 2 * HKV) * HD, 0, D, BLOCK_K)
 
@@ -53,14 +56,20 @@ def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
 def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EPS: tl.constexpr, QK_NORM: tl.constexpr):
+                  EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     dt = q.dtype.element_ty
     rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
-    if QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
+    if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, 2P] has the same shape for every B
+        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True), dt)
+        if QK_NORM:  # per-row sums over a [16, HD] tile: a shape and layout that never depend on B
+            g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
+            rb = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
+            y = tl.where(is_v, y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
+    elif QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
         acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
                           True)
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
@@ -126,7 +135,7 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA"), 1,
     qkv_rope_reference)
 
 
@@ -143,12 +152,14 @@ def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) 
 
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
-                 kn: Buffer | None = None, tiling: Tiling = Tiling(), blocks: dict | None = None) -> Buffer:
+                 kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
+                 blocks: dict | None = None) -> Buffer:
     """Append a qkv_rope op (module doc) and return ``q`` (``{name}.q``, [B, Hq, hd]); K and V are written
     into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
-    blocks: overrides of the tiling (P, BLOCK_K; tests and tuning). Raises ValueError for shapes that do not
-    fit together."""
+    gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs 2P >= 16,
+    which ``qkv_pairs`` always gives). blocks: overrides of the tiling (P, BLOCK_K; tests and tuning). Raises
+    ValueError for shapes that do not fit together or an unknown gemv path."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
     NH = w.shape[0] // HD
@@ -160,10 +171,13 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.min_tiles))
-    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": batch_block(B),
-         "BLOCK_K": block_k_for(D, 2 * P), "EPS": float(eps), "QK_NORM": qk_norm, **(blocks or {})}
-    if HD % (2 * P) or (qk_norm and 2 * P != HD):
-        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm)")
+    mma = check_gemv(gemv, B)
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P,
+         "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": block_k_for(D, 2 * P, mma=mma), "EPS": float(eps),
+         "QK_NORM": qk_norm, "MMA": mma, **(blocks or {})}
+    if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * p["P"] < MMA_MIN):
+        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= {MMA_MIN} "
+                         "with gemv='mma')")
     es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     tasks = []

@@ -15,7 +15,9 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
   row doubles that stage's latency; measured -289 us per step on SmolLM2-135M against "cover").
 * Batch: ``BLOCK_B = next_pow2(B)`` rows of accumulator; BLOCK_N and BLOCK_K do NOT depend on B (they are
   the B=1 choices), so that each batch row's arithmetic is the same for every B (batch invariance, see
-  ops/gemv_rows.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row.
+  ops/gemv_rows.py). The multiply is CUDA-core broadcast-and-reduce, one [BLOCK_N, BLOCK_K] product per row
+  (``gemv="fma"``), or (``gemv="mma"``, ops/gemv_mma.py) one tensor-core product per chunk with the batch
+  padded to BLOCK_B = MMA_COLS = 16 for every B, BLOCK_N >= 16 and chunks sized as for >= 32 rows.
 """
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ from onekernel.graph.ir import Buffer, Region, Task
 # weight chunks (compile_check.py: the megakernel uses 255 registers from batch 8), so 16 is the limit every
 # layer above checks against.
 MAX_BATCH = 16
+# The GEMV paths (ops/gemv_rows.py: CUDA-core FMAs; ops/gemv_mma.py: tensor cores, the batch padded to MMA_COLS
+# columns). tl.dot needs every dimension >= MMA_MIN, so the MMA path's tiles have at least 16 rows.
+GEMV_PATHS = ("fma", "mma")
+MMA_COLS = 16
+MMA_MIN = 16
 MAX_TILE_ELEMS = 8192
 TILINGS = ("cover", "fit")
 
@@ -81,22 +88,40 @@ def block_n_for(n: int, min_tiles: int, lo: int = 4, hi: int = 64) -> int:
     return max(lo, min(hi, bn))
 
 
-def block_k_for(k: int, block_n: int, max_elems: int = MAX_TILE_ELEMS) -> int:
+def block_k_for(k: int, block_n: int, max_elems: int = MAX_TILE_ELEMS, mma: bool = False) -> int:
     """Columns per chunk: 512 for thin tiles, 256 otherwise, <= next_pow2(K), chunk <= max_elems elems.
-    ``block_n``: the weight rows per chunk (never the batch: tiles must not depend on B)."""
+    ``block_n``: the weight rows per chunk (never the batch: tiles must not depend on B). ``mma``: the tensor-core
+    path also holds a [16, BLOCK_K] activation tile (double-buffered) as large as a 16-row weight chunk, so its
+    chunks are sized as for >= 32 rows (BLOCK_K 512 spilled registers in qkv_rope at K = 576, sm_90a)."""
+    if mma:
+        block_n = max(block_n, 2 * MMA_COLS)
     bk = min(pow2_ceil(k), 512 if block_n <= 16 else 256)
     while bk > 16 and block_n * bk > max_elems:
         bk //= 2
     return max(16, bk)
 
 
+def check_gemv(gemv: str, batch: int) -> bool:
+    """Whether ``gemv`` (one of GEMV_PATHS) is the tensor-core path; ValueError for another name, or for a
+    batch the MMA path cannot hold (> MMA_COLS)."""
+    if gemv not in GEMV_PATHS:
+        raise ValueError(f"unknown gemv path {gemv!r}; choose one of {', '.join(GEMV_PATHS)}")
+    if gemv == "mma" and batch > MMA_COLS:
+        raise ValueError(f"gemv='mma' pads the batch to {MMA_COLS} columns; batch {batch} does not fit (the "
+                         f"decode step runs at most {MAX_BATCH} sequences)")
+    return gemv == "mma"
+
+
 def gemv_blocks(n: int, k: int, batch: int, tiling: Tiling, lo: int = 4, hi: int = 64,
-                max_elems: int = MAX_TILE_ELEMS) -> dict:
-    """The constexpr tile params of a row-tiled GEMV: BLOCK_B, BLOCK_N, BLOCK_K (see module doc).
-    Only BLOCK_B depends on ``batch``. ``max_elems``: weight elements per chunk of one matrix (gate_up
-    streams two matrices, double-buffered, and uses half)."""
-    bn = block_n_for(n, tiling.min_tiles, lo, hi)
-    return {"BLOCK_B": batch_block(batch), "BLOCK_N": bn, "BLOCK_K": block_k_for(k, bn, max_elems)}
+                max_elems: int = MAX_TILE_ELEMS, gemv: str = "fma") -> dict:
+    """The constexpr tile params of a row-tiled GEMV: BLOCK_B, BLOCK_N, BLOCK_K, MMA (see module doc).
+    Only BLOCK_B depends on ``batch``, and only on the "fma" path (the "mma" path pads every batch to
+    MMA_COLS and needs BLOCK_N >= 16). ``max_elems``: weight elements per chunk of one matrix (gate_up
+    streams two matrices, double-buffered, and uses half). Raises ValueError as ``check_gemv``."""
+    mma = check_gemv(gemv, batch)
+    bn = block_n_for(n, tiling.min_tiles, max(lo, MMA_MIN) if mma else lo, hi)
+    return {"BLOCK_B": MMA_COLS if mma else batch_block(batch), "BLOCK_N": bn,
+            "BLOCK_K": block_k_for(k, bn, max_elems, mma), "MMA": mma}
 
 
 def region(buffer: Buffer, *box) -> Region:

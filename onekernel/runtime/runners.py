@@ -45,12 +45,13 @@ def check_mode(mode: str, device, interpret: bool = False) -> None:
 
 
 def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles: str | None = None,
-                     n_sm: int | None = None, fuse_merge: bool = False, **options):
+                     n_sm: int | None = None, fuse_merge: bool = False, gemv: str | None = None, **options):
     """The runner of ``mode`` for ``model`` (a LoadedModel) over ``cache`` (a KVCache of the model's dtype and
     device; its batch is the step's).
 
     tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
-    the cache's device); fuse_merge: see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
+    the cache's device); fuse_merge, gemv ("fma" | "mma" | None: the model's default): see
+    ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
     the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
     Raises InputError (unknown mode or option value; model not a LoadedModel, or a tensor-parallel shard; cache
     not a KVCache of the model's config, dtype and device; a flag not a bool), DeviceError (a Triton mode without
@@ -65,12 +66,13 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     check_flag("fuse_merge", fuse_merge)
     check_mode(mode, cache.k.device, interpret)
     if mode == "reference":
-        given = [k for k, v in (("tiles", tiles), ("n_sm", n_sm), ("fuse_merge", fuse_merge or None)) if v is not None]
+        given = [k for k, v in (("tiles", tiles), ("n_sm", n_sm), ("fuse_merge", fuse_merge or None),
+                                ("gemv", gemv)) if v is not None]
         if options or given:
             raise InputError(f"the reference mode takes no runner options, got {', '.join(given + sorted(options))}")
         return ReferenceRunner(model, cache)
     if n_sm is not None:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
-    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
+    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
     return make_runner(mode, step, interpret=interpret, **options)

@@ -1,0 +1,123 @@
+"""The tensor-core GEMV path (``gemv="mma"``, ops/gemv_mma.py) of every GEMV op under the Triton interpreter.
+
+Each op is built with ``gemv="mma"`` at B = 1, 3 and 16 (the padded width is 16: B = 16 fills it), launched
+with ``launch_op`` on seeded random fp32 inputs with every output poisoned (NaN / -1) first, and every element
+is compared with the op's PyTorch reference (``OpKind.reference``: ``F.linear`` in fp32).
+
+Tolerance: under the interpreter the model dtype is fp32 (the interpreter has no bf16 dot), so ``rnd`` is the
+identity and the only difference from the reference is the order of the fp32 sums: K <= 600 products of
+|w x| ~ 0.2 give a relative error of a few 1e-7 (2e-5, the other op tests' bound, leaves a margin); a missed
+row, column, chunk or mask shows as O(1). The bf16 numerics on the tensor cores (outputs within bf16 rounding
+of the reference) are checked on the GPU: tests/test_mma_gpu.py.
+"""
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from onekernel.ops.tiling import GEMV_PATHS, MMA_COLS, Tiling, gemv_blocks
+
+from test_batch_invariance import MMA_BUILDERS, _inputs, _written
+from test_ops_gemv import _run_both
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("B", [1, 3, 16])
+@pytest.mark.parametrize("builder", MMA_BUILDERS, ids=[b.__name__[2:] for b in MMA_BUILDERS])
+def test_mma_op_matches_reference(builder, B):
+    g = builder(B, gemv="mma")
+    gemv_ops = [op for op in g.ops if "MMA" in op.kind.consts]
+    assert gemv_ops and all(op.params["MMA"] and op.params["BLOCK_B"] == MMA_COLS for op in gemv_ops)
+    t = _inputs(g, torch.Generator().manual_seed(zlib.crc32(builder.__name__.encode()) + B))
+    rows = (torch.arange(B), slice(None), t["seq_lens"].long()) if "kc" in _written(g) else None
+    for name in ("kc", "vc") if rows else ():  # the cache rows the step writes: poisoned too
+        t[name][rows] = float("nan")
+    t, ref = _run_both(g, t)
+    for name in sorted(_written(g)):
+        a, want = t[name], ref[name]
+        if name in ("kc", "vc"):  # compared where written (elsewhere the same random data in both)
+            a, want = a[rows], want[rows]
+        if a.is_floating_point():
+            assert not torch.isnan(a).any(), f"{name}: not every element written"
+            torch.testing.assert_close(a, want, rtol=2e-5, atol=2e-5, msg=lambda m: f"{name}: {m}")
+        else:
+            assert torch.equal(a, want), f"{name} differs from the reference"
+
+
+def test_mma_tiles_and_errors():
+    """The MMA path pads every batch to 16 columns (BLOCK_B) and keeps tiles >= 16 rows (tl.dot's minimum);
+    tiles never depend on B; an unknown path or a batch over 16 is refused."""
+    small = Tiling(n_sm=1000)  # asks for the smallest tiles
+    fma, mma = (gemv_blocks(64, 256, 3, small, gemv=k) for k in GEMV_PATHS)
+    assert (fma["BLOCK_B"], fma["BLOCK_N"], fma["MMA"]) == (4, 4, False)
+    assert (mma["BLOCK_B"], mma["BLOCK_N"], mma["MMA"]) == (MMA_COLS, 16, True)
+    assert all(gemv_blocks(64, 256, b, small, gemv="mma") == mma for b in (1, 2, 9, 16))
+    with pytest.raises(ValueError, match="unknown gemv path"):
+        gemv_blocks(64, 256, 3, small, gemv="tensor")
+    with pytest.raises(ValueError, match="batch 17"):
+        gemv_blocks(64, 256, 17, small, gemv="mma")
+
+
+@pytest.mark.parametrize("model,extra", [("tiny", ["--megakernel"]), ("qwen3-0.6b", [])])
+def test_mma_kernels_compile_for_sm90a_with_tensor_cores(model, extra):
+    """Every GEMV kernel of the MMA path (the fused merge included) compiles for sm_90a on this CPU (Triton
+    ships ptxas; scripts/mma_compile_check.py) with tensor-core instructions in its PTX (mma.sync or wgmma) and
+    no register spills; so does the Triton megakernel built from them (tiny: its weights are made on the CPU);
+    Qwen3-0.6B at its real shapes for the q/k-norm path."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/mma_compile_check.py"), model, "8", "--paths", "mma",
+                          *extra], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    kinds = {r["kernel"] for r in recs}
+    assert kinds == {"qkv_rope", "gemv_residual", "gate_up", "lm_head", "oproj_merge"} | \
+        ({"megakernel"} if extra else set()), kinds
+    for r in recs:
+        assert r["mma"] + r["wgmma"] > 0 and r["spill_bytes"] == 0, r
+
+
+def test_megakernel_backend_with_mma():
+    """The streaming (Gluon) megakernel has CUDA-core GEMVs only: "auto" takes the Triton megakernel for an MMA
+    step, "gluon" refuses it with the reason."""
+    from onekernel.errors import InputError
+    from onekernel.exec import megakernel_class
+    from onekernel.exec.megakernel import MegakernelRunner
+    from onekernel.models.decode_graph import build_decode_step
+    from onekernel.models.load import load_model
+    from onekernel.runtime.kv_cache import KVCache
+
+    m = load_model("tiny", random_weights=True)
+    step = build_decode_step(m.config, m.weights, KVCache(m.config, 2, 16, torch.float32, "cpu"), gemv="mma")
+    assert step.graph.meta["gemv"] == "mma"
+    assert megakernel_class(step, "auto", False, {}) is MegakernelRunner
+    with pytest.raises(InputError, match="no tensor-core GEMV"):
+        megakernel_class(step, "gluon", False, {})
+
+
+def test_gemv_option_is_checked(capsys):
+    """The path option is refused where it cannot apply: an unknown name (graph builder), the reference mode,
+    and `onekernel bench --gemv` with --study or --tp (which run the model's default / the PyTorch modes)."""
+    from onekernel.cli import main
+    from onekernel.errors import InputError
+    from onekernel.models.config import get_config
+    from onekernel.models.decode_graph import decode_graph
+    from onekernel.models.load import load_model
+    from onekernel.runtime.kv_cache import KVCache
+    from onekernel.runtime.runners import make_step_runner
+
+    with pytest.raises(InputError, match="unknown gemv path"):
+        decode_graph(get_config("tiny"), 2, 16, torch.float32, gemv="tensor")
+    m = load_model("tiny", random_weights=True)
+    with pytest.raises(InputError, match="no runner options, got gemv"):
+        make_step_runner("reference", m, KVCache(m.config, 1, 16, torch.float32, "cpu"), gemv="mma")
+    for extra in (["--study"], ["--tp", "2"]):
+        assert main(["bench", "--model", "tiny", "--random-weights", "--gemv", "mma", *extra]) != 0
+        assert "--gemv" in capsys.readouterr().err
