@@ -1,6 +1,7 @@
 """The serving benchmark: per mode, start ``onekernel serve``, run 1, 4, 16 concurrent streaming clients
 (``bench.serve_load``), stop it; measure the mode's plain decode-step time in the same run, before the
-servers; write ``serve-MODES.json`` (date, GPU, commit, every figure) and ``serve-MODES.md`` (a table) under
+servers; write ``serve-MODES.json`` (date, GPU, commit, every figure; rewritten after every record, so a run
+stopped at a time limit keeps what it measured) and ``serve-MODES.md`` (a table) under
 ``--out`` (MODES: the modes joined by "-", so one run per mode fills one folder).
 
     python -m onekernel.bench.serve --model smollm2-135m --random-weights --out benchmarks/results/serve
@@ -107,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     serve_args = ["--model", args.model, "--max-batch", str(args.max_batch), "--max-seq-len", str(ctx),
                   "--max-queue", "1024", "--dtype", args.dtype] + ["--random-weights"] * args.random_weights + \
         ["--interpret"] * args.interpret
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
+            "commit": _commit(), "model": args.model, "random_weights": args.random_weights, "dtype": str(dtype),
+            "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "max_batch": args.max_batch,
+            "max_seq_len": ctx,
+            "requests_per_client": args.requests_per_client, "torch": torch.__version__}
+    stem = "serve-" + "-".join(modes)
     records = []
     for mode in modes:
         print(f"{mode}: starting the server (warm-up compiles every batch bucket)", file=sys.stderr, flush=True)
@@ -120,16 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                     rec["itl_over_step"] = rec["itl_p50_ms"] / steps[mode] if rec["itl_p50_ms"] else None
                 records.append(rec)
                 print(table([rec]).splitlines()[-1], file=sys.stderr, flush=True)
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "commit": _commit(), "model": args.model, "random_weights": args.random_weights, "dtype": str(dtype),
-            "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "max_batch": args.max_batch,
-            "max_seq_len": ctx,
-            "requests_per_client": args.requests_per_client, "torch": torch.__version__}
-    stem = "serve-" + "-".join(modes)
-    (out / f"{stem}.json").write_text(json.dumps({**meta, "records": records}, indent=1))
+                # after every record: a run stopped at its time limit keeps what it measured
+                (out / f"{stem}.json").write_text(json.dumps({**meta, "records": records}, indent=1))
     md = (f"# Serving benchmark: {args.model} on {gpu}, {meta['date']}, commit {meta['commit'][:12]}\n\n"
           f"prompt {args.prompt_len} tokens, {args.max_tokens} tokens per request (greedy, ignore_eos), "
           f"{args.requests_per_client} requests per client, --max-batch {args.max_batch}\n\n" + table(records))
