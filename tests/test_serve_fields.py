@@ -72,6 +72,17 @@ BAD = [  # (endpoint, body or raw JSON text, param, words of the message)
      "messages[0] can have: audio, content"),
     (H, {"messages": [{"content": "x"}]}, "messages[0].role", "messages[0].role is required: one of"),
     (H, {"messages": MSG, "logprobs": 2}, "logprobs", "logprobs must be true or false, or null; got 2"),
+    # lone surrogates (a JSON \ud800 escape) in any text a tokenizer reads: a 400, not a 500
+    (H, r'{"messages": [{"role": "user", "content": "\ud800"}]}', "messages[0].content",
+     "messages[0].content is not valid UTF-8 text (character 0 is '\\ud800')"),
+    (C, r'{"prompt": "a\ud800b"}', "prompt", "prompt is not valid UTF-8 text (character 1 is '\\ud800')"),
+    (C, r'{"prompt": "hi", "stop": ["ok", "x\udfff"]}', "stop", "stop is not valid UTF-8 text (character 1"),
+    (H, r'{"messages": [{"role": "user", "content": "hi"}], "stop": "\udc80"}', "stop", "stop is not valid UTF-8"),
+    (H, r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "ok\ud800"}]}]}',
+     "messages[0].content[0].text", "messages[0].content[0].text is not valid UTF-8 text (character 2"),
+    (C, r'{"prompt": "hi", "\ud800": 1}', None, 'a key of the request is not valid UTF-8 text (got "\\ud800")'),
+    (H, r'{"messages": [{"role": "user", "content": "hi", "k\ud800": 1}]}', "messages[0]",
+     "a key of messages[0] is not valid UTF-8 text"),
 ]
 
 

@@ -55,6 +55,10 @@ def validation_error(model: type[BaseModel], errors: list[dict]) -> ApiError:
     kind, loc = err.get("type"), tuple(err.get("loc", ()))[1:]  # loc[0] is "body"
     if kind == "json_invalid":
         return ApiError(f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))})")
+    if kind == "string_unicode":  # a key holding a lone surrogate (values are checked in checks.py)
+        path = _walk(model, loc)[0]
+        return ApiError(f"a key of {path or 'the request'} is not valid UTF-8 text (got {shown(err.get('input'))}); "
+                        f"send UTF-8 text", param=path or None)
     if not loc:
         return ApiError("the request body must be a JSON object (Content-Type: application/json); got "
                         f"{shown(err.get('input'))}")
