@@ -68,7 +68,7 @@ def test_pipelined_engine_equals_generate_alone(tiny, seed):
     """The GPU's pipelined loop (pipeline=True) on the CPU: 12 requests on 4 slots, greedy and sampled, some
     one cancelled while queued, one moved to a lower slot; the rest equal generate alone."""
     rng = random.Random(seed)
-    engine = Engine(tiny, "reference", 4, 64, max_queue=12, pipeline=True)
+    engine = Engine(tiny, "reference", 4, 64, max_queue=8, pipeline=True)  # 8 wait beyond the 4 free slots
     engine.warm()
     reqs = []
     for i in range(12):

@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"positions per slot, prompt + completion (default: the model's context, at most "
                         f"{DEFAULT_CONTEXT_CAP})")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
-                   help="requests waiting for a slot before new ones get HTTP 429 (default: %(default)s)")
+                   help="requests that may wait while every slot is busy; more get HTTP 429 (0: none wait, a free "
+                        "slot still serves) (default: %(default)s)")
     p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache (default: auto = bfloat16 on cuda, float32 on the cpu; "
                         "bf16/fp16/fp32 are aliases)")
