@@ -28,7 +28,8 @@ def test_max_queue_0_serves_one_at_a_time_and_refuses_a_second(server):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
         with pytest.raises(openai.RateLimitError):
-            client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2)
         assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
     assert client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2).usage.completion_tokens == 2
     assert server.metric('onekernel_requests_total{outcome="rejected"}') == 2
