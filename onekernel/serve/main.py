@@ -101,12 +101,15 @@ def run(args) -> int:
     check_load_args(args.random_weights, dtype, device, args.seed)
     from onekernel.runtime.runners import check_mode
     check_mode(mode, device, args.interpret)
-    check_address(args.host, args.port)
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise InputError(f"--max-seq-len must be >= 2 (a slot holds a prompt token and one generated token), got "
+                         f"{args.max_seq_len}")
 
     t0 = time.perf_counter()
-    files = open_model(args.model, random_weights=args.random_weights)
+    files = open_model(args.model, random_weights=args.random_weights)  # a missing model, before the port
     ctx = context_limit(files.config.max_seq_len, args.max_seq_len) if args.max_seq_len else min(
         files.config.max_seq_len, DEFAULT_CONTEXT_CAP)
+    check_address(args.host, args.port)  # last: each bad option above gets its own error even when it is busy
     say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
     engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue)
