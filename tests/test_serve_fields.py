@@ -69,7 +69,8 @@ BAD = [  # (endpoint, body or raw JSON text, param, words of the message)
     (H, {"messages": [{"role": "user", "content": "x", "name": "ann"}]}, "messages[0].name",
      "messages[0].name is not supported"),
     (H, {"messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour",
-     "messages[0] can have: audio, content"),
+     "messages[0] can have: content, role"),  # not the fields that are only refused (name, tool_calls, ...)
+    (H, {"messages": ["hi"]}, "messages[0]", 'messages[0] must be an object with a "role" and a "content", such as'),
     (H, {"messages": [{"content": "x"}]}, "messages[0].role", "messages[0].role is required: one of"),
     (H, {"messages": MSG, "logprobs": 2}, "logprobs", "logprobs must be true or false, or null; got 2"),
     # lone surrogates (a JSON \ud800 escape) in any text a tokenizer reads: a 400, not a 500
@@ -93,6 +94,20 @@ def test_unsupported_unknown_and_bad_fields_get_one_clear_400(server, endpoint, 
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == param and words in err["message"], r.text
     assert set(err) == {"message", "type", "param", "code"} and not any(j in err["message"] for j in JARGON), r.text
+
+
+def test_a_body_that_is_not_json_is_shown_as_text(server):
+    """JSON sent as text/plain (or curl's default form type) was shown as a Python bytes repr (b'{...'); bytes
+    that are not UTF-8 got FastAPI's "There was an error parsing the body"."""
+    body = '{"messages": [{"role": "user", "content": "' + "long " * 20 + '"}]}'
+    for ct, said in [("text/plain", "text/plain"), ("application/x-www-form-urlencoded", "application/x-www-form")]:
+        r = httpx.post(f"{server.url}/v1/{H}", content=body, headers={"content-type": ct})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and "Content-Type: application/json" in msg and said in msg, r.text
+        assert msg.endswith(': {"messages": [{"role": "user", "content": "long long long...') and "b'" not in msg
+    r = httpx.post(f"{server.url}/v1/{C}", content=b'{"prompt": "a\xff"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == ("the request body could not be read as JSON; "
+                                                                     "send UTF-8 JSON text"), r.text
 
 
 def test_harmless_defaults_are_accepted_and_change_nothing(server):

@@ -40,10 +40,13 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        return JSONResponse(validation_error(BODIES[request.url.path], exc.errors()).body(), status_code=400)
+        err = validation_error(BODIES[request.url.path], exc.errors(), request.headers.get("content-type"))
+        return JSONResponse(err.body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # e.g. not UTF-8
+            exc.detail = "the request body could not be read as JSON; send UTF-8 JSON text"
         return JSONResponse(ApiError(str(exc.detail), status=exc.status_code,
                                      code="not_found" if exc.status_code == 404 else None).body(),
                             status_code=exc.status_code)

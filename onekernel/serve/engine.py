@@ -100,7 +100,8 @@ class Engine:
     positions, at most ``max_queue`` requests waiting beyond the free slots (0: none wait, a free slot still
     serves); ``pipeline`` (default: on a GPU) queues the next step before emitting the last one's tokens.
     ``warm()`` compiles every bucket, ``start()`` starts the thread, ``submit(req, sink) -> Handle`` (any thread)
-    queues a request: QueueFullError, EngineStoppedError. ``stop()`` ends the thread. Raises what ``runtime.buckets.BucketRunners`` raises."""
+    queues a request: QueueFullError, EngineStoppedError. ``stop()`` ends the thread. Raises what
+    ``runtime.buckets.BucketRunners`` raises."""
 
     def __init__(self, model, mode: str, max_batch: int, max_seq_len: int, *, interpret: bool = False,
                  max_queue: int = 256, metrics: Metrics | None = None, pipeline: bool | None = None):
