@@ -70,6 +70,11 @@ BAD = [  # (endpoint, body or raw JSON text, param, words of the message)
      "messages[0].name is not supported"),
     (H, {"messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour",
      "messages[0] can have: content, role"),  # not the fields that are only refused (name, tool_calls, ...)
+    (H, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 7}, "max_completion_tokens",
+     "max_tokens is 5 and max_completion_tokens is 7; send one of them"),
+    (C, {"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options",
+     "stream_options is only allowed with stream: true"),
+    (H, {"messages": MSG, "stream": False, "stream_options": {}}, "stream_options", "only allowed with stream: true"),
     (H, {"messages": ["hi"]}, "messages[0]", 'messages[0] must be an object with a "role" and a "content", such as'),
     (H, {"messages": [{"content": "x"}]}, "messages[0].role", "messages[0].role is required: one of"),
     (H, {"messages": MSG, "logprobs": 2}, "logprobs", "logprobs must be true or false, or null; got 2"),
@@ -128,6 +133,9 @@ def test_harmless_defaults_are_accepted_and_change_nothing(server):
     assert got.choices[0].text == want.choices[0].text
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": None, "temperature": None,
                                                            "n": None, "logprobs": None}).status_code == 200
+    both = {"messages": MSG, "max_tokens": 3, "max_completion_tokens": 3, "stream": False, "stream_options": None}
+    r = httpx.post(server.url + "/v1/chat/completions", json=both)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
 
 
 def test_the_openai_client_raises_the_400_and_the_server_keeps_serving(server):

@@ -19,8 +19,8 @@ from starlette.exceptions import HTTPException
 
 from onekernel.serve.engine import Engine, EngineStoppedError, QueueFullError, TokenOut
 from onekernel.serve.format import Formatter
-from onekernel.serve.checks import (chat_logprobs, chat_prompt, completion_prompt, completion_tokens,
-                                    to_gen_request)
+from onekernel.serve.checks import (chat_logprobs, chat_prompt, chat_tokens, completion_prompt,
+                                    completion_tokens, to_gen_request)
 from onekernel.serve.invalid import validation_error
 from onekernel.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
@@ -82,8 +82,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def chat(body: ChatRequest, request: Request):
         check_model(body.model)
         ids = chat_prompt(body, tok)
-        gen = to_gen_request(body, ids, body.max_completion_tokens or body.max_tokens, context, cfg.vocab_size,
-                             chat_logprobs(body))
+        gen = to_gen_request(body, ids, chat_tokens(body), context, cfg.vocab_size, chat_logprobs(body))
         return await _serve(request, engine, gen, body, Formatter(tok, model_name, True, ids,
                                                                   bool(body.return_token_ids)))
 

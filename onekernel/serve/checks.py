@@ -134,6 +134,8 @@ def to_gen_request(req, prompt_ids: list[int], max_tokens: int | None, context: 
     """Check the common fields against the context (``context`` positions) and build the engine's request.
     ``max_tokens`` None: up to the context. Raises ApiError."""
     check_unsupported(req)
+    if req.stream_options is not None and not req.stream:
+        raise ApiError("stream_options is only allowed with stream: true", param="stream_options")
     stop, stop_ids = _stops(req, vocab_size)
     room = context - len(prompt_ids)
     if room < 1:
@@ -153,6 +155,15 @@ def to_gen_request(req, prompt_ids: list[int], max_tokens: int | None, context: 
 def completion_tokens(req: CompletionRequest) -> int:
     """A completion's max_tokens (null: OpenAI's default of 16)."""
     return DEFAULT_COMPLETION_TOKENS if req.max_tokens is None else req.max_tokens
+
+
+def chat_tokens(req: ChatRequest) -> int | None:
+    """A chat request's token limit: max_completion_tokens, or max_tokens (its older name); both must agree."""
+    a, b = req.max_tokens, req.max_completion_tokens
+    if a is not None and b is not None and a != b:
+        raise ApiError(f"max_tokens is {a} and max_completion_tokens is {b}; send one of them (max_tokens is the "
+                       f"older name of max_completion_tokens)", param="max_completion_tokens")
+    return b if b is not None else a
 
 
 def chat_logprobs(req: ChatRequest) -> int | None:
