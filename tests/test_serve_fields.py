@@ -115,6 +115,19 @@ def test_a_body_that_is_not_json_is_shown_as_text(server):
                                                                      "send UTF-8 JSON text"), r.text
 
 
+def test_retrieve_the_model_by_id(server):
+    """GET /v1/models/{id} (the openai client's models.retrieve) was a 404 for the served model too."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    card = client.models.retrieve("tiny")
+    assert (card.id, card.object, card.owned_by) == ("tiny", "model", "onekernel")
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found" and "'gpt-4o' does not exist" in e.value.body["message"]
+    r = httpx.get(server.url + "/v1/models/org/name")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+
+
 def test_harmless_defaults_are_accepted_and_change_nothing(server):
     """What clients send when they do not use a feature (nulls, n=1, zero penalties, no tools, text format, a
     user id, ...) gives the same answer as the bare request."""

@@ -1,5 +1,6 @@
 """The HTTP routes (FastAPI): ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as
-server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET /metrics``.
 
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed
 JSON, missing or wrongly typed fields and bad values, 404 for an unknown model or route, 429 when the wait
@@ -60,15 +61,21 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def metrics():
         return Response(engine.metrics.text(), media_type=engine.metrics.content_type)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "onekernel", "max_model_len": context}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "onekernel", "max_model_len": context}]}
+        return {"object": "list", "data": [card]}
 
     def check_model(name: str | None) -> None:
         if name not in (None, model_name):
             raise ApiError(f"the model {name!r} does not exist; this server serves {model_name!r}", status=404,
                            param="model", code="model_not_found")
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model(model_id)
+        return card
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
