@@ -32,6 +32,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Help lines end with "(default: X)" unless they already name their default or it is None / off."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        off = action.default is None or action.default is False or action.default == []  # 0 is shown
+        if not action.option_strings or "default" in text.lower() or off or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="prompt text; repeat the flag to form a batch")
@@ -39,7 +50,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", nargs="?", const="", default=None, help=argparse.SUPPRESS)
     p.add_argument("--batch-file", metavar="PATH", help="a file with one prompt per non-empty line, added to the batch")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate per prompt")
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="context limit (default: the model's)")
     p.add_argument("--mode", choices=STEP_MODES, default=None,
                    help=f"how the decode step runs (default: reference on CPU, {DEFAULT_GPU_MODE} on GPU)")
@@ -58,8 +69,10 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
                    help="no progress display and no notes on stderr (errors are still reported)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random weights")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens (default: no limit)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample among the most likely tokens whose probabilities sum to p (1: no limit)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     add_tp_argument(p)
 
@@ -217,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="onekernel", description="LLM decoding: eager, CUDA graph, PDL, megakernel")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_, add, run) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_DefaultsHelp)
         add(p)
         p.set_defaults(_run=run, _parser=p)
     return parser

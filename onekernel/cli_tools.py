@@ -48,7 +48,8 @@ def _add_graph(p):
     _add_model(p, f"batch size the graph is built for (1..{MAX_BATCH})", weights=False)
     p.add_argument("--workers", type=int, default=132,
                    help="megakernel workers (one per SM): the graph is tiled as the megakernel's, and scheduled")
-    p.add_argument("--events", choices=("tile", "op"), default="tile")
+    p.add_argument("--events", choices=("tile", "op"), default="tile",
+                   help="dependency events per tile, or one per op")
 
 
 def _run_graph(args) -> int:

@@ -4,6 +4,7 @@ special tokens stays plain text (no control-token injection)."""
 import concurrent.futures
 import random
 
+import httpx
 import openai
 import pytest
 
@@ -79,3 +80,14 @@ def test_no_control_token_injection(server, model):
     r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": evil}], max_tokens=1,
                                        extra_body={"return_token_ids": True})
     assert r.model_extra["prompt_token_ids"] == plain
+
+
+def test_a_lone_surrogate_is_a_400_not_a_500(server):
+    """The Hugging Face tokenizer raised TypeError on a lone surrogate (a JSON \\ud800): HTTP 500 in plain text."""
+    for endpoint, raw, param in [("chat/completions", r'{"messages": [{"role": "user", "content": "\ud800"}]}',
+                                  "messages[0].content"), ("completions", r'{"prompt": "a\ud800b"}', "prompt")]:
+        r = httpx.post(f"{server.url}/v1/{endpoint}", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "is not valid UTF-8 text" in r.json()["error"]["message"]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    assert client.completions.create(model="smol", prompt="Hi", max_tokens=1).usage.completion_tokens == 1

@@ -68,7 +68,7 @@ def test_pipelined_engine_equals_generate_alone(tiny, seed):
     """The GPU's pipelined loop (pipeline=True) on the CPU: 12 requests on 4 slots, greedy and sampled, some
     one cancelled while queued, one moved to a lower slot; the rest equal generate alone."""
     rng = random.Random(seed)
-    engine = Engine(tiny, "reference", 4, 64, max_queue=12, pipeline=True)
+    engine = Engine(tiny, "reference", 4, 64, max_queue=8, pipeline=True)  # 8 wait beyond the 4 free slots
     engine.warm()
     reqs = []
     for i in range(12):
@@ -101,12 +101,26 @@ def test_pipelined_engine_equals_generate_alone(tiny, seed):
             assert all(len(o.top) == 2 and o.logprob <= o.top[0][1] + 1e-6 for o in out)
 
 
-def test_serve_command_refuses_bad_options_in_one_line(capsys):
+def test_serve_command_refuses_bad_options_in_one_line(capsys, tmp_path):
+    """Each bad option gets its own one-line error before anything loads, even when the port is busy (a socket
+    listens on it here): --max-seq-len 0 was ignored and 1 failed in the warm-up, after the model loaded."""
+    import socket
     from onekernel.cli import main
-    assert main(["serve", "--max-batch", "0"]) == 2
-    assert main(["serve", "--model", "tiny", "--random-weights", "--max-seq-len", "999"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("onekernel: error:")]
-    assert len(err) == 2 and "--max-batch" in err[0] and "max_seq_len" in err[1]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = ["--port", str(busy.getsockname()[1])]
+        tiny = ["serve", "--model", "tiny", "--random-weights", *port]
+        cases = [(["serve", "--max-batch", "0", *port], "--max-batch"),
+                 ([*tiny, "--max-seq-len", "999"], "max_seq_len"),
+                 ([*tiny, "--max-seq-len", "0"], "--max-seq-len must be >= 2"),
+                 ([*tiny, "--max-seq-len", "1"], "--max-seq-len must be >= 2"),
+                 (["serve", "--model", str(tmp_path / "none.gguf"), *port], "does not exist"),
+                 ([*tiny], "cannot listen on 127.0.0.1:")]
+        for args, words in cases:
+            assert main(args) == 2, args
+            err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("onekernel: error:")]
+            assert len(err) == 1 and words in err[0], (args, err)
 
 
 def test_window_text_pieces_add_up_to_the_whole_decode(seed):

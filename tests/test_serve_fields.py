@@ -69,9 +69,26 @@ BAD = [  # (endpoint, body or raw JSON text, param, words of the message)
     (H, {"messages": [{"role": "user", "content": "x", "name": "ann"}]}, "messages[0].name",
      "messages[0].name is not supported"),
     (H, {"messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages[0].colour",
-     "messages[0] can have: audio, content"),
+     "messages[0] can have: content, role"),  # not the fields that are only refused (name, tool_calls, ...)
+    (H, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 7}, "max_completion_tokens",
+     "max_tokens is 5 and max_completion_tokens is 7; send one of them"),
+    (C, {"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options",
+     "stream_options is only allowed with stream: true"),
+    (H, {"messages": MSG, "stream": False, "stream_options": {}}, "stream_options", "only allowed with stream: true"),
+    (H, {"messages": ["hi"]}, "messages[0]", 'messages[0] must be an object with a "role" and a "content", such as'),
     (H, {"messages": [{"content": "x"}]}, "messages[0].role", "messages[0].role is required: one of"),
     (H, {"messages": MSG, "logprobs": 2}, "logprobs", "logprobs must be true or false, or null; got 2"),
+    # lone surrogates (a JSON \ud800 escape) in any text a tokenizer reads: a 400, not a 500
+    (H, r'{"messages": [{"role": "user", "content": "\ud800"}]}', "messages[0].content",
+     "messages[0].content is not valid UTF-8 text (character 0 is '\\ud800')"),
+    (C, r'{"prompt": "a\ud800b"}', "prompt", "prompt is not valid UTF-8 text (character 1 is '\\ud800')"),
+    (C, r'{"prompt": "hi", "stop": ["ok", "x\udfff"]}', "stop", "stop is not valid UTF-8 text (character 1"),
+    (H, r'{"messages": [{"role": "user", "content": "hi"}], "stop": "\udc80"}', "stop", "stop is not valid UTF-8"),
+    (H, r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "ok\ud800"}]}]}',
+     "messages[0].content[0].text", "messages[0].content[0].text is not valid UTF-8 text (character 2"),
+    (C, r'{"prompt": "hi", "\ud800": 1}', None, 'a key of the request is not valid UTF-8 text (got "\\ud800")'),
+    (H, r'{"messages": [{"role": "user", "content": "hi", "k\ud800": 1}]}', "messages[0]",
+     "a key of messages[0] is not valid UTF-8 text"),
 ]
 
 
@@ -82,6 +99,33 @@ def test_unsupported_unknown_and_bad_fields_get_one_clear_400(server, endpoint, 
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == param and words in err["message"], r.text
     assert set(err) == {"message", "type", "param", "code"} and not any(j in err["message"] for j in JARGON), r.text
+
+
+def test_a_body_that_is_not_json_is_shown_as_text(server):
+    """JSON sent as text/plain (or curl's default form type) was shown as a Python bytes repr (b'{...'); bytes
+    that are not UTF-8 got FastAPI's "There was an error parsing the body"."""
+    body = '{"messages": [{"role": "user", "content": "' + "long " * 20 + '"}]}'
+    for ct, said in [("text/plain", "text/plain"), ("application/x-www-form-urlencoded", "application/x-www-form")]:
+        r = httpx.post(f"{server.url}/v1/{H}", content=body, headers={"content-type": ct})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and "Content-Type: application/json" in msg and said in msg, r.text
+        assert msg.endswith(': {"messages": [{"role": "user", "content": "long long long...') and "b'" not in msg
+    r = httpx.post(f"{server.url}/v1/{C}", content=b'{"prompt": "a\xff"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == ("the request body could not be read as JSON; "
+                                                                     "send UTF-8 JSON text"), r.text
+
+
+def test_retrieve_the_model_by_id(server):
+    """GET /v1/models/{id} (the openai client's models.retrieve) was a 404 for the served model too."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    card = client.models.retrieve("tiny")
+    assert (card.id, card.object, card.owned_by) == ("tiny", "model", "onekernel")
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found" and "'gpt-4o' does not exist" in e.value.body["message"]
+    r = httpx.get(server.url + "/v1/models/org/name")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
 
 
 def test_harmless_defaults_are_accepted_and_change_nothing(server):
@@ -102,6 +146,9 @@ def test_harmless_defaults_are_accepted_and_change_nothing(server):
     assert got.choices[0].text == want.choices[0].text
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": None, "temperature": None,
                                                            "n": None, "logprobs": None}).status_code == 200
+    both = {"messages": MSG, "max_tokens": 3, "max_completion_tokens": 3, "stream": False, "stream_options": None}
+    r = httpx.post(server.url + "/v1/chat/completions", json=both)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
 
 
 def test_the_openai_client_raises_the_400_and_the_server_keeps_serving(server):

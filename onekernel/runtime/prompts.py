@@ -7,16 +7,23 @@ from __future__ import annotations
 from onekernel.errors import InputError
 
 
+def utf8_problem(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode (``is not valid UTF-8 text (character 1 is '\\udcff')``), e.g. the lone
+    surrogates Python makes of invalid UTF-8 bytes on a command line or a JSON ``\\ud800``; None when it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid UTF-8 text (character {e.start} is {text[e.start]!r})"
+    return None
+
+
 def _check_utf8(i: int, prompt) -> None:
-    """InputError when prompt ``i`` (a string or chat messages) holds text that is not valid Unicode, e.g. the
-    lone surrogates Python makes of invalid UTF-8 bytes on a command line; tokenizers fail on them."""
+    """InputError when prompt ``i`` (a string or chat messages) holds text that is not valid Unicode;
+    tokenizers fail on it."""
     for text in [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt]:
-        if isinstance(text, str):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InputError(f"prompt {i} is not valid UTF-8 text (character {e.start} is "
-                                 f"{text[e.start]!r}); pass the prompt as UTF-8") from None
+        problem = utf8_problem(text) if isinstance(text, str) else None
+        if problem:
+            raise InputError(f"prompt {i} {problem}; pass the prompt as UTF-8")
 
 
 def context_limit(model_context: int, max_seq_len: int | None) -> int:

@@ -1,5 +1,6 @@
 """The HTTP routes (FastAPI): ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as
-server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET /metrics``.
 
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed
 JSON, missing or wrongly typed fields and bad values, 404 for an unknown model or route, 429 when the wait
@@ -19,8 +20,8 @@ from starlette.exceptions import HTTPException
 
 from onekernel.serve.engine import Engine, EngineStoppedError, QueueFullError, TokenOut
 from onekernel.serve.format import Formatter
-from onekernel.serve.checks import (chat_logprobs, chat_prompt, completion_prompt, completion_tokens,
-                                    to_gen_request)
+from onekernel.serve.checks import (chat_logprobs, chat_prompt, chat_tokens, completion_prompt,
+                                    completion_tokens, to_gen_request)
 from onekernel.serve.invalid import validation_error
 from onekernel.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
@@ -40,10 +41,13 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        return JSONResponse(validation_error(BODIES[request.url.path], exc.errors()).body(), status_code=400)
+        err = validation_error(BODIES[request.url.path], exc.errors(), request.headers.get("content-type"))
+        return JSONResponse(err.body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # e.g. not UTF-8
+            exc.detail = "the request body could not be read as JSON; send UTF-8 JSON text"
         return JSONResponse(ApiError(str(exc.detail), status=exc.status_code,
                                      code="not_found" if exc.status_code == 404 else None).body(),
                             status_code=exc.status_code)
@@ -57,15 +61,21 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def metrics():
         return Response(engine.metrics.text(), media_type=engine.metrics.content_type)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "onekernel", "max_model_len": context}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "onekernel", "max_model_len": context}]}
+        return {"object": "list", "data": [card]}
 
     def check_model(name: str | None) -> None:
         if name not in (None, model_name):
             raise ApiError(f"the model {name!r} does not exist; this server serves {model_name!r}", status=404,
                            param="model", code="model_not_found")
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model(model_id)
+        return card
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -79,8 +89,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def chat(body: ChatRequest, request: Request):
         check_model(body.model)
         ids = chat_prompt(body, tok)
-        gen = to_gen_request(body, ids, body.max_completion_tokens or body.max_tokens, context, cfg.vocab_size,
-                             chat_logprobs(body))
+        gen = to_gen_request(body, ids, chat_tokens(body), context, cfg.vocab_size, chat_logprobs(body))
         return await _serve(request, engine, gen, body, Formatter(tok, model_name, True, ids,
                                                                   bool(body.return_token_ids)))
 

@@ -8,6 +8,7 @@ import json
 import secrets
 
 from onekernel.errors import InputError
+from onekernel.runtime.prompts import utf8_problem
 from onekernel.runtime.sampling import MIN_TEMPERATURE, SamplingParams
 from onekernel.serve.engine import GenRequest
 from onekernel.serve.protocol import MAX_STOP, ApiError, ChatRequest, CompletionRequest
@@ -21,6 +22,15 @@ def shown(value) -> str:
     """A request value as JSON, cut to 60 characters (for error messages)."""
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _utf8(text: str, param: str) -> str:
+    """``text``, or ApiError (400) when it holds a lone surrogate (a JSON ``\\ud800``) that no tokenizer takes."""
+    problem = utf8_problem(text)
+    if problem:
+        raise ApiError(f"{param} {problem}; send UTF-8 text (a \\uD800-\\uDFFF escape must be half of a "
+                       f"surrogate pair)", param=param)
+    return text
 
 
 def _ids(value) -> bool:
@@ -40,7 +50,7 @@ def completion_prompt(req: CompletionRequest, tokenizer, vocab_size: int) -> lis
     if not (isinstance(p, str) or _ids(p)):
         raise ApiError(f"prompt must be a string, a list of token ids, or a list holding one of either; got "
                        f"{shown(req.prompt)}", param="prompt")
-    ids = tokenizer.encode(p) if isinstance(p, str) else p
+    ids = tokenizer.encode(_utf8(p, "prompt")) if isinstance(p, str) else p
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ApiError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})", param="prompt")
@@ -53,7 +63,7 @@ def _content(msg, where: str) -> str:
     if c is None and msg.role == "assistant":
         return ""
     if isinstance(c, str):
-        return c
+        return _utf8(c, f"{where}.content")
     if not isinstance(c, list):
         raise ApiError(f"{where}.content must be a string or a list of text parts ({{\"type\": \"text\", \"text\": "
                        f"\"...\"}}); got {shown(c)}", param=f"{where}.content")
@@ -67,6 +77,7 @@ def _content(msg, where: str) -> str:
         if set(part) != {"type", "text"} or not isinstance(part["text"], str):
             raise ApiError(f"{at} must be {{\"type\": \"text\", \"text\": a string}} and nothing else; got "
                            f"{shown(part)}", param=at)
+        _utf8(part["text"], f"{at}.text")
     return "".join(part["text"] for part in c)
 
 
@@ -98,6 +109,8 @@ def _stops(req, vocab_size: int) -> tuple[tuple[str, ...], frozenset[int]]:
         raise ApiError(f"stop has {len(stop)} strings; at most {MAX_STOP} are allowed", param="stop")
     if any(not s for s in stop):
         raise ApiError("stop holds an empty string; every stop string needs at least one character", param="stop")
+    for s in stop:
+        _utf8(s, "stop")
     ids = req.stop_token_ids or []
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
@@ -121,6 +134,8 @@ def to_gen_request(req, prompt_ids: list[int], max_tokens: int | None, context: 
     """Check the common fields against the context (``context`` positions) and build the engine's request.
     ``max_tokens`` None: up to the context. Raises ApiError."""
     check_unsupported(req)
+    if req.stream_options is not None and not req.stream:
+        raise ApiError("stream_options is only allowed with stream: true", param="stream_options")
     stop, stop_ids = _stops(req, vocab_size)
     room = context - len(prompt_ids)
     if room < 1:
@@ -140,6 +155,15 @@ def to_gen_request(req, prompt_ids: list[int], max_tokens: int | None, context: 
 def completion_tokens(req: CompletionRequest) -> int:
     """A completion's max_tokens (null: OpenAI's default of 16)."""
     return DEFAULT_COMPLETION_TOKENS if req.max_tokens is None else req.max_tokens
+
+
+def chat_tokens(req: ChatRequest) -> int | None:
+    """A chat request's token limit: max_completion_tokens, or max_tokens (its older name); both must agree."""
+    a, b = req.max_tokens, req.max_completion_tokens
+    if a is not None and b is not None and a != b:
+        raise ApiError(f"max_tokens is {a} and max_completion_tokens is {b}; send one of them (max_tokens is the "
+                       f"older name of max_completion_tokens)", param="max_completion_tokens")
+    return b if b is not None else a
 
 
 def chat_logprobs(req: ChatRequest) -> int | None:

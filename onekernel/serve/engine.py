@@ -97,10 +97,11 @@ class _Step:
 
 class Engine:
     """The batching engine over ``model`` (a LoadedModel) in ``mode``, ``max_batch`` slots of ``max_seq_len``
-    positions, at most ``max_queue`` waiting requests; ``pipeline`` (default: on a GPU) queues the next step before
-    emitting the last one's tokens. ``warm()`` compiles every bucket, ``start()`` starts the
-    thread, ``submit(req, sink) -> Handle`` (any thread) queues a request: QueueFullError, EngineStoppedError.
-    ``stop()`` ends the thread. Raises what ``runtime.buckets.BucketRunners`` raises."""
+    positions, at most ``max_queue`` requests waiting beyond the free slots (0: none wait, a free slot still
+    serves); ``pipeline`` (default: on a GPU) queues the next step before emitting the last one's tokens.
+    ``warm()`` compiles every bucket, ``start()`` starts the thread, ``submit(req, sink) -> Handle`` (any thread)
+    queues a request: QueueFullError, EngineStoppedError. ``stop()`` ends the thread. Raises what
+    ``runtime.buckets.BucketRunners`` raises."""
 
     def __init__(self, model, mode: str, max_batch: int, max_seq_len: int, *, interpret: bool = False,
                  max_queue: int = 256, metrics: Metrics | None = None, pipeline: bool | None = None):
@@ -147,9 +148,11 @@ class Engine:
         with self.cv:
             if self.error is not None or self._stopping:
                 raise EngineStoppedError(f"the engine has stopped ({self.error!r:.200})")
-            if len(self.queue) >= self.max_queue:
+            free = sum(q is None for q in self.slots)  # the first `free` queued requests take a slot next
+            if len(self.queue) >= self.max_queue + free:
                 self.metrics.requests.labels("rejected").inc()
-                raise QueueFullError(f"the queue is full ({self.max_queue} requests wait for a slot); retry later")
+                raise QueueFullError(f"every slot is busy and the queue is full ({self.max_queue} requests wait "
+                                     f"for a slot); retry later")
             self.queue.append(seq)
             self.metrics.waiting.set(len(self.queue))
             self.cv.notify_all()
@@ -294,9 +297,9 @@ class Engine:
         out = TokenOut(token, piece, finish_reason=reason)
         if lp is not None:
             out.logprob, out.top = lp[0], list(zip(lp[2], lp[1]))
-        self._send(seq, out)
-        if reason:
+        if reason:  # the slot is free before the client hears the last token (and may send its next request)
             self._finish(seq, reason)
+        self._send(seq, out)
 
     def _send(self, seq: _Seq, item) -> None:
         try:

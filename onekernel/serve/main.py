@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"positions per slot, prompt + completion (default: the model's context, at most "
                         f"{DEFAULT_CONTEXT_CAP})")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
-                   help="requests waiting for a slot before new ones get HTTP 429 (default: %(default)s)")
+                   help="requests that may wait while every slot is busy; more get HTTP 429 (0: none wait, a free "
+                        "slot still serves) (default: %(default)s)")
     p.add_argument("--dtype", type=str.lower, choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache (default: auto = bfloat16 on cuda, float32 on the cpu; "
                         "bf16/fp16/fp32 are aliases)")
@@ -100,12 +101,15 @@ def run(args) -> int:
     check_load_args(args.random_weights, dtype, device, args.seed)
     from onekernel.runtime.runners import check_mode
     check_mode(mode, device, args.interpret)
-    check_address(args.host, args.port)
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise InputError(f"--max-seq-len must be >= 2 (a slot holds a prompt token and one generated token), got "
+                         f"{args.max_seq_len}")
 
     t0 = time.perf_counter()
-    files = open_model(args.model, random_weights=args.random_weights)
+    files = open_model(args.model, random_weights=args.random_weights)  # a missing model, before the port
     ctx = context_limit(files.config.max_seq_len, args.max_seq_len) if args.max_seq_len else min(
         files.config.max_seq_len, DEFAULT_CONTEXT_CAP)
+    check_address(args.host, args.port)  # last: each bad option above gets its own error even when it is busy
     say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
     engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue)
