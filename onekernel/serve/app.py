@@ -149,15 +149,20 @@ async def _collect(request: Request, tokens) -> list[TokenOut] | None:
 
 
 async def _sse(tokens, fmt: Formatter, handle, usage: bool):
-    """The event stream: (chat: a role chunk), one chunk per token, (a usage chunk), ``data: [DONE]``."""
-    outs = []
+    """The event stream: (chat: a role chunk), a chunk per token that brings text (a token of no text yet, part
+    of a character or held back for a stop string, goes with the next one; with logprobs every token has its
+    chunk), the last with ``finish_reason``, (a usage chunk), ``data: [DONE]``."""
+    outs, held = [], []
     try:
         if fmt.chat:
             yield f"data: {json.dumps(fmt.chunk(None))}\n\n"
         try:
             async for out in tokens:
                 outs.append(out)
-                yield f"data: {json.dumps(fmt.chunk(out))}\n\n"
+                held.append(out)
+                if out.text or out.finish_reason or out.logprob is not None:
+                    yield f"data: {json.dumps(fmt.chunk(held))}\n\n"
+                    held = []
         except EngineStoppedError as e:
             yield f"data: {json.dumps(ApiError(str(e), status=503, type='server_error').body())}\n\n"
         if usage:
