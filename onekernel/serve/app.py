@@ -55,7 +55,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health():
         ok = engine.healthy
-        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+        status = "ok" if ok else "shutting down" if engine.draining else "engine stopped"
+        return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics():
