@@ -21,7 +21,8 @@ def test_max_queue_0_serves_one_at_a_time_and_refuses_a_second(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     for _ in range(3):  # each request starts when the last one's answer has come back: the slot is free
         assert client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=3).usage.completion_tokens == 3
-    body = {"prompt": "hi", "max_tokens": 100, "ignore_eos": True, "stream": True}
+    # logprobs: a chunk per token (random weights' stray bytes send no chunk until they make text)
+    body = {"prompt": "hi", "max_tokens": 100, "ignore_eos": True, "stream": True, "logprobs": 0}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as stream:
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))  # a token: the request holds the slot

@@ -3,7 +3,8 @@ sending its requests one after another, timing every server-sent event as it arr
 
 Each request: a prompt of ``prompt_len`` random token ids (seeded), ``max_tokens`` greedy tokens with
 ``ignore_eos`` (every request generates exactly ``max_tokens``), streamed. Per request the client records the
-time to the first token (send -> first chunk) and the gaps between chunks (inter-token latency).
+time to the first token (send -> first chunk) and the gaps between chunks (inter-token latency); a chunk that
+brings k tokens (its ``token_ids``: a character's bytes come together) counts as k gaps of a k-th of its gap.
 """
 from __future__ import annotations
 
@@ -17,20 +18,24 @@ import httpx
 
 
 async def _one(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}
     t0 = time.perf_counter()
-    stamps = []
+    stamps, counts = [], []
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                if "error" in json.loads(line[6:]):
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
                     raise RuntimeError(line[:300])
                 stamps.append(time.perf_counter())
-    if len(stamps) != max_tokens:
-        raise RuntimeError(f"a request got {len(stamps)} tokens, not {max_tokens}")
-    return {"ttft_s": stamps[0] - t0, "itl_s": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": len(stamps)}
+                counts.append(len(chunk["choices"][0]["token_ids"]))
+    if sum(counts) != max_tokens:
+        raise RuntimeError(f"a request got {sum(counts)} tokens, not {max_tokens}")
+    itl = [(b - a) / k for a, b, k in zip(stamps, stamps[1:], counts[1:]) for _ in range(k)]
+    return {"ttft_s": stamps[0] - t0, "itl_s": itl, "tokens": sum(counts)}
 
 
 def _pct(xs: list[float], q: float) -> float | None:

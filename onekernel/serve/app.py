@@ -55,7 +55,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health():
         ok = engine.healthy
-        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+        status = "ok" if ok else "shutting down" if engine.draining else "engine stopped"
+        return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -149,15 +150,20 @@ async def _collect(request: Request, tokens) -> list[TokenOut] | None:
 
 
 async def _sse(tokens, fmt: Formatter, handle, usage: bool):
-    """The event stream: (chat: a role chunk), one chunk per token, (a usage chunk), ``data: [DONE]``."""
-    outs = []
+    """The event stream: (chat: a role chunk), a chunk per token that brings text (a token of no text yet, part
+    of a character or held back for a stop string, goes with the next one; with logprobs every token has its
+    chunk), the last with ``finish_reason``, (a usage chunk), ``data: [DONE]``."""
+    outs, held = [], []
     try:
         if fmt.chat:
             yield f"data: {json.dumps(fmt.chunk(None))}\n\n"
         try:
             async for out in tokens:
                 outs.append(out)
-                yield f"data: {json.dumps(fmt.chunk(out))}\n\n"
+                held.append(out)
+                if out.text or out.finish_reason or out.logprob is not None:
+                    yield f"data: {json.dumps(fmt.chunk(held))}\n\n"
+                    held = []
         except EngineStoppedError as e:
             yield f"data: {json.dumps(ApiError(str(e), status=503, type='server_error').body())}\n\n"
         if usage:

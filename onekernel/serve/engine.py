@@ -100,8 +100,9 @@ class Engine:
     positions, at most ``max_queue`` requests waiting beyond the free slots (0: none wait, a free slot still
     serves); ``pipeline`` (default: on a GPU) queues the next step before emitting the last one's tokens.
     ``warm()`` compiles every bucket, ``start()`` starts the thread, ``submit(req, sink) -> Handle`` (any thread)
-    queues a request: QueueFullError, EngineStoppedError. ``stop()`` ends the thread. Raises what
-    ``runtime.buckets.BucketRunners`` raises."""
+    queues a request: QueueFullError, EngineStoppedError. ``drain()`` refuses new requests, ``abort()`` also
+    stops the running ones (shutdown); ``stop()`` ends the thread. Raises what ``runtime.buckets.BucketRunners``
+    raises."""
 
     def __init__(self, model, mode: str, max_batch: int, max_seq_len: int, *, interpret: bool = False,
                  max_queue: int = 256, metrics: Metrics | None = None, pipeline: bool | None = None):
@@ -122,6 +123,7 @@ class Engine:
         self.cv = threading.Condition()
         self.error: BaseException | None = None
         self._stopping, self._thread = False, None
+        self._draining = self._aborting = False  # shutting down: no new requests / stop the running ones
 
     def warm(self, on_bucket: Callable[[int, int, int], None] | None = None) -> None:
         """Prefill once and run one step of every bucket (``BucketRunners.warm``), then empty the cache."""
@@ -141,11 +143,33 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        return (self.error is None and not self._draining and self._thread is not None
+                and self._thread.is_alive())
+
+    @property
+    def draining(self) -> bool:
+        """True once ``drain()`` or ``abort()`` was called (the server is shutting down)."""
+        return self._draining
+
+    def drain(self) -> int:
+        """Refuse new requests from now on (EngineStoppedError; unhealthy); returns how many are running or waiting."""
+        with self.cv:  # a Condition's lock is reentrant: safe in a signal handler of the thread holding it
+            self._draining = True
+            return sum(q is not None for q in self.slots) + len(self.queue)
+
+    def abort(self) -> int:
+        """Refuse new requests and stop the running and waiting ones before the next step: each gets an
+        EngineStoppedError (a stream ends with an error chunk, a plain request gets 503); returns how many."""
+        with self.cv:
+            self._draining = self._aborting = True
+            self.cv.notify_all()
+            return sum(q is not None and not q.done for q in self.slots) + len(self.queue)
 
     def submit(self, req: GenRequest, sink: Callable[[object], None]) -> Handle:
         seq = _Seq(req, sink, self.model.tokenizer, self.eos, self.cache.device)
         with self.cv:
+            if self._draining and self.error is None:
+                raise EngineStoppedError("the server is shutting down and takes no new requests")
             if self.error is not None or self._stopping:
                 raise EngineStoppedError(f"the engine has stopped ({self.error!r:.200})")
             free = sum(q is None for q in self.slots)  # the first `free` queued requests take a slot next
@@ -173,16 +197,28 @@ class Engine:
         except BaseException as e:  # a device or runner error: fail every request, report unhealthy
             traceback.print_exc()
             self.error = e
-            with self.cv:
-                seqs = [q for q in self.slots if q is not None] + list(self.queue)
-                self.queue.clear()
-            for q in seqs:
-                self._send(q, EngineStoppedError(f"the engine failed: {type(e).__name__}: {e}"))
-                self.metrics.requests.labels("error").inc()
+            self._fail_all(EngineStoppedError(f"the engine failed: {type(e).__name__}: {e}"), "error")
+
+    def _fail_all(self, err: EngineStoppedError, outcome: str) -> None:
+        """Send ``err`` to every running and waiting request and drop them (running ones' slots reset unless the
+        engine failed)."""
+        with self.cv:
+            seqs = [q for q in self.slots if q is not None] + list(self.queue)
+            self.queue.clear()
+            self.metrics.waiting.set(0)
+        for q in seqs:
+            if self.error is None and q.slot is not None:
+                self._finish(q, outcome)
+            else:
+                q.done = True
+                self.metrics.requests.labels(outcome).inc()
+            self._send(q, err)
 
     def _loop(self) -> None:
         pending, k = None, 0
         while not self._stopping:
+            if self._aborting:
+                self._fail_all(EngineStoppedError("the server is shutting down: the request was stopped"), "cancelled")
             for s, q in enumerate(self.slots):
                 if q is not None and q.cancelled:
                     self._finish(q, "cancelled")

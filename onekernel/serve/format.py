@@ -82,13 +82,15 @@ class Formatter:
             body["prompt_token_ids"] = self.prompt_ids
         return body
 
-    def chunk(self, out: TokenOut | None, usage: dict | None = None) -> dict:
-        """A stream chunk: one token's (``out``), the chat stream's first (role only: ``out`` None), or the
-        usage chunk (no choices) when ``usage`` is given."""
+    def chunk(self, outs: list[TokenOut] | None, usage: dict | None = None) -> dict:
+        """A stream chunk: the text of the tokens ``outs`` (one, or those whose text came with the last of them:
+        the bytes of one character), the chat stream's first (role only: ``outs`` None), or the usage chunk (no
+        choices) when ``usage`` is given."""
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
         if usage is not None:
             return {**head, "choices": [], "usage": usage}
-        if out is None:
+        if outs is None:
             return {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
-        return {**head, "choices": [self._choice([out], out.text, {"content": out.text})]}
+        text = "".join(o.text for o in outs)
+        return {**head, "choices": [self._choice(outs, text, {"content": text})]}

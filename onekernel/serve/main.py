@@ -1,5 +1,6 @@
 """The ``onekernel serve`` command: load the model once, warm every batch bucket's kernels (progress on
-stderr), then serve the OpenAI API with uvicorn until interrupted."""
+stderr), then serve the OpenAI API with uvicorn until interrupted (``serve.shutdown``: the first SIGINT/SIGTERM
+lets the running requests finish, the second or ``--shutdown-timeout`` stops them)."""
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: %(default)s)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level; info logs every request (default: %(default)s)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGINT/SIGTERM the running requests get S seconds to finish before they are stopped "
+                        "(a second Ctrl-C stops them at once) (default: %(default)g)")
 
 
 def say(line: str) -> None:
@@ -88,10 +92,13 @@ def run(args) -> int:
     from onekernel.runtime.prompts import context_limit
     from onekernel.serve.app import create_app
     from onekernel.serve.engine import Engine
+    from onekernel.serve.shutdown import GracefulServer
 
     bucket_sizes(args.max_batch)  # checks it
     if args.max_queue < 0:
         raise InputError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise InputError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
     has_cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if has_cuda and not args.interpret else "cpu")
     if device == "cuda" and not has_cuda:
@@ -122,8 +129,11 @@ def run(args) -> int:
     served = args.served_model_name or (files.config.name if files.kind == "config" else Path(files.source).stem)
     say(f"onekernel serve: {served} ready in {time.perf_counter() - t0:.1f} s: {mode} mode, {args.max_batch} slots "
         f"of {ctx} positions, buckets {engine.buckets.sizes}; http://{args.host}:{args.port}/v1")
+    server = GracefulServer(uvicorn.Config(create_app(engine, served), host=args.host, port=args.port,
+                                           log_level=args.log_level), engine, args.shutdown_timeout, say)
     try:
-        uvicorn.run(create_app(engine, served), host=args.host, port=args.port, log_level=args.log_level)
+        server.run()
     finally:
+        server.close()
         engine.stop()
     return 0
