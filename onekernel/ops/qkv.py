@@ -63,16 +63,16 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
+    if QK_NORM:  # the tile holds the whole head (P == HD // 2): q or k norm weights of its rows
+        g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
     if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, 2P] has the same shape for every B
         y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True), dt)
         if QK_NORM:  # per-row sums over a [16, HD] tile: a shape and layout that never depend on B
-            g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
             rb = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
             y = tl.where(is_v, y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
-    elif QK_NORM:  # the tile holds the whole head (P == HD // 2); per-row [2P] sums (batch-invariant)
+    elif QK_NORM:  # per-row [2P] sums (batch-invariant)
         acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
                           True)
-        g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
         ys = ()
         for b in tl.static_range(B):
             yb = rnd(acc[b], dt)
