@@ -10,7 +10,8 @@ op (Megatron-LM, Shoeybi et al. 2019, sections 3 and 3.1; the same points as ``d
     down.{i}         the residual, the others add zeros (``build_decode_step(residual=False)``), and the
                      all-reduce of the output [B, D] sums them: x + sum_r attn_r @ wo_r^T
     lm_head.argmax   logits [B, V_local] of the rank's rows -> the whole logits (all-gathered) and the greedy
-                     tokens (distributed argmax: ``TPGroup.argmax``), copied into the runner's own outputs
+                     tokens (distributed argmax of the kernels' local argmax: ``TPGroup.argmax``), copied
+                     into the runner's own outputs
 
 The all-reduce is ``dist.allreduce``'s: "nccl" (``torch.distributed.all_reduce``) or "symm" (symmetric memory's
 one-shot kernel). In graph and pdl mode everything above (collectives included) is captured in the CUDA graph
@@ -74,7 +75,7 @@ class TPKernelRunner:
         def gather() -> None:  # the rank's logits -> the whole logits and the greedy tokens (every rank)
             local = bound.tensors[bound.logits]
             logits.copy_(group.gather_logits(local))
-            next_tokens.copy_(group.argmax(local))
+            next_tokens.copy_(group.argmax(local, bound.tensors[bound.next_tokens]))  # the kernel's local argmax
 
         # host calls after ops (closures over tensors, not over self: no reference cycle keeps a dropped
         # runner's weights alive); names looked up at call time (the step's activations never move)

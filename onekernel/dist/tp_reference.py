@@ -67,10 +67,16 @@ class TPGroup:
         self._run("all_gather", self.dist.all_gather, parts, x.contiguous())
         return parts
 
-    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+    def argmax(self, logits: torch.Tensor, local_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Distributed greedy argmax: this rank's logits float32 [B, V_local] -> global token ids int32 [B], the
-        lowest index among equal maxima (as ``torch.argmax`` over the whole logits)."""
-        best, idx = logits.max(dim=-1)
+        lowest index among equal maxima (as ``torch.argmax`` over the whole logits). ``local_ids`` (int [B]):
+        the rank's own argmax when a kernel already computed it (the lowest index of each row's maximum), so
+        only its values are read."""
+        if local_ids is None:
+            best, idx = logits.max(dim=-1)
+        else:
+            idx = local_ids.long()
+            best = logits.gather(1, idx[:, None])[:, 0]
         vals = torch.stack(self._gather(best))  # [t, B]
         ids = torch.stack(self._gather(idx + self.shard.vocab_start))
         rank = vals.argmax(dim=0)  # first maximum: the lowest rank, so the lowest index (ranges ascend)
