@@ -20,6 +20,7 @@ import gc
 import torch
 
 from onekernel.bench.modes import random_decode_state
+from onekernel.bench.report import fill_ratios
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
 TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl")
@@ -82,12 +83,7 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
                 records.append(rec)
                 if progress:
                     progress(rec)
-        base = next((r["ms_per_step"] for r in records
-                     if r["batch"] == b and r["mode"] == "torch+graph" and r["ms_per_step"]), None)
-        for r in records:
-            if base and r["batch"] == b and r["ms_per_step"]:
-                r["ratio_to_torch_graph"] = r["ms_per_step"] / base
-    return records
+    return fill_ratios(records)
 
 
 def tp_table(records: list[dict]) -> str:
