@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -178,7 +176,7 @@ def _run_bench(args) -> int:
     from onekernel.bench.chart import bench_chart
     from onekernel.bench.modes import bench_modes
     from onekernel.bench.progress import progress
-    from onekernel.bench.report import bench_table, study_report
+    from onekernel.bench.report import bench_table, commit_id, study_report
     from onekernel.bench.study import pick_variants, run_study, variant_names
     from onekernel.bench.timing import copy_bandwidth_gbs
 
@@ -198,9 +196,7 @@ def _run_bench(args) -> int:
     args.context = _context(args, model.config)
     bw = copy_bandwidth_gbs()
     props = torch.cuda.get_device_properties(0)
-    # ONEKERNEL_COMMIT first: a copied tree (a remote GPU machine) may carry a stale .git
-    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit_id()
     meta = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
     name = model.config.name

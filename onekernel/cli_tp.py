@@ -94,13 +94,12 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
     subset of ``bench.tp.TP_BENCH_MODES``). Raises InputError (--study, another mode, --allreduce),
     DeviceError (no GPU, more ranks than GPUs), UnsupportedModelError (head counts), before anything loads."""
     import json
-    import os
-    import subprocess
     import time
     from pathlib import Path
 
     import torch
 
+    from onekernel.bench.report import commit_id
     from onekernel.bench.tp import TP_BENCH_MODES, bench_tp, tp_table
     from onekernel.models.load import open_model
 
@@ -120,8 +119,7 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
     files = open_model(args.model, random_weights=args.random_weights)
     model, group = load_rank(files, rank, args.tp, random_weights=args.random_weights, dtype=torch.bfloat16,
                              seed=args.seed)
-    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit_id()
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)

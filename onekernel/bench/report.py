@@ -7,6 +7,22 @@ causes do not cover is reported as a remainder, never estimated.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
+
+def commit_id() -> str:
+    """The short commit a benchmark record names: $ONEKERNEL_COMMIT first (a tree copied to a GPU machine has no
+    or a stale .git), else ``git rev-parse --short HEAD`` of this package's checkout; "" when neither is known."""
+    if os.environ.get("ONEKERNEL_COMMIT"):
+        return os.environ["ONEKERNEL_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
 
 def _f(x, fmt=".3f", none="-"):
     return none if x is None else format(x, fmt)

@@ -15,26 +15,16 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from onekernel.bench.report import commit_id
 from onekernel.bench.serve_load import run_clients
 from onekernel.bench.serve_process import Server
 from onekernel.models.load import DTYPE_CHOICES, dtype_option
-
-
-def _commit() -> str:
-    if os.environ.get("ONEKERNEL_COMMIT"):
-        return os.environ["ONEKERNEL_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def step_ms(model, mode: str, context: int, interpret: bool, steps: int = 100) -> float:
@@ -112,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": gpu,
-            "commit": _commit(), "model": args.model, "random_weights": args.random_weights, "dtype": str(dtype),
+            "commit": commit_id() or "unknown", "model": args.model, "random_weights": args.random_weights, "dtype": str(dtype),
             "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "max_batch": args.max_batch,
             "max_seq_len": ctx,
             "requests_per_client": args.requests_per_client, "torch": torch.__version__}
