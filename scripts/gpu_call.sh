@@ -188,32 +188,6 @@ case "$1" in
     step 90 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8
     step 120 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8
     ;;
-21) # issue 12 item 1, the tensor-core GEMV path (gemv=mma), ~5-6 min (the limits add up to 8.5). Phase 1, in
-    # parallel (checks and compiles, no timings): the bf16 MMA op tests (vs reference and the CUDA-core path,
-    # bitwise B=5 vs B=1); bitwise batch invariance with gemv=mma at B=2,8,16 in eager/graph/pdl/Triton
-    # megakernel (Llama-3.2-1B); the bench's kernels of both models warmed. Phase 2, one at a time on the idle
-    # GPU: per-op GEMV time of both paths at B=1,8,16 (Llama-3.2-1B, Llama-3.1-8B shapes), then
-    # `onekernel bench --gemv mma --batch 1,8,16` on both models.
-    M3="--modes graph,pdl,megakernel-triton --batch 1,8,16 --random-weights"
-    warm() { local name=$1; shift; (timeout 170 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
-    log "phase 1: checks and warm-up, 5 processes"
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -p no:cacheprovider \
-        >"$W/mma-test.log" 2>&1) &
-    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
-        --modes eager,graph,pdl,megakernel/triton --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
-    warm 1b-mma --model llama-3.2-1b --gemv mma $M3
-    warm 8b-mma --model llama-3.1-8b --gemv mma $M3
-    warm fma --model llama-3.2-1b --gemv fma --modes graph --batch 1,8,16 --random-weights
-    wait
-    tail -n 3 "$W/mma-test.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W/inv-1b-mma.log" | cut -c1-200 | tee -a "$OUT/log.txt"
-    mkdir -p "$W/bench"
-    step 130 mma-ops python3 scripts/mma_ops.py --out "$W/mma-ops.json"
-    grep " x batch 1" "$W/mma-ops.log" | tee -a "$OUT/log.txt"
-    step 80 bench-1b-mma $bench/bench --model llama-3.2-1b --gemv mma $M3
-    step 110 bench-8b-mma $bench/bench --model llama-3.1-8b --gemv mma $M3
-    ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
 tar -czf "$OUT/results.tgz" -C "$W" . && log "packed $(ls "$W" | wc -l) files"

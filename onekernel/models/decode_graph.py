@@ -84,9 +84,9 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
 
 def default_gemv(cfg, dtype: torch.dtype) -> str:
     """The GEMV path a model runs when none is asked for: a property of the model and its dtype, never of the
-    batch (a sequence's tokens must not depend on the batch it shares). "fma" for every model until the H200
-    measures "mma" (tensor cores) at least as fast at batch 1 (scripts/gpu_call.sh 21); fp32 models keep "fma"
-    in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores)."""
+    batch (a sequence's tokens must not depend on the batch it shares). "fma" for every model: on the H200
+    "mma" (tensor cores) is 21% slower at batch 1 on Llama-3.2-1B and slow in pdl mode (benchmarks/README.md,
+    run 7); fp32 models keep "fma" in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores)."""
     return "fma"
 
 
