@@ -112,7 +112,7 @@ def main(name: str = "smollm2-135m", batch: int = 1) -> None:
         ptrs = [r.tensors[op.args[a]] for a in kd.args]
         for pdl in (False, True):
             c = {**{n: op.params[n] for n in kd.consts}, "PDL": pdl, "PROFILE": False, "PROLOGUE_SPLIT": True,
-                 "TRIGGER_END": False}
+                 "TRIGGER": 1}
             rep = compile_sm90(eager_kernel(kd), ptrs + [ptrs[0], 0], c, kd.num_warps,
                                f"{name}_B{batch}_{kind}{'_pdl' if pdl else ''}")
             print(row.format(f"{kind}{' (pdl)' if pdl else ''}", **rep))

@@ -64,7 +64,7 @@ def build(model: str, batch: int, ctx: int, kernel: str):
     kd = op.kind
     ptrs = [t(g.buffers[op.args[a]].dtype) for a in kd.args]
     c = {**{n: op.params[n] for n in kd.consts}, "PDL": False, "PROFILE": False, "PROLOGUE_SPLIT": True,
-         "TRIGGER_END": False}
+         "TRIGGER": 1}
     return eager_kernel(kd), ptrs + [t(torch.int64), 0], c, kd.num_warps
 
 

@@ -61,7 +61,7 @@ def compile_op(model: str, batch: int, gemv: str, g, op) -> dict:
     kd = op.kind
     ptrs = [torch.zeros(8, dtype=g.buffers[op.args[a]].dtype) for a in kd.args]
     consts = {**{n: op.params[n] for n in kd.consts}, "PDL": False, "PROFILE": False, "PROLOGUE_SPLIT": True,
-              "TRIGGER_END": False}
+              "TRIGGER": 1}
     w = g.buffers[op.args["w"]].shape
     name = f"{model}_B{batch}_{gemv}_{kd.name}_{w[0]}x{w[1]}"
     rep = compile_sm90(eager_kernel(kd), ptrs + [ptrs[0], 0], consts, kd.num_warps, name)

@@ -26,6 +26,7 @@ def _records(seed, batches=(1, 8), fail=()):
         ms["megakernel-noprefetch"] = ms["megakernel"] * rnd.uniform(0.95, 1.1)
         ms["megakernel-opevents"] = ms["megakernel"] * rnd.uniform(0.9, 1.3)
         ms["pdl-endtrigger"] = ms["pdl"] * rnd.uniform(0.8, 1.2)
+        ms["pdl-entrytrigger"] = ms["pdl"] * rnd.uniform(0.8, 2.0)
         ms["megakernel-covertiles"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
         ms["megakernel-roundrobin"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
         ms["megakernel-8warps"] = ms["megakernel"] * rnd.uniform(0.8, 1.3)
@@ -72,6 +73,7 @@ def test_study_report_arithmetic_matches_records(seed):
         for x, y in [("pdl", "graph"), ("pdl", "pdl-nosplit"), ("pdl-nosplit", "graph"),
                      ("megakernel", "megakernel-noprefetch"), ("megakernel", "megakernel-opevents"),
                      ("megakernel", "graph"), ("megakernel", "pdl"), ("pdl-endtrigger", "pdl"),
+                     ("pdl-entrytrigger", "pdl"),
                      ("megakernel", "megakernel-covertiles"), ("megakernel", "megakernel-roundrobin"),
                      ("megakernel-8warps", "megakernel")]:
             assert us(d(x, y)) in sec, (x, y)
@@ -140,6 +142,7 @@ def test_boundary_gaps_from_timestamps():
 def test_study_variants_cover_every_question():
     v = {name: (mode, opts, letters) for name, mode, opts, letters in study_variants(132)}
     assert v["pdl-nosplit"] == ("pdl", {"prologue_split": False}, "a")
+    assert v["pdl-entrytrigger"] == ("pdl", {"trigger": "entry"}, "a")
     assert v["megakernel-noprefetch"][1] == {"prefetch": False} and v["megakernel-opevents"][1] == {"events": "op"}
     assert {k for k in v if k.startswith("megakernel-w")} == {"megakernel-w128", "megakernel-w96", "megakernel-w66"}
     assert "megakernel-w132" in {n for n, *_ in study_variants(114)}

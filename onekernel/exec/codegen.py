@@ -92,11 +92,17 @@ from triton.language.extra.cuda import gdc_wait, gdc_launch_dependents, globalti
 def eager_source(kind: OpKind) -> str:
     """Source of the per-op kernel of ``kind``: grid = (n_tiles,), one program per tile.
 
-    PDL (constexpr): trigger dependents at entry, run the prologue, ``gdc_wait``, run the body.
+    PDL (constexpr): run the prologue, ``gdc_wait``, run the body; trigger the dependent launch
+    (``gdc_launch_dependents``) where TRIGGER says.
     PROLOGUE_SPLIT (constexpr, only read when PDL): False moves ``gdc_wait`` before the prologue, so nothing of
     the kernel overlaps its predecessor but the launch itself (the "no prologue split" variant of the study).
-    TRIGGER_END (constexpr, only read when PDL): trigger dependents after the body instead of at entry, so a
-    dependent grid's CTAs cannot take SM slots that this kernel's later CTAs still need (multi-wave grids).
+    TRIGGER (constexpr, only read when PDL; ``TRIGGERS``): 0 "entry" (before the prologue), 1 "wait" (right
+    after ``gdc_wait``: the dependent grid launches once this kernel's predecessor has finished, so at most
+    one grid waits ahead of the running one), 2 "end" (after the body). With "entry" every grid triggers its
+    dependent as soon as its CTAs are resident, so the launches cascade down the whole chain and CTAs parked
+    in ``gdc_wait`` take the SM slots the running grid still needs (H200, Llama-3.2-1B batch 1: 30-130 us
+    between a tile's start and its ``gdc_wait`` returning, 1.128 / 2.329 ms per step with CUDA-core /
+    tensor-core GEMVs against 1.018 / 1.227 ms with "end"; scripts/pdl_probe.py, session 8).
     PROFILE (constexpr): write (start, deps satisfied, end, SM id) as int64 to ``prof + (prof_base + tile) * 4``.
     """
     args = ", ".join(kind.args)
@@ -111,24 +117,28 @@ def eager_source(kind: OpKind) -> str:
         "",
         "@triton.jit",
         f"def kernel({args}, prof, prof_base{cdecl}, PDL: tl.constexpr, PROFILE: tl.constexpr,",
-        "           PROLOGUE_SPLIT: tl.constexpr, TRIGGER_END: tl.constexpr):",
+        "           PROLOGUE_SPLIT: tl.constexpr, TRIGGER: tl.constexpr):",
         "    tile = tl.program_id(0)",
         "    if PROFILE:",
         "        t0 = globaltimer()",
         "    if PDL:",
-        "        if not TRIGGER_END:",
+        "        if TRIGGER == 0:",
         "            gdc_launch_dependents()",
         "        if not PROLOGUE_SPLIT:",
         "            gdc_wait()",
+        "            if TRIGGER == 1:",
+        "                gdc_launch_dependents()",
         f"    {state} = PROLOGUE(tile, {args}{consts})",
         "    if PDL:",
         "        if PROLOGUE_SPLIT:",
         "            gdc_wait()",
+        "            if TRIGGER == 1:",
+        "                gdc_launch_dependents()",
         "    if PROFILE:",
         "        t1 = globaltimer()",
         f"    BODY(tile, {state}, {args}{consts})",
         "    if PDL:",
-        "        if TRIGGER_END:",
+        "        if TRIGGER == 2:",
         "            gdc_launch_dependents()",
         "    if PROFILE:",
         "        t2 = globaltimer()",
@@ -142,6 +152,7 @@ def eager_source(kind: OpKind) -> str:
     return "\n".join(lines)
 
 
+TRIGGERS = ("entry", "wait", "end")  # PDL trigger positions, by the TRIGGER constexpr's value
 _EAGER: dict[str, object] = {}
 
 
@@ -154,12 +165,12 @@ def eager_kernel(kind: OpKind):
 
 def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bool = False,
               prof: torch.Tensor | None = None, prof_base: int = 0, prologue_split: bool = True,
-              trigger_end: bool = False):
+              trigger: str = "wait"):
     """Launch ``op`` as one kernel with one program per tile (eager/graph/pdl modes).
 
     tensors: buffer name -> tensor (a BoundStep's). prof: int64 [n_tasks, 4] or None.
     prologue_split (PDL only): False waits on the previous kernel before the prologue instead of after it.
-    trigger_end (PDL only): trigger the dependent launch after the body instead of at entry.
+    trigger (PDL only): where the dependent launch is triggered, one of ``TRIGGERS`` (``eager_source``).
     """
     kind = op.kind
     ptrs = [tensors[op.args[a]] for a in kind.args]
@@ -171,4 +182,4 @@ def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bo
     # each op's first task id compiled a kind up to 3 times (SmolLM2-135M batch 1: 13 kernels for 8 kinds)
     eager_kernel(kind)[(op.n_tiles,)](
         *ptrs, prof, prof_base if profile else 0, **consts, PDL=pdl, PROFILE=profile, PROLOGUE_SPLIT=prologue_split,
-        TRIGGER_END=trigger_end, num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))
+        TRIGGER=TRIGGERS.index(trigger), num_warps=kind.num_warps, **({"launch_pdl": True} if pdl else {}))

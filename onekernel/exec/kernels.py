@@ -7,11 +7,12 @@ order, grid = the op's tiles.
 * graph: the launch sequence is captured once into a ``torch.cuda.CUDAGraph`` and replayed. Graphs are
   cached by every bound tensor's address; when the KV cache moves, the next step re-captures.
   ``ONEKERNEL_NO_CUDA_GRAPH=1`` (or ``use_cuda_graph=False``) turns capture off: launches run eagerly.
-* pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel triggers its
-  dependents at entry, runs its prologue, then ``gdc_wait`` before its body, so the next kernel's prologue
-  (weight loads) overlaps the previous kernel's tail. Captured in a CUDA graph like ``graph``.
-  ``prologue_split=False`` waits before the prologue instead (measures what the prologue overlap is worth);
-  ``trigger="end"`` triggers the dependent launch after the body (for grids of more than one wave).
+* pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel runs its prologue,
+  then ``gdc_wait`` before its body, and triggers its dependent's launch right after that wait
+  (``trigger="wait"``), so the next kernel's prologue (weight loads) overlaps this kernel's body and at most one
+  grid waits ahead. Captured in a CUDA graph like ``graph``. ``prologue_split=False`` waits before the
+  prologue instead (measures what the prologue overlap is worth); ``trigger="entry"`` triggers at entry (the
+  launches cascade down the chain: ``codegen.eager_source``), ``trigger="end"`` after the body.
 
 ``after``: {op name: host callable} run right after that op's launch, in program order (tensor parallel's
 all-reduces, dist/tp_kernels.py). They are part of every launch sequence: called each step in eager, captured
@@ -24,7 +25,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec.base import StepRunner, cuda_graphs_enabled
-from onekernel.exec.codegen import launch_op
+from onekernel.exec.codegen import TRIGGERS, launch_op
 
 
 class EagerRunner(StepRunner):
@@ -34,11 +35,11 @@ class EagerRunner(StepRunner):
     mode = "eager"
     pdl = False
 
-    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "entry", profile: bool = False,
+    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "wait", profile: bool = False,
                  after: dict | None = None):
         super().__init__(step, profile=profile)
-        if trigger not in ("entry", "end"):
-            raise InputError(f"unknown PDL trigger {trigger!r}; choose 'entry' or 'end'")
+        if trigger not in TRIGGERS:
+            raise InputError(f"unknown PDL trigger {trigger!r}; choose one of {', '.join(TRIGGERS)}")
         self.after = dict(after or {})
         unknown = sorted(set(self.after) - {op.name for op in self.graph.ops})
         if unknown:
@@ -50,7 +51,7 @@ class EagerRunner(StepRunner):
         for op in self.graph.ops:
             launch_op(self.graph, op, self.tensors, pdl=self.pdl, prof=self.prof,
                       prof_base=op.task_ids[0] if op.task_ids else 0, prologue_split=self.prologue_split,
-                      trigger_end=self.trigger == "end")
+                      trigger=self.trigger)
             if op.name in self.after:
                 self.after[op.name]()
 
