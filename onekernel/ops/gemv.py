@@ -15,7 +15,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, norm_xt
+from onekernel.ops.gemv_mma import COLS, STAGES, gemv_mma, load_xt, mma_acc, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
 from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
@@ -103,6 +103,17 @@ def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.co
     matrices): each normalized activation tile is made once and feeds both MMAs."""
     ag = tl.zeros([BLOCK_N, COLS], tl.float32)
     au = tl.zeros([BLOCK_N, COLS], tl.float32)
+    if STAGES > 0:  # the chunk loop of gemv_mma's STAGES switch
+        h = norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, True)
+        ag = mma_acc(ag, wg0, h)
+        au = mma_acc(au, wu0, h)
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+            wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+            wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
+            h = norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, True)
+            ag = mma_acc(ag, wg, h)
+            au = mma_acc(au, wu, h)
+        return tl.trans(ag), tl.trans(au)
     wg, wu = wg0, wu0
     xv = load_xt(x, B, 0, K, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_mma

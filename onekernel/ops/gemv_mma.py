@@ -27,6 +27,8 @@ this path too when the model uses it: a CUDA-core batch-1 run would sum in anoth
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -34,6 +36,11 @@ from onekernel.ops.gemv_rows import last_chunk, load_w_chunk, rnd
 from onekernel.ops.tiling import MMA_COLS
 
 COLS = tl.constexpr(MMA_COLS)  # the padded batch: the narrow MMA operand's width, and BLOCK_B on this path
+# Chunk loop: 0 = weight and activation chunks double-buffered in registers (two chunks in flight); N >= 2 =
+# Triton's software pipeliner (``tl.range(num_stages=N)``: cp.async copies of N - 1 chunks ahead into shared
+# memory). Same chunks, same k order, same MMAs either way. Read once at import (``ONEKERNEL_MMA_STAGES``) so
+# that one GPU run can compare them in separate processes (scripts/mma_ops.py).
+STAGES = tl.constexpr(int(os.environ.get("ONEKERNEL_MMA_STAGES", "0")))
 
 
 @triton.jit
@@ -77,12 +84,18 @@ def gemv_mma(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, 
     first weight chunk w0 = W[rows, :BLOCK_K]; rstd [16] from ``rms_rstd`` (unused unless NORM). Weight and
     activation chunks double-buffered: chunk k + 1's loads are issued before chunk k's MMA."""
     acc = tl.zeros([R, COLS], tl.float32)
-    wv = w0
-    xv = load_xt(x, B, 0, K, BLOCK_K)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-        nx = load_xt(x, B, k0, K, BLOCK_K)
-        acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, NORM))
-        wv, xv = nxt, nx
-    acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, NORM))
+    if STAGES > 0:
+        acc = mma_acc(acc, w0, norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, NORM))
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+            wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+            acc = mma_acc(acc, wv, norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, NORM))
+    else:
+        wv = w0
+        xv = load_xt(x, B, 0, K, BLOCK_K)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
+            nx = load_xt(x, B, k0, K, BLOCK_K)
+            acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, NORM))
+            wv, xv = nxt, nx
+        acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, NORM))
     return tl.trans(acc)
