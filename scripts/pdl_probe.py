@@ -1,6 +1,6 @@
 """Why is pdl slow with tensor-core GEMVs (issue 12)? Per-op spans of graph and pdl, fma and mma, from task stamps.
 
-    python scripts/pdl_probe.py --out FILE.json [--model llama-3.2-1b] [--batch 1]
+    python scripts/pdl_probe.py --out FILE.json [--model llama-3.2-1b] [--batch 1] [--paths fma,mma]
 
 For each (gemv, mode, variant): the median step time (``bench_modes``, 100 steps) and one profiled step's
 per-op-kind medians over the layers: span (the op's first tile start to its last tile end), wait (first tile
@@ -25,7 +25,7 @@ from onekernel.bench.timing import copy_bandwidth_gbs  # noqa: E402
 from onekernel.models.load import load_model  # noqa: E402
 from onekernel.runtime.runners import make_step_runner  # noqa: E402
 
-CASES = [("graph", {}), ("pdl", {}), ("pdl", {"prologue_split": False}), ("pdl", {"trigger": "end"})]
+CASES = [("graph", {}), ("pdl", {"trigger": "wait"}), ("pdl", {"trigger": "entry"}), ("pdl", {"trigger": "end"})]
 
 
 def per_op(graph, prof) -> dict:
@@ -56,11 +56,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--paths", default="fma,mma")
     a = ap.parse_args()
     model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
     bw = copy_bandwidth_gbs()
     out = []
-    for gemv in ("fma", "mma"):
+    for gemv in a.paths.split(","):
         for mode, opts in CASES:
             o = dict(opts, gemv=gemv)
             rec, = bench_modes(model, a.model, a.batch, 512, [mode], bw, steps=100, options={mode: o})
