@@ -25,7 +25,7 @@ def _records(seed, batches=(1, 8), fail=()):
               "megakernel": graph * rnd.uniform(1.2, 2.0)}
         ms["megakernel-noprefetch"] = ms["megakernel"] * rnd.uniform(0.95, 1.1)
         ms["megakernel-opevents"] = ms["megakernel"] * rnd.uniform(0.9, 1.3)
-        ms["pdl-endtrigger"] = ms["pdl"] * rnd.uniform(0.8, 1.2)
+        ms["pdl-waittrigger"] = ms["pdl"] * rnd.uniform(0.8, 1.2)
         ms["pdl-entrytrigger"] = ms["pdl"] * rnd.uniform(0.8, 2.0)
         ms["megakernel-covertiles"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
         ms["megakernel-roundrobin"] = ms["megakernel"] * rnd.uniform(0.9, 1.5)
@@ -72,7 +72,7 @@ def test_study_report_arithmetic_matches_records(seed):
         sec = _section(rep, b)
         for x, y in [("pdl", "graph"), ("pdl", "pdl-nosplit"), ("pdl-nosplit", "graph"),
                      ("megakernel", "megakernel-noprefetch"), ("megakernel", "megakernel-opevents"),
-                     ("megakernel", "graph"), ("megakernel", "pdl"), ("pdl-endtrigger", "pdl"),
+                     ("megakernel", "graph"), ("megakernel", "pdl"), ("pdl-waittrigger", "pdl"),
                      ("pdl-entrytrigger", "pdl"),
                      ("megakernel", "megakernel-covertiles"), ("megakernel", "megakernel-roundrobin"),
                      ("megakernel-8warps", "megakernel")]:

@@ -17,7 +17,7 @@ from onekernel.runtime.runners import make_step_runner
 KINDS = {k.name: k for k in OP_KINDS}
 
 
-def _call_order(kind_name: str, pdl: bool, split: bool, trigger: str = "wait") -> list[str]:
+def _call_order(kind_name: str, pdl: bool, split: bool, trigger: str = "end") -> list[str]:
     kind = KINDS[kind_name]
     fn = eager_kernel(kind).fn  # the generated Python function behind the Triton kernel
     calls = []
@@ -39,13 +39,13 @@ def _call_order(kind_name: str, pdl: bool, split: bool, trigger: str = "wait") -
 
 @pytest.mark.parametrize("kind_name", sorted(KINDS))
 def test_prologue_split_switch_orders_wait_and_prologue(kind_name):
-    assert _call_order(kind_name, True, True) == ["prologue", "wait", "launch_dependents", "body"]
-    assert _call_order(kind_name, True, False) == ["wait", "launch_dependents", "prologue", "body"]
+    assert _call_order(kind_name, True, True) == ["prologue", "wait", "body", "launch_dependents"]
+    assert _call_order(kind_name, True, False) == ["wait", "prologue", "body", "launch_dependents"]
+    assert _call_order(kind_name, True, True, "wait") == ["prologue", "wait", "launch_dependents", "body"]
+    assert _call_order(kind_name, True, False, "wait") == ["wait", "launch_dependents", "prologue", "body"]
     assert _call_order(kind_name, False, False) == ["prologue", "body"]
     assert _call_order(kind_name, True, True, "entry") == ["launch_dependents", "prologue", "wait", "body"]
     assert _call_order(kind_name, True, False, "entry") == ["launch_dependents", "wait", "prologue", "body"]
-    assert _call_order(kind_name, True, True, "end") == ["prologue", "wait", "body", "launch_dependents"]
-    assert _call_order(kind_name, True, False, "end") == ["wait", "prologue", "body", "launch_dependents"]
     for trigger in TRIGGERS:
         assert _call_order(kind_name, False, True, trigger) == ["prologue", "body"]
     src = eager_source(KINDS[kind_name])

@@ -103,9 +103,9 @@ def _section(key, a, errors) -> list[str]:
           f"{_f(ms.get('graph'))} ms); of which prologue split: {us(a['split'])}{_share(a['split'], a['pdl_vs_graph'])}"
           f" (pdl with split vs without), and early launch without prologue overlap: {us(a['overlap_rest'])}"
           f"{_share(a['overlap_rest'], a['pdl_vs_graph'])} (pdl without split vs graph). Triggering the dependent "
-          f"launch at entry instead of after the wait: {us(_diff_us(ms, 'pdl-entrytrigger', 'pdl'))} "
-          f"(pdl-entrytrigger {_f(ms.get('pdl-entrytrigger'))} ms); after the body: "
-          f"{us(_diff_us(ms, 'pdl-endtrigger', 'pdl'))} (pdl-endtrigger {_f(ms.get('pdl-endtrigger'))} ms).", "",
+          f"launch at entry instead of after the body: {us(_diff_us(ms, 'pdl-entrytrigger', 'pdl'))} "
+          f"(pdl-entrytrigger {_f(ms.get('pdl-entrytrigger'))} ms); right after the wait: "
+          f"{us(_diff_us(ms, 'pdl-waittrigger', 'pdl'))} (pdl-waittrigger {_f(ms.get('pdl-waittrigger'))} ms).", "",
           f"**(b) Prefetch.** megakernel with vs without next-task prefetch: {us(a['prefetch'])} per step "
           f"({'prefetch saves time' if a['prefetch'] is not None and a['prefetch'] < 0 else 'prefetch saves nothing'}"
           f" in this measurement).", "",

@@ -4,9 +4,9 @@ megakernel mode, on one model, batch and context, in one process.
 Variants (each a runner option of one mode, timed by ``bench_modes`` like every mode; one record each, with a
 ``variant`` field and the ``study`` letters it answers):
 
-(a) startup overlap: ``graph``, ``pdl`` (prologue split: wait after the prologue; dependents launched right
-    after the wait), ``pdl-nosplit`` (wait before the prologue), ``pdl-entrytrigger`` (dependents launched at
-    entry), ``pdl-endtrigger`` (dependents launched after the body);
+(a) startup overlap: ``graph``, ``pdl`` (prologue split: wait after the prologue; dependents launched after
+    the body), ``pdl-nosplit`` (wait before the prologue), ``pdl-entrytrigger`` (dependents launched at
+    entry), ``pdl-waittrigger`` (dependents launched right after the wait);
 (b) prefetch: ``megakernel`` (next-task weight prefetch into L2) against ``megakernel-noprefetch``;
 (c) dependency granularity: ``megakernel`` (tile-level events) against ``megakernel-opevents`` (one per op);
     task granularity: ``megakernel-covertiles`` (the separate kernels' 1-2 tiles per SM per op instead of
@@ -36,7 +36,7 @@ def study_variants(n_sm: int) -> list[tuple[str, str, dict, str]]:
     v = [("graph", "graph", {}, "a"), ("pdl", "pdl", {}, "a"),
          ("pdl-nosplit", "pdl", {"prologue_split": False}, "a"),
          ("pdl-entrytrigger", "pdl", {"trigger": "entry"}, "a"),
-         ("pdl-endtrigger", "pdl", {"trigger": "end"}, "a"),
+         ("pdl-waittrigger", "pdl", {"trigger": "wait"}, "a"),
          ("megakernel", "megakernel", {}, "bcd"),
          ("megakernel-noprefetch", "megakernel", {"prefetch": False}, "b"),
          ("megakernel-opevents", "megakernel", {"events": "op"}, "c"),

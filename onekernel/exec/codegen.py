@@ -97,12 +97,14 @@ def eager_source(kind: OpKind) -> str:
     PROLOGUE_SPLIT (constexpr, only read when PDL): False moves ``gdc_wait`` before the prologue, so nothing of
     the kernel overlaps its predecessor but the launch itself (the "no prologue split" variant of the study).
     TRIGGER (constexpr, only read when PDL; ``TRIGGERS``): 0 "entry" (before the prologue), 1 "wait" (right
-    after ``gdc_wait``: the dependent grid launches once this kernel's predecessor has finished, so at most
-    one grid waits ahead of the running one), 2 "end" (after the body). With "entry" every grid triggers its
-    dependent as soon as its CTAs are resident, so the launches cascade down the whole chain and CTAs parked
-    in ``gdc_wait`` take the SM slots the running grid still needs (H200, Llama-3.2-1B batch 1: 30-130 us
-    between a tile's start and its ``gdc_wait`` returning, 1.128 / 2.329 ms per step with CUDA-core /
-    tensor-core GEMVs against 1.018 / 1.227 ms with "end"; scripts/pdl_probe.py, session 8).
+    after ``gdc_wait``), 2 "end" (after the body: the default). The earlier the trigger, the earlier the
+    dependent grid's CTAs become resident and park in ``gdc_wait``, taking SM slots (registers, shared memory)
+    that this grid's later CTAs still need; with "entry" every grid triggers its dependent as soon as its CTAs
+    are resident, so the launches cascade down the chain. H200, Llama-3.2-1B (scripts/pdl_probe.py, run 8 call
+    2, ba23584), ms per step entry / wait / end (graph): CUDA-core GEMVs batch 1 1.123 / 1.052 / 1.019 (1.027),
+    batch 8 4.018 / 3.885 / 3.164 (3.150); tensor-core GEMVs batch 1 2.347 / 1.423 / 1.231 (1.240), batch 8
+    2.126 / 1.613 / 1.365 (1.354). With "end" a tile still loads its first weight chunk before ``gdc_wait``,
+    but only once the previous grid has finished its bodies.
     PROFILE (constexpr): write (start, deps satisfied, end, SM id) as int64 to ``prof + (prof_base + tile) * 4``.
     """
     args = ", ".join(kind.args)
@@ -165,7 +167,7 @@ def eager_kernel(kind: OpKind):
 
 def launch_op(graph: Graph, op: Op, tensors: dict[str, torch.Tensor], *, pdl: bool = False,
               prof: torch.Tensor | None = None, prof_base: int = 0, prologue_split: bool = True,
-              trigger: str = "wait"):
+              trigger: str = "end"):
     """Launch ``op`` as one kernel with one program per tile (eager/graph/pdl modes).
 
     tensors: buffer name -> tensor (a BoundStep's). prof: int64 [n_tasks, 4] or None.

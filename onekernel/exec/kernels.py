@@ -7,12 +7,13 @@ order, grid = the op's tiles.
 * graph: the launch sequence is captured once into a ``torch.cuda.CUDAGraph`` and replayed. Graphs are
   cached by every bound tensor's address; when the KV cache moves, the next step re-captures.
   ``ONEKERNEL_NO_CUDA_GRAPH=1`` (or ``use_cuda_graph=False``) turns capture off: launches run eagerly.
-* pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel runs its prologue,
-  then ``gdc_wait`` before its body, and triggers its dependent's launch right after that wait
-  (``trigger="wait"``), so the next kernel's prologue (weight loads) overlaps this kernel's body and at most one
-  grid waits ahead. Captured in a CUDA graph like ``graph``. ``prologue_split=False`` waits before the
-  prologue instead (measures what the prologue overlap is worth); ``trigger="entry"`` triggers at entry (the
-  launches cascade down the chain: ``codegen.eager_source``), ``trigger="end"`` after the body.
+* pdl: the same, with programmatic dependent launch (``launch_pdl=True``): each kernel runs its prologue
+  (first weight chunk), then ``gdc_wait`` before its body, and triggers its dependent's launch after the body
+  (``trigger="end"``), so the next kernel starts without a launch gap and its prologue overlaps this kernel's
+  last memory operations. Captured in a CUDA graph like ``graph``. ``prologue_split=False`` waits before the
+  prologue instead (measures what the prologue overlap is worth); ``trigger="entry"`` / ``"wait"`` trigger
+  before the prologue / right after ``gdc_wait``: earlier launches park CTAs on the SMs (``codegen.eager_source``
+  has the measurement).
 
 ``after``: {op name: host callable} run right after that op's launch, in program order (tensor parallel's
 all-reduces, dist/tp_kernels.py). They are part of every launch sequence: called each step in eager, captured
@@ -35,7 +36,7 @@ class EagerRunner(StepRunner):
     mode = "eager"
     pdl = False
 
-    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "wait", profile: bool = False,
+    def __init__(self, step, *, prologue_split: bool = True, trigger: str = "end", profile: bool = False,
                  after: dict | None = None):
         super().__init__(step, profile=profile)
         if trigger not in TRIGGERS:
