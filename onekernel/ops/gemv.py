@@ -15,7 +15,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv_mma import COLS, STAGES, gemv_mma, load_xt, mma_acc, norm_xt
+from onekernel.ops.gemv_mma import COLS, DEEP, gemv_mma, load_xt, mma_acc, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
 from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
@@ -36,7 +36,7 @@ def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexp
     tensor cores, BLOCK_B = 16)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     if MMA:
-        acc = gemv_mma(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, False)
+        acc = gemv_mma(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, False, DEEP)
     else:
         acc = gemv_rows(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
     ob = tl.arange(0, BLOCK_B)
@@ -103,11 +103,11 @@ def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.co
     matrices): each normalized activation tile is made once and feeds both MMAs."""
     ag = tl.zeros([BLOCK_N, COLS], tl.float32)
     au = tl.zeros([BLOCK_N, COLS], tl.float32)
-    if STAGES > 0:  # the chunk loop of gemv_mma's STAGES switch
+    if BLOCK_N >= 64:  # pipelined DEEP chunks deep through shared memory (ops/gemv_mma.py: DEEP)
         h = norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, True)
         ag = mma_acc(ag, wg0, h)
         au = mma_acc(au, wu0, h)
-        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=DEEP):
             wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
             wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
             h = norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, True)

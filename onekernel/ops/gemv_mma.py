@@ -27,8 +27,6 @@ this path too when the model uses it: a CUDA-core batch-1 run would sum in anoth
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -36,11 +34,15 @@ from onekernel.ops.gemv_rows import last_chunk, load_w_chunk, rnd
 from onekernel.ops.tiling import MMA_COLS
 
 COLS = tl.constexpr(MMA_COLS)  # the padded batch: the narrow MMA operand's width, and BLOCK_B on this path
-# Chunk loop: 0 = weight and activation chunks double-buffered in registers (two chunks in flight); N >= 2 =
-# Triton's software pipeliner (``tl.range(num_stages=N)``: cp.async copies of N - 1 chunks ahead into shared
-# memory). Same chunks, same k order, same MMAs either way. Read once at import (``ONEKERNEL_MMA_STAGES``) so
-# that one GPU run can compare them in separate processes (scripts/mma_ops.py).
-STAGES = tl.constexpr(int(os.environ.get("ONEKERNEL_MMA_STAGES", "0")))
+# The chunk loop's depth, per op kind and shape (``STAGES`` of gemv_mma): 0 = weight and activation chunks
+# double-buffered in registers (two chunks in flight); N >= 2 = Triton's software pipeliner (``tl.range(
+# num_stages=N)``: cp.async copies of N - 1 chunks ahead into shared memory). Same chunks, same k order, same
+# MMAs either way. Measured per op on the H200 (run 8 call 2, scripts/mma_ops.py, % of the copy bandwidth at
+# depth 0 / 5): gemv_residual (16-row tiles) Llama-1B 2048x8192 40 / 60% (batch 8: 55 / 83%), Llama-8B
+# 4096x14336 66 / 81% (87 / 116%, L2); gate_up with 64-row tiles (Llama-8B) 80 / 90%; but qkv_rope 29 / 25%,
+# gate_up with 32-row tiles (Llama-1B, batch 8) 70 / 48%, lm_head 94 / 79%. So the residual GEMVs and the
+# 64-row gate_up pipeline 5 deep, the rest keep the register double buffer.
+DEEP = tl.constexpr(5)
 
 
 @triton.jit
@@ -79,10 +81,11 @@ def mma_acc(acc, wv, xt):
 
 @triton.jit
 def gemv_mma(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-             BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+             BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr = 0):
     """fp32 [16, R] = (norm?)x[B, K] @ W[rows, :]^T on the tensor cores (rows >= B are 0), given the prefetched
     first weight chunk w0 = W[rows, :BLOCK_K]; rstd [16] from ``rms_rstd`` (unused unless NORM). Weight and
-    activation chunks double-buffered: chunk k + 1's loads are issued before chunk k's MMA."""
+    activation chunks double-buffered: chunk k + 1's loads are issued before chunk k's MMA (STAGES 0), or
+    pipelined STAGES deep through shared memory (the ``DEEP`` comment above)."""
     acc = tl.zeros([R, COLS], tl.float32)
     if STAGES > 0:
         acc = mma_acc(acc, w0, norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, NORM))
