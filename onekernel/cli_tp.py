@@ -29,6 +29,11 @@ def check_tp_options(args, mode: str | None, device: str) -> None:
     Raises InputError."""
     if mode is not None:
         check_tp_mode(mode)
+    if mode == "megakernel" and args.tp > 1 and device != "cuda":
+        raise InputError("--mode megakernel at --tp > 1 runs on GPUs (its ranks read each other's symmetric "
+                         "memory); on the CPU use --mode eager --interpret or --mode reference (the interpreter "
+                         "test of the TP megakernel shares CPU memory between its processes: "
+                         "tests/test_tp_megakernel.py)")
     if args.allreduce is None:
         return
     if args.tp == 1:

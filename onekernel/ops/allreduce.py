@@ -17,11 +17,14 @@ peer buffer wait on the producers of those rows *on that rank* (identical graphs
 and event ids). ``res``: the residual stream, added here (once) instead of by one rank's GEMV, so that every
 rank's graph is the same (dist/tp_megakernel.py).
 
-All inputs are read with ``cache_modifier=".cv"`` (``ld.global.cv``: not cached, fetched again): the peer rows
-live in another GPU's memory and are read after a system-scope acquire of that GPU's event counter
-(exec/mk_device.py ``spin_peer``); by the PTX memory model the acquire (then the CTA barrier) already orders these
-weak loads after the peer's release, and ``.cv`` keeps any cache from serving a line fetched before it (the
-design's belt and braces, as ``.cg`` is for the local activations).
+All inputs are read with ``cache_modifier=".cv"`` ("don't cache, fetch again"; Triton 3.6 lowers it to
+``ld.volatile.global``, which the PTX memory model treats as a relaxed load at system scope: checked in the sm_90a
+PTX by scripts/tp_compile_check.py): the peer rows live in another GPU's memory and are read after a system-scope
+acquire of that GPU's event counter (exec/mk_device.py ``spin_peer``), then the CTA barrier. By the memory model
+the peer's release (after its CTA barrier: cumulativity), our acquire and the barrier already order these loads
+after the peer's stores; a load that no cache can serve keeps a line fetched before the acquire from being seen
+(belt and braces, as ``.cg`` is for the local activations). The loads are scalar (no 16-byte vectors for
+volatile loads): a tile is B x BLOCK_D elements per rank, a few hundred bytes.
 
 Up to MAX_RANKS inputs: the tile function has MAX_RANKS pointer arguments and the constexpr N says how many are
 read (Triton has no variadic pointer arguments); the builder binds the unused roles to ``p_0``.
