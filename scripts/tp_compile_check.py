@@ -1,6 +1,6 @@
 """Compile the tensor-parallel megakernel (rank 0 of 2) for an H200 (sm_90a) on a machine WITHOUT a GPU.
 
-    python scripts/tp_compile_check.py [MODEL] [BATCH]      # default smollm2-135m 1
+    python scripts/tp_compile_check.py [MODEL] [BATCH]      # default llama-3.2-1b 1 (TP 2 must divide its heads)
 
 Builds rank 0's shard and its TP graph (all-reduce tile tasks, ``models.decode_graph(tp=(0, 2))``), a
 MegakernelRunner over CPU stand-in pools (only the addresses' arithmetic matters for compiling), compiles the
@@ -42,7 +42,7 @@ NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.releas
           "atom.gpu.release": r"atom\.global\.gpu\.release"}
 
 
-def main(name: str = "smollm2-135m", batch: int = 1) -> int:
+def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
     full = load_model(name, random_weights=True, dtype=torch.bfloat16)
     shard = shard_config(full.config, 2, 0)
     weights = shard_weights(shard, full.weights)
