@@ -120,7 +120,7 @@ def _run_generate(args) -> int:
     mode, note = args.mode, None
     if mode is None:
         if device == "cuda":
-            mode = DEFAULT_GPU_MODE if args.tp == 1 else "graph"  # no megakernel at --tp > 1 yet
+            mode = DEFAULT_GPU_MODE if args.tp == 1 else "graph"  # the TP megakernel is opt-in until run on GPUs
         elif args.interpret:
             mode, note = "eager", "note: --interpret without --mode: the eager mode runs in the Triton interpreter"
         else:

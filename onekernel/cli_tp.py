@@ -16,8 +16,8 @@ from onekernel.errors import DeviceError, InputError
 def add_tp_argument(p) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size: N processes (one per GPU on cuda), started by onekernel or by "
-                        "`torchrun --nproc-per-node N -m onekernel ...`; modes reference, eager, graph, pdl (no "
-                        "megakernel yet)")
+                        "`torchrun --nproc-per-node N -m onekernel ...`; modes reference, eager, graph, pdl, "
+                        "megakernel (its all-reduces are tile tasks over symmetric memory)")
     p.add_argument("--allreduce", default=None, metavar="|".join(ALLREDUCES),
                    help="with --tp > 1, the kernel modes' all-reduce: nccl (torch.distributed, captured in the CUDA "
                         "graph) or symm (PyTorch symmetric memory's one-shot kernel; GPUs only); default nccl "
@@ -29,6 +29,11 @@ def check_tp_options(args, mode: str | None, device: str) -> None:
     Raises InputError."""
     if mode is not None:
         check_tp_mode(mode)
+    if mode == "megakernel" and args.tp > 1 and device != "cuda":
+        raise InputError("--mode megakernel at --tp > 1 runs on GPUs (its ranks read each other's symmetric "
+                         "memory); on the CPU use --mode eager --interpret or --mode reference (the interpreter "
+                         "test of the TP megakernel shares CPU memory between its processes: "
+                         "tests/test_tp_megakernel.py)")
     if args.allreduce is None:
         return
     if args.tp == 1:
@@ -36,6 +41,9 @@ def check_tp_options(args, mode: str | None, device: str) -> None:
     if mode == "reference":
         raise InputError("--allreduce applies to the kernel modes (eager, graph, pdl) at --tp > 1; the reference "
                          "mode all-reduces through torch.distributed")
+    if mode == "megakernel":
+        raise InputError("--allreduce applies to the kernel modes (eager, graph, pdl) at --tp > 1; the megakernel's "
+                         "all-reduces are its own tile tasks")
     check_allreduce(args.allreduce, device)
 
 
@@ -88,7 +96,7 @@ def start(args, mode: str, device: str, check=None):
 
 def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int:
     """``onekernel bench --tp N``: the tensor-parallel step timed at each batch on N GPUs in torch, torch+graph,
-    eager, graph and pdl (``bench.tp``; the kernel modes with --allreduce, default both nccl and symm); rank 0
+    eager, graph, pdl and megakernel (``bench.tp``; the kernel modes with --allreduce, default both nccl and symm); rank 0
     prints the table and writes ``bench-tp{N}-DATE-MODEL-COMMIT.json`` and ``.md`` under --out (the JSON after
     every record). ``context_of(cfg)`` is the checked --context; ``modes_given``: --modes was passed (then a
     subset of ``bench.tp.TP_BENCH_MODES``). Raises InputError (--study, another mode, --allreduce),
@@ -108,8 +116,8 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if modes_given else list(TP_BENCH_MODES)
     bad = [m for m in modes if m not in TP_BENCH_MODES]
     if bad:
-        raise InputError(f"--tp {args.tp} times {', '.join(TP_BENCH_MODES)} (not {', '.join(bad)}: the megakernel "
-                         f"at --tp > 1 is not built yet); pass --modes with those")
+        raise InputError(f"--tp {args.tp} times {', '.join(TP_BENCH_MODES)} (not {', '.join(bad)}); pass --modes "
+                         f"with those")
     if not torch.cuda.is_available():
         raise DeviceError("bench --tp times GPU ranks and needs CUDA GPUs (one per rank); on this machine use "
                           "`onekernel generate --tp N` (the reference mode over gloo)")

@@ -123,7 +123,17 @@ def b_embed(B):
     return g
 
 
-BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_oproj_merge, b_embed]
+def b_allreduce(B, dt=F32):
+    """Rank 1 of 3: its own partial, two peers' copies and the residual, summed per column tile."""
+    from onekernel.ops.allreduce import add_allreduce, add_peer_buffer
+
+    g, (x, res) = _graph([("x", (B, D), dt, "activation"), ("res", (B, D), dt, "activation")])
+    add_allreduce(g, "ar", [add_peer_buffer(g, x, 0), x, add_peer_buffer(g, x, 2)], residual=res, tiling=SMALL)
+    return g
+
+
+BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_oproj_merge, b_embed,
+            b_allreduce]
 
 
 def test_every_op_kind_is_covered():

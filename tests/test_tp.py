@@ -152,7 +152,7 @@ def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
                        (("--tp", "0"), "--tp must be >= 1, got 0"),
                        (("--tp", "2", "--max-new-tokens", "300"), "over the context of 256"),
                        (("--tp", "2", "--mode", "megakernel", "--interpret"),
-                        "--mode megakernel does not run tensor-parallel yet"),
+                        "--mode megakernel at --tp > 1 runs on GPUs"),
                        (("--tp", "2", "--mode", "eager", "--interpret", "--allreduce", "symm"),
                         "--allreduce symm needs CUDA GPUs"),
                        (("--tp", "2", "--allreduce", "symm"), "--allreduce applies to the kernel modes")]:
@@ -162,8 +162,8 @@ def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
 
 def test_bench_tp_refusals(capsys):
     bench = ("bench", "--model", "tiny", "--random-weights", "--tp", "2")
-    assert main([*bench, "--modes", "megakernel"]) == 2
-    assert "--tp 2 times torch, torch+graph, eager, graph, pdl" in capsys.readouterr().err
+    assert main([*bench, "--modes", "megakernel,torch+compile"]) == 2
+    assert "--tp 2 times torch, torch+graph, eager, graph, pdl, megakernel (not torch+compile)" in capsys.readouterr().err
     assert main([*bench, "--study"]) == 2
     assert "--study runs at --tp 1 only" in capsys.readouterr().err
     if not torch.cuda.is_available():

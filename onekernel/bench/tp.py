@@ -1,7 +1,8 @@
 """Per-step latency of the tensor-parallel decode step in every mode that runs at --tp N, timed on every rank of
 one group: "torch" (``dist.tp_reference``), "torch+graph" (``bench.tp_graph``: the same captured in a CUDA graph
-with NCCL inside), and the kernel modes eager, graph, pdl (``dist.tp_kernels``) with each all-reduce asked for
-("nccl", "symm": ``dist.allreduce``).
+with NCCL inside), the kernel modes eager, graph, pdl (``dist.tp_kernels``) with each all-reduce asked for
+("nccl", "symm": ``dist.allreduce``), and the megakernel (``dist.tp_megakernel``: its all-reduces are tile tasks;
+allreduce null).
 
 Each record (rank 0's), the TP=1 bench's fields (``bench.modes``) plus ``tp`` and ``allreduce``: model, batch,
 context, mode, allreduce (null for the torch modes: they all-reduce through NCCL), tp, runner, ms_per_step (the
@@ -23,7 +24,7 @@ from onekernel.bench.modes import random_decode_state
 from onekernel.bench.report import fill_ratios
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
-TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl")
+TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel")
 KERNEL_MODES = ("eager", "graph", "pdl")
 
 
@@ -34,6 +35,8 @@ def tp_runner(mode: str, model, cache, group, allreduce: str | None):
         return TPTorchGraphRunner(model, cache, group)
     if mode == "torch":
         return group.step_runner("reference", model, cache)
+    if mode == "megakernel":
+        return group.step_runner("megakernel", model, cache)
     return group.step_runner(mode, model, cache, allreduce=allreduce)
 
 

@@ -96,18 +96,24 @@ def close_rank() -> None:
         dist.destroy_process_group()
 
 
-def fault_point(rank: int, step: int) -> None:
-    """Fault injection for the tests: ONEKERNEL_TP_FAULT="RANK:kill|hang:STEP" makes that rank SIGKILL itself or
-    sleep for good at that decode step."""
+def fault_action(rank: int, step: int) -> str | None:
+    """The action of ONEKERNEL_TP_FAULT="RANK:ACTION:STEP" when it names this rank and decode step, else None."""
     spec = os.environ.get("ONEKERNEL_TP_FAULT")
     if not spec:
-        return
+        return None
     r, action, s = spec.split(":")
-    if int(r) == rank and int(s) == step:
-        if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        while action == "hang":
-            time.sleep(3600)
+    return action if int(r) == rank and int(s) == step else None
+
+
+def fault_point(rank: int, step: int) -> None:
+    """Fault injection for the tests: ONEKERNEL_TP_FAULT="RANK:kill|hang:STEP" makes that rank SIGKILL itself or
+    sleep for good at that decode step ("RANK:skip:STEP": the megakernel runner skips its launch there, so its
+    peers' remote waits give up, while its collectives still run: dist/tp_megakernel.py)."""
+    action = fault_action(rank, step)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while action == "hang":
+        time.sleep(3600)
 
 
 def _free_port() -> int:

@@ -93,28 +93,32 @@ class TPGroup:
                     **options):
         """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook): "reference" (this module's
         TPReferenceRunner; no options) or a kernel mode, eager | graph | pdl (``dist.tp_kernels.TPKernelRunner``
-        with ``allreduce`` "nccl" | "symm", default the group's, and ``options``). Raises InputError for the
-        megakernel (not built at TP > 1 yet), an unknown mode, options given to the reference mode, and as
-        TPKernelRunner."""
+        with ``allreduce`` "nccl" | "symm", default the group's, and ``options``) or "megakernel"
+        (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``). Raises
+        InputError for an unknown mode, options given to the reference mode, ``allreduce`` given to the
+        megakernel, and as the runner classes."""
         check_tp_mode(mode)
         if mode == "reference":
             if options or allreduce is not None:
                 raise InputError(f"the tensor-parallel reference mode takes no runner options, got "
                                  f"{', '.join(sorted(options)) or 'allreduce=' + str(allreduce)}")
             return TPReferenceRunner(model, cache, self)
+        if mode == "megakernel":
+            if allreduce is not None:
+                raise InputError("--allreduce applies to the kernel modes eager, graph and pdl; the megakernel's "
+                                 "all-reduce is its own tile tasks")
+            from onekernel.dist.tp_megakernel import TPMegakernelRunner
+            return TPMegakernelRunner(model, cache, self, interpret=interpret, **options)
         from onekernel.dist.tp_kernels import TPKernelRunner
         return TPKernelRunner(mode, model, cache, self, interpret=interpret, allreduce=allreduce or self.allreduce,
                               **options)
 
 
-TP_MODES = ("reference", "eager", "graph", "pdl")
+TP_MODES = ("reference", "eager", "graph", "pdl", "megakernel")
 
 
 def check_tp_mode(mode: str) -> None:
-    """InputError unless ``mode`` runs at TP > 1 (TP_MODES; the megakernel does not yet)."""
-    if mode == "megakernel":
-        raise InputError("--mode megakernel does not run tensor-parallel yet (its all-reduce tile tasks are issue "
-                         "13's next part); use --mode eager, graph or pdl, or --tp 1")
+    """InputError unless ``mode`` runs at TP > 1 (TP_MODES)."""
     if mode not in TP_MODES:
         raise InputError(f"unknown mode {mode!r} at --tp > 1; choose one of {', '.join(TP_MODES)}")
 

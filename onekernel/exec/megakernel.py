@@ -13,8 +13,20 @@ with ``Tiling(policy="fit")``: at most one tile per worker per op, see ops/tilin
    doesn't fit in one wave deadlocks);
 4. per step: one launch (optionally inside a CUDA graph). Counters are monotonic, never reset.
 
-A bounded spin that gave up leaves (task, event, seen, expected) in the error word; ``check()`` reads it
-(a device sync) and raises ``KernelTimeoutError`` naming the task, its op and tile; ``poll()`` reads it
+Tensor parallel (a graph that reads *peer* buffers: another rank's copy of one of its buffers, ``graph.meta
+["peers"]``; built by ``models.decode_graph(tp=...)``, run by ``dist.tp_megakernel``): every rank runs the same
+graph (same shapes, built deterministically), so the same task and event ids. A task reading a peer buffer gets
+*remote* dependencies (``graph.deps.derive_remote_dependencies``: the producers of those rows, on that rank),
+which become remote waits on that rank's event counters (``counters``: every rank's counter array as mapped in
+this process, in rank order; ``rank``: this one). The schedule is built and validated on the local and remote
+dependencies merged (``merged_dependencies``), and is the same on every rank; then no cross-rank wait can
+deadlock: every wait-for edge, remote ones included, projects onto an edge of one rank's wait-for graph (a
+dependency, or "queued right after"), which ``validate`` proves acyclic, so a cycle across ranks would project
+onto a cycle there. ``check_cross_step`` proves that no rank overwrites a buffer that a peer still reads from the
+previous step. ``fingerprint()`` lets the ranks compare their schedules and events before the first launch.
+
+A bounded spin that gave up leaves (task, event, seen, expected[, peer rank]) in the error word; ``check()`` reads
+it (a device sync) and raises ``KernelTimeoutError`` naming the task, its op and tile (and the peer rank); ``poll()`` reads it
 through a side stream, without waiting for the steps still queued (for a caller that synchronised on the
 step it wants checked). By default ``step`` reads it never (the caller calls ``check()`` or ``poll()``, as
 every runner offers them); ``check_every=N`` makes ``step`` call ``check()`` every N-th step.
@@ -26,13 +38,14 @@ from contextlib import contextmanager
 
 import torch
 
-from onekernel.errors import InputError, KernelTimeoutError
+from onekernel.errors import InputError, KernelTimeoutError, ScheduleError
 from onekernel.exec import mk_device
 from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 from onekernel.exec.codegen import load_source, variant_of
 from onekernel.exec.megakernel_src import run_task_source
 from onekernel.exec.queue import build_queue
-from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, transitive_reduction
+from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_op_events,
+                                  derive_remote_dependencies, merged_dependencies, transitive_reduction)
 from onekernel.graph.schedule import critical_path_list, residency_check, round_robin, validate
 
 log = logging.getLogger("onekernel")
@@ -78,18 +91,21 @@ class PersistentRunner(StepRunner):
     """What both megakernels (Triton: ``MegakernelRunner``; Gluon streaming: ``exec.stream_runner``) share:
     the launch / CUDA-graph replay of one persistent kernel, monotonic counters, and the error word
     err int32 [5] = (code, task, a, b, c) that ``check()`` / ``poll()`` read (code 1: a dependency wait gave
-    up: a = event, b = seen, c = expected; other codes: ``wait_errors``). Subclasses set ``self.err``,
+    up: a = event, b = seen, c = expected; code 5 (Triton megakernel at TP > 1, err int32 [6]): a remote wait
+    gave up, err[5] = the peer rank; other codes: ``wait_errors``). ``self._after``: a callable run right after
+    each launch, inside the CUDA graph when one is captured (the tensor-parallel runner's logits gather). Subclasses set ``self.err``,
     ``self._side``, ``self._err_host``, ``self.use_cuda_graph``, ``self.check_every``, ``self.wait_limit``
     (words) and implement ``launch()``, ``_write_addresses()``, ``task_graph`` and ``events``."""
 
     mode = "megakernel"
     wait_errors: dict = {}
+    _after = None
 
     def _init_run_state(self, on_gpu: bool, use_cuda_graph: bool | None, check_every: int) -> None:
         dev = self.bound.device
         self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and on_gpu
         self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
-        self._err_host = torch.zeros(5, dtype=torch.int32, pin_memory=on_gpu)
+        self._err_host = torch.zeros(self.err.numel(), dtype=torch.int32, pin_memory=on_gpu)
         self._cuda_graph = None
         self.check_every, self._steps, self._failed = check_every, 0, None
 
@@ -100,23 +116,28 @@ class PersistentRunner(StepRunner):
         if moved:
             self._write_addresses()  # the kernel reads addresses from its tables at run time: graphs stay valid
         if not self.use_cuda_graph:
-            self.launch()
+            self._launch_and_after()
         else:
             if self._cuda_graph is None:
-                self.launch()
+                self._launch_and_after()
                 torch.cuda.synchronize()
                 self.check()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
-                    self.launch()
+                    self._launch_and_after()
                 self._cuda_graph = g
             self._cuda_graph.replay()
         self._steps += 1
         if self.check_every and self._steps % self.check_every == 0:
             self.check()
 
+    def _launch_and_after(self) -> None:
+        self.launch()
+        if self._after is not None:
+            self._after()
+
     def check(self) -> None:
-        """Raise KernelTimeoutError if a bounded wait gave up (reads 5 ints from the device: a sync)."""
+        """Raise KernelTimeoutError if a bounded wait gave up (reads the error word from the device: a sync)."""
         self._raise_if(self.err.tolist())
 
     def poll(self) -> None:
@@ -132,7 +153,7 @@ class PersistentRunner(StepRunner):
     def _raise_if(self, err: list[int]) -> None:
         if not err[0]:
             return
-        code, t, a, b, c = err
+        code, t, a, b, c = err[:5]
         g = self.task_graph
         where = "a worker's ring"
         if 0 <= t < len(g.tasks):
@@ -145,6 +166,13 @@ class PersistentRunner(StepRunner):
                 f"megakernel: {where} waited on event {a} (producers: {producers}...) and saw count {b} < "
                 f"expected {c} after {self.wait_limit}; the schedule, the events or a producer is wrong (or "
                 f"workers were not co-resident)")
+        elif code == 5 and len(err) > 5:
+            peer = err[5]
+            producers = [g.ops[g.tasks[p].op].name for p in self.events.producers[a][:3]]
+            self._failed = (
+                f"megakernel: {where} waited on event {a} (producers: {producers}...) of peer rank {peer} and saw "
+                f"count {b} < expected {c} after {self.wait_limit}; rank {peer} did not run that part of its step "
+                f"(it failed, hung, was not launched, or ran another number of steps)")
         else:
             what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
             detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))
@@ -156,14 +184,19 @@ class MegakernelRunner(PersistentRunner):
     """Options: ``n_workers`` (default: one per SM), ``policy`` ("critical_path" | "round_robin"), ``events``
     ("tile" | "op"), ``prefetch`` (next task's weights into L2), ``profile``, ``spin_limit`` (polls before a
     wait gives up), ``use_cuda_graph``, ``schedule`` (a ready-made Schedule), ``num_warps``, ``check_every``
-    (module doc). ``interpret``: one worker, no inline asm, no prefetch or profile."""
+    (module doc). ``interpret``: one worker, no inline asm, no prefetch or profile.
+
+    Tensor parallel (module doc; needed when the graph reads peer buffers): ``rank`` (this rank) and ``counters``
+    (every rank's event-counter array as mapped in this process, int32, zeroed, at least one entry per task,
+    rank order; in symmetric memory on GPUs); ``after`` (a callable run after every launch, captured with it).
+    Raises InputError without them (or with events="op"), ScheduleError when the cross-step check fails."""
 
     mode = "megakernel"
 
     def __init__(self, step, *, n_workers: int | None = None, policy: str = "critical_path", events: str = "tile",
                  prefetch: bool = True, profile: bool = False, interpret: bool = False,
                  spin_limit: int | None = None, use_cuda_graph: bool | None = None, schedule=None,
-                 num_warps: int | None = None, check_every: int = 0):
+                 num_warps: int | None = None, check_every: int = 0, rank: int = 0, counters=None, after=None):
         dev = step.device
         self.interpret = interpret
         if profile and (interpret or dev.type != "cuda"):
@@ -187,9 +220,26 @@ class MegakernelRunner(PersistentRunner):
         super().__init__(step, profile=profile)
         g = self.graph
         self.deps = transitive_reduction(derive_dependencies(g))
-        self.events = (derive_events if events == "tile" else derive_op_events)(g, self.deps)
-        self.schedule = schedule if schedule is not None else POLICIES[policy](g, self.deps, n_workers)
-        validate(self.schedule, g, self.deps)
+        self.remote = derive_remote_dependencies(g)
+        self.tp = any(self.remote)
+        if self.tp:
+            if counters is None:
+                raise InputError("this step reads other ranks' buffers (a tensor-parallel graph): the megakernel needs "
+                                 "every rank's event counters (counters=, rank=; onekernel.dist.tp_megakernel)")
+            if events != "tile":
+                raise InputError("events='op' is not built for tensor-parallel graphs; use events='tile'")
+            self.events = derive_events(g, self.deps, self.remote)
+            order = merged_dependencies(self.deps, self.remote)
+            try:
+                check_cross_step(g, self.deps, self.remote)
+            except ValueError as e:
+                raise ScheduleError(str(e)) from None
+        else:
+            self.events = (derive_events if events == "tile" else derive_op_events)(g, self.deps)
+            order = self.deps
+        self.schedule = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
+        validate(self.schedule, g, order)
+        self._after = after
         self.n_workers, self.prefetch, self.policy, self.event_mode = self.schedule.n_workers, prefetch, policy, events
         self.spin_limit = spin_limit or (1 << 16 if interpret else 1 << 26)
 
@@ -204,11 +254,16 @@ class MegakernelRunner(PersistentRunner):
         self.maxa = max(len(op.kind.args) for op in g.ops)
         i32 = dict(dtype=torch.int32, device=dev)
         self.qoff = self.schedule.arrays(dev)["queue_ptr"]
-        self.qrec = self.wl = None
-        self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
+        self.qrec = self.wl = self.rwl = None
+        if self.tp:
+            self.ev_cnt, self.peer_off = self._peer_counters(counters, rank, dev)
+        else:
+            self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
+            self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.rank = rank
         self.epoch = torch.ones(1, **i32)
         self.done = torch.zeros(1, **i32)
-        self.err = torch.zeros(5, **i32)
+        self.err = torch.zeros(6 if self.tp else 5, **i32)
         self.argtab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64, device=dev)
         self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
                       (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)}
@@ -222,6 +277,37 @@ class MegakernelRunner(PersistentRunner):
         self.compiled = None
         if dev.type == "cuda" and not interpret:
             self._check_residency()
+
+    def _peer_counters(self, counters, rank: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's)."""
+        n = max(self.events.n_events, 1)
+        if not isinstance(rank, int) or not 0 <= rank < len(counters):
+            raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
+        for p, c in enumerate(counters):
+            if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
+                raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
+                                 f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
+        peers = {p for rs in self.remote for p, _ in rs}
+        if not peers <= set(range(len(counters))) - {rank}:
+            raise InputError(f"the graph reads ranks {sorted(peers)}; counters were given for {len(counters)} ranks "
+                             f"and this is rank {rank}")
+        own = counters[rank]
+        if own.device != dev:
+            raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
+        off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
+        return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of what every rank must share to wait on each other's counters: the variants, the
+        queues, the events (signals, waits, expected counts) and the events of the remote waits (without the peer
+        ranks, which differ by rank). The tensor-parallel runner compares it across ranks before a launch."""
+        import hashlib
+
+        ev = self.events
+        parts = (tuple(v.name for v in self.variants), tuple(map(tuple, self.schedule.queues)), tuple(ev.signal),
+                 tuple(map(tuple, ev.waits)), tuple(ev.expected),
+                 tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits))
+        return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
 
     # -- tables ----------------------------------------------------------------------------------------
     def _write_addresses(self) -> None:
@@ -242,21 +328,24 @@ class MegakernelRunner(PersistentRunner):
     def write_tables(self) -> None:
         """Write the queue records and the wait list from the schedule, the events (``self.events.expected``
         is read here: tests raise a count to provoke a timeout) and the next-task prefetch spans."""
-        qrec, wl = build_queue(self.graph, self.schedule, self.events, self.op_var,
-                               lambda task: weight_span(self.graph, self.tensors, task))
+        qrec, wl, *rwl = build_queue(self.graph, self.schedule, self.events, self.op_var,
+                                     lambda task: weight_span(self.graph, self.tensors, task), remote=self.tp)
+        rwl = rwl[0] if rwl else torch.zeros(1, 3, dtype=torch.int32)
         if self.qrec is None:
-            self.qrec, self.wl = qrec.to(self.argtab.device), wl.to(self.argtab.device)
+            dev = self.argtab.device
+            self.qrec, self.wl, self.rwl = qrec.to(dev), wl.to(dev), rwl.to(dev)
         else:  # in place: a captured CUDA graph keeps reading the same tables
             self.qrec.copy_(qrec)
             self.wl.copy_(wl)
+            self.rwl.copy_(rwl)
 
     def _args(self):
         return (self.qrec, self.qoff, self.wl, self.argtab, self.ev_cnt, self.epoch, self.done, self.err,
-                self.prof_buf, *self.bases.values(), self.n_workers, self.spin_limit)
+                self.prof_buf, *self.bases.values(), self.n_workers, self.spin_limit, self.rwl, self.peer_off)
 
     def _kw(self):
         return dict(RUN_TASK=self.run_task, MAXA=self.maxa, PROFILE=self.profile, PREFETCH=self.prefetch,
-                    ACQ_LOAD=not self.interpret, num_warps=self.num_warps)
+                    ACQ_LOAD=not self.interpret, TP=self.tp, num_warps=self.num_warps)
 
     def _check_residency(self) -> None:
         dev = self.bound.device

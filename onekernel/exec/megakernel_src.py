@@ -32,7 +32,8 @@ def _branch(idx: int, v: Variant) -> str:
     out = [f"    {'if' if idx == 0 else 'elif'} rec[R_VARIANT] == {idx}:  # {v.name}"]
     out += [f"        a{j} = {BASE[dt]} + o[{j}] * {ALIGN[dt]}" for j, dt in enumerate(v.dtypes)]
     out += [f"        {state} = P{idx}(tile, {args}{consts})",
-            "        before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, PREFETCH, PROFILE, ACQ_LOAD)",
+            "        before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, rwl, peer_off, PREFETCH, PROFILE, "
+            "ACQ_LOAD, TP)",
             f"        B{idx}(tile, {state}, {args}{consts})"]
     return "\n".join(out)
 
@@ -51,7 +52,7 @@ from onekernel.exec.mk_device import R_TILE, R_VARIANT, before_body
 
 @triton.jit
 def run_task(rec, o, base_bf16, base_f16, base_f32, base_i32, base_i64, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT,
-             PROFILE: tl.constexpr, PREFETCH: tl.constexpr, ACQ_LOAD: tl.constexpr):
+             rwl, peer_off, PROFILE: tl.constexpr, PREFETCH: tl.constexpr, ACQ_LOAD: tl.constexpr, TP: tl.constexpr):
     tile = rec[R_TILE]
 {branches}
 """

@@ -6,7 +6,14 @@ constants) is generated (``exec.megakernel_src``); the loop receives it as a con
     prologue(tile, ...)                     # weights only: runs before any waiting       (in run_task)
     before_body: [prefetch the next task's weights into L2]; wait on the task's events; CTA barrier
     body(tile, ...)                         # reads activations with .cg loads            (in run_task)
-    CTA barrier; one release atomic add on the task's event (gpu scope)
+    CTA barrier; one release atomic add on the task's event (gpu scope; sys scope when another rank waits on it)
+
+Tensor parallel (constexpr ``TP``; off, the kernel is the single-GPU one): a record's remote waits
+``rwl[rwait_begin:rwait_end]`` = (event, expected, peer rank) spin on *that rank's* event counters, at
+``ev_cnt + peer_off[peer]`` (int32 elements from this rank's counters to the peer's, in the one virtual address
+space: CUDA's unified addressing of peer-mapped symmetric memory; in the interpreter, shared CPU memory mapped
+into both processes), with ``ld.acquire.sys`` (``spin_peer``); a timeout records (5, task, event, seen, expected,
+peer) in the error word.
 
 The epoch is read once at entry; the last worker to finish increments it, so CUDA-graph replays and
 back-to-back launches need no reset of any counter (../shared/DESIGN.md, "Tasks and dependencies"). Pointers are
@@ -18,29 +25,34 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer, smid
 
-from onekernel.exec.queue import FIELDS, NARROW, REC
+from onekernel.exec.queue import FIELDS, N_LOCAL, NARROW, REC
 
 # Record field offsets (exec.queue.QueueRecord), as compile-time constants for the device code.
 _R = {f: tl.constexpr(i) for i, f in enumerate(FIELDS)}
 R_TASK, R_VARIANT, R_TILE, R_OP, R_SIGNAL = _R["task"], _R["variant"], _R["tile"], _R["op"], _R["signal"]
 R_PF_ADDR, R_PF_BYTES = _R["prefetch_addr"], _R["prefetch_bytes"]
 R_WAIT_BEGIN, R_WAIT_END, R_EV0, R_EX0 = _R["wait_begin"], _R["wait_end"], _R["first_event"], _R["first_expected"]
+R_SIGNAL_SYS, R_RWAIT_BEGIN, R_RWAIT_END = _R["signal_sys"], _R["rwait_begin"], _R["rwait_end"]
 N_FIELDS = tl.constexpr(len(FIELDS))
+N_LOCAL_FIELDS = tl.constexpr(N_LOCAL)
+ERR_REMOTE = tl.constexpr(5)  # error code of a remote wait that gave up (err[5] = the peer rank)
 REC_STRIDE = tl.constexpr(REC)
 _NARROW_MASK = tl.constexpr(sum(1 << FIELDS.index(f) for f in NARROW))
 
 
 @triton.jit
-def load_record(qrec, pos):
-    """The record at queue position ``pos`` as a tuple in QueueRecord field order (index it with R_*)."""
+def load_record(qrec, pos, TP: tl.constexpr):
+    """The record at queue position ``pos`` as a tuple in QueueRecord field order (index it with R_*); the
+    tensor-parallel fields (from N_LOCAL_FIELDS on) only when ``TP``."""
     r = qrec + pos * REC_STRIDE
     rec = ()
     for i in tl.static_range(N_FIELDS):
-        v = tl.load(r + i)
-        if (_NARROW_MASK >> i) & 1:
-            rec = rec + (v.to(tl.int32),)  # tile math stays 32-bit
-        else:
-            rec = rec + (v,)
+        if i < N_LOCAL_FIELDS or TP:
+            v = tl.load(r + i)
+            if (_NARROW_MASK >> i) & 1:
+                rec = rec + (v.to(tl.int32),)  # tile math stays 32-bit
+            else:
+                rec = rec + (v,)
     return rec
 
 
@@ -58,6 +70,47 @@ def ld_acquire(p):
     """``ld.acquire.gpu`` of one int32: later loads of this thread are ordered after it (PTX memory model)."""
     return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32,
                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def ld_acquire_sys(p):
+    """``ld.acquire.sys`` of one int32 (PTX memory model, system scope): pairs with another GPU's
+    ``atom.release.sys`` on the same address (a peer's event counter, over NVLink), so this thread's later loads
+    see every store that the peer's CTA made before its release (its barrier, then the release: cumulativity)."""
+    return tl.inline_asm_elementwise("ld.global.acquire.sys.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
+    """Bounded spin until ``cnt[ev] >= want``, ``cnt`` being rank ``peer``'s event counters; on timeout record
+    the first failure in err[0:6] as (5, task, event, seen, want, peer).
+
+    ACQ_LOAD (GPU): ``ld.acquire.sys`` polls (the counter is another GPU's memory; a gpu-scope acquire does not
+    synchronise with another device's release). The CTA barrier after the waits extends the ordering to the CTA,
+    and the body reads the peer's rows with ``.cv`` loads (``ld.volatile.global``; ops/allreduce.py). Interpreter: volatile polls and
+    no read-modify-write (only the owner writes a counter; a non-atomic RMW across processes could lose its add;
+    plain loads on the CPU are ordered enough: x86-TSO)."""
+    if ACQ_LOAD:
+        seen = ld_acquire_sys(cnt + ev)
+    else:
+        seen = tl.load(cnt + ev, volatile=True)
+    n = 0
+    bad = tl.load(err, volatile=True)
+    while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
+        if ACQ_LOAD:
+            seen = ld_acquire_sys(cnt + ev)
+        else:
+            seen = tl.load(cnt + ev, volatile=True)
+        bad = tl.load(err, volatile=True)
+        n += 1
+    if (seen < want) & (bad == 0):
+        if tl.atomic_cas(err, 0, ERR_REMOTE) == 0:
+            tl.store(err + 1, t)
+            tl.store(err + 2, ev)
+            tl.store(err + 3, seen)
+            tl.store(err + 4, want)
+            tl.store(err + 5, peer)
 
 
 @triton.jit
@@ -109,10 +162,11 @@ def stamp(prof, t, k, value):
 
 
 @triton.jit
-def before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, PREFETCH: tl.constexpr, PROFILE: tl.constexpr,
-                ACQ_LOAD: tl.constexpr):
+def before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, rwl, peer_off, PREFETCH: tl.constexpr,
+                PROFILE: tl.constexpr, ACQ_LOAD: tl.constexpr, TP: tl.constexpr):
     """Between a task's prologue and its body: prefetch the next task's weights, wait for every event the
-    task depends on (the first from the record, the rest from ``wl``), CTA barrier, stamp."""
+    task depends on (the first from the record, the rest from ``wl``; with ``TP`` then the remote waits of
+    ``rwl`` on the peers' counters), CTA barrier, stamp."""
     t = rec[R_TASK]
     if PREFETCH:
         if rec[R_PF_BYTES] > 0:
@@ -123,6 +177,11 @@ def before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, PREFETCH: tl.cons
         spin(t, rec[R_EV0], rec[R_EX0] * epoch, ev_cnt, err, SPIN_LIMIT, ACQ_LOAD)
         for i in range(wb + 1, we):
             spin(t, tl.load(wl + 2 * i), tl.load(wl + 2 * i + 1) * epoch, ev_cnt, err, SPIN_LIMIT, ACQ_LOAD)
+    if TP:
+        for i in range(rec[R_RWAIT_BEGIN], rec[R_RWAIT_END]):
+            peer = tl.load(rwl + 3 * i + 2)
+            spin_peer(t, tl.load(rwl + 3 * i), tl.load(rwl + 3 * i + 1) * epoch, ev_cnt + tl.load(peer_off + peer),
+                      peer, err, SPIN_LIMIT, ACQ_LOAD)
     tl.debug_barrier()
     if PROFILE:
         stamp(prof, t, 1, globaltimer())
@@ -130,9 +189,9 @@ def before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, PREFETCH: tl.cons
 
 @triton.jit
 def megakernel(qrec, qoff, wl, argtab, ev_cnt, epoch_ptr, done_ptr, err, prof,
-               base_bf16, base_f16, base_f32, base_i32, base_i64, n_workers, SPIN_LIMIT,
+               base_bf16, base_f16, base_f32, base_i32, base_i64, n_workers, SPIN_LIMIT, rwl, peer_off,
                RUN_TASK: tl.constexpr, MAXA: tl.constexpr, PROFILE: tl.constexpr, PREFETCH: tl.constexpr,
-               ACQ_LOAD: tl.constexpr):
+               ACQ_LOAD: tl.constexpr, TP: tl.constexpr):
     """One persistent worker per program: run queue positions qoff[w]:qoff[w+1] (module doc). The next
     position's record is loaded while the current task runs, and the next task's pointer offsets right after
     the current body, so a task starts without dependent loads."""
@@ -140,21 +199,29 @@ def megakernel(qrec, qoff, wl, argtab, ev_cnt, epoch_ptr, done_ptr, err, prof,
     epoch = tl.load(epoch_ptr, volatile=True)
     q0 = tl.load(qoff + wid)
     q1 = tl.load(qoff + wid + 1)
-    nrec = load_record(qrec, q0)
+    nrec = load_record(qrec, q0, TP)
     nargs = load_args(argtab, nrec[R_OP], MAXA)
     for qi in range(q0, q1):
         rec = nrec
         args = nargs
-        nrec = load_record(qrec, qi + 1)
+        nrec = load_record(qrec, qi + 1, TP)
         t = rec[R_TASK]
         if PROFILE:
             stamp(prof, t, 0, globaltimer())
         RUN_TASK(rec, args, base_bf16, base_f16, base_f32, base_i32, base_i64, epoch, wl, ev_cnt, err, prof,
-                 SPIN_LIMIT, PROFILE, PREFETCH, ACQ_LOAD)
+                 SPIN_LIMIT, rwl, peer_off, PROFILE, PREFETCH, ACQ_LOAD, TP)
         nargs = load_args(argtab, nrec[R_OP], MAXA)
         tl.debug_barrier()
         if rec[R_SIGNAL] >= 0:
-            tl.atomic_add(ev_cnt + rec[R_SIGNAL], 1, sem="release", scope="gpu")
+            if TP:
+                # another rank reads this event (and the rows behind it): a system-scope release, ordered after
+                # the CTA's stores by the barrier above (PTX memory model: release cumulativity)
+                if rec[R_SIGNAL_SYS] != 0:
+                    tl.atomic_add(ev_cnt + rec[R_SIGNAL], 1, sem="release", scope="sys")
+                else:
+                    tl.atomic_add(ev_cnt + rec[R_SIGNAL], 1, sem="release", scope="gpu")
+            else:
+                tl.atomic_add(ev_cnt + rec[R_SIGNAL], 1, sem="release", scope="gpu")
         if PROFILE:
             stamp(prof, t, 2, globaltimer())
             stamp(prof, t, 3, smid().to(tl.int64))

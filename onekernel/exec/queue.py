@@ -29,6 +29,10 @@ class QueueRecord:
     wait_end: int
     first_event: int     # wl[wait_begin] inline (most tasks wait on exactly one event)
     first_expected: int
+    # Tensor parallel only (read by the kernel when its TP switch is on; the fields after N_LOCAL):
+    signal_sys: int = 0  # 1: another rank waits on ``signal``: signal with a system-scope release
+    rwait_begin: int = 0  # the task's remote waits are rwl[rwait_begin:rwait_end] (event, expected, peer rank)
+    rwait_end: int = 0
 
     def serialize(self) -> list[int]:
         """The record as REC int64 values, fields in declaration order, zero padded."""
@@ -36,27 +40,39 @@ class QueueRecord:
 
 
 FIELDS = tuple(f.name for f in fields(QueueRecord))
-NARROW = ("task", "variant", "tile", "op", "signal", "first_event", "first_expected")  # int32 in the kernel
+N_LOCAL = FIELDS.index("signal_sys")  # the fields a kernel without remote waits loads
+NARROW = ("task", "variant", "tile", "op", "signal", "first_event", "first_expected", "signal_sys")  # int32 in the kernel
 assert len(FIELDS) <= REC
 
 
-def build_queue(graph, schedule, events, op_variant: list[int], prefetch_span) -> tuple[torch.Tensor, torch.Tensor]:
+def build_queue(graph, schedule, events, op_variant: list[int], prefetch_span, remote: bool = False):
     """The records of every queue position (worker queues concatenated, plus one zero row that the pipelined
-    load of "the position after the last" reads) as int64 [n_tasks + 1, REC], and the wait list int32 [n, 2].
+    load of "the position after the last" reads) as int64 [n_tasks + 1, REC], and the wait list int32 [n, 2];
+    with ``remote`` also the remote wait list int32 [m, 3] (event, expected count per epoch, peer rank) as a
+    third value.
 
-    events: graph.deps.Events (signal, waits, expected); op_variant: op index -> variant id;
-    prefetch_span(task) -> (address, bytes) of the weights to prefetch ahead of a task."""
-    rows, wl = [], []
+    events: graph.deps.Events (signal, waits, expected; remote_waits and sys_signal when ``remote``);
+    op_variant: op index -> variant id; prefetch_span(task) -> (address, bytes) of the weights to prefetch ahead
+    of a task."""
+    rows, wl, rwl = [], [], []
     for q in schedule.queues:
         for k, t in enumerate(q):
             task = graph.tasks[t]
             waits = events.waits[t]
             pf = prefetch_span(graph.tasks[q[k + 1]]) if k + 1 < len(q) else (0, 0)
             first = (waits[0], events.expected[waits[0]]) if waits else (0, 0)
+            rw = events.remote_waits[t] if remote else []
+            sig = events.signal[t]
             rows.append(QueueRecord(task=t, variant=op_variant[task.op], tile=task.tile, op=task.op,
-                                    signal=events.signal[t], prefetch_addr=pf[0], prefetch_bytes=pf[1],
+                                    signal=sig, prefetch_addr=pf[0], prefetch_bytes=pf[1],
                                     wait_begin=len(wl), wait_end=len(wl) + len(waits), first_event=first[0],
-                                    first_expected=first[1]).serialize())
+                                    first_expected=first[1],
+                                    signal_sys=int(remote and sig >= 0 and events.sys_signal[sig]),
+                                    rwait_begin=len(rwl), rwait_end=len(rwl) + len(rw)).serialize())
             wl += [(e, events.expected[e]) for e in waits]
+            rwl += [(e, events.expected[e], peer) for peer, e in rw]
     rows.append([0] * REC)
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(wl or [(0, 0)], dtype=torch.int32)
+    out = torch.tensor(rows, dtype=torch.int64), torch.tensor(wl or [(0, 0)], dtype=torch.int32)
+    if remote:
+        return (*out, torch.tensor(rwl or [(0, 0, 0)], dtype=torch.int32))
+    return out

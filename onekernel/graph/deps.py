@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from math import prod
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, product
 from typing import Callable, Sequence, Union
 
@@ -139,12 +139,18 @@ class EventTable:
 
     signal[t]: event task t increments after its stores (-1: nobody waits on t); waits[t]: sorted event ids t
     spins on before its body; expected[e]: arrivals per step (= len(producers[e])); producers[e]: task ids.
+    Tensor parallel (``derive_events(..., remote=...)``): remote_waits[t]: sorted (peer rank, event id) pairs t
+    spins on in *that rank's* counters (the ranks' graphs are identical, so are their event ids); sys_signal[e]:
+    whether event e is read by another rank (its producers then signal with a system-scope release). Both empty
+    when the graph reads no peer buffer.
     """
 
     signal: list[int]
     waits: list[list[int]]
     expected: list[int]
     producers: list[list[int]]
+    remote_waits: list[list[tuple[int, int]]] = field(default_factory=list)
+    sys_signal: list[bool] = field(default_factory=list)
 
     n_events = property(lambda self: len(self.expected))
     n_waits = property(lambda self: sum(len(w) for w in self.waits))
@@ -166,21 +172,121 @@ def _consumers(n: int, deps: list[list[int]]) -> list[list[int]]:
     return cons
 
 
-def derive_events(graph: Graph, deps: list[list[int]]) -> EventTable:
+def derive_events(graph: Graph, deps: list[list[int]],
+                  remote: list[list[tuple[int, int]]] | None = None) -> EventTable:
     """Exact events: producers with an identical consumer set share one event (``expected`` = their number), so
-    for every consumer c the producers of ``waits[c]`` are exactly ``set(deps[c])``. Works for any DAG."""
+    for every consumer c the producers of ``waits[c]`` are exactly ``set(deps[c])``. Works for any DAG.
+
+    ``remote`` (``derive_remote_dependencies``): c's dependencies on tasks of other ranks, (peer, task id). A
+    remote consumer counts as a consumer when producers are grouped, so the producers of c's remote wait on
+    (peer, e) are tasks c depends on (locally or remotely), all earlier than c in program order; e is then a
+    ``sys_signal`` event."""
     n = len(graph.tasks)
     _check_deps(n, deps)
     cons = _consumers(n, deps)
+    for c, rs in enumerate(remote or []):
+        for _, d in rs:
+            if not 0 <= d < c:
+                raise ValueError(f"task {c} has a remote dependency on task {d}: it must be an earlier task id")
+            cons[d].append(c)
     by_sig: dict[tuple[int, ...], int] = {}
     signal, producers = [-1] * n, []
     for p in (p for p in range(n) if cons[p]):
-        signal[p] = e = by_sig.setdefault(tuple(cons[p]), len(producers))
+        signal[p] = e = by_sig.setdefault(tuple(sorted(set(cons[p]))), len(producers))
         if e == len(producers):
             producers.append([])
         producers[e].append(p)
     waits = [sorted({signal[p] for p in ds}) for ds in deps]
-    return EventTable(signal, waits, [len(ps) for ps in producers], producers)
+    if not remote or not any(remote):
+        return EventTable(signal, waits, [len(ps) for ps in producers], producers)
+    rwaits = [sorted({(peer, signal[d]) for peer, d in rs}) for rs in remote]
+    sys_signal = [False] * len(producers)
+    for rs in rwaits:
+        for _, e in rs:
+            sys_signal[e] = True
+    return EventTable(signal, waits, [len(ps) for ps in producers], producers, rwaits, sys_signal)
+
+
+def derive_remote_dependencies(graph: Graph) -> list[list[tuple[int, int]]]:
+    """For each task id, the sorted (peer rank, task id) pairs it depends on in *another rank's* graph: a task
+    reading a region of a peer buffer (``graph.meta["peers"][name] = (peer, source buffer)``) depends on the
+    earlier tasks that write an overlapping region of ``source`` (on that rank: every rank's graph is the same,
+    so the ids are the same). Empty lists when the graph reads no peer buffer. Raises ValueError for a peer
+    buffer whose source is not a buffer of the graph, or whose shape differs from it."""
+    peers = graph.meta.get("peers") or {}
+    out: list[list[tuple[int, int]]] = [[] for _ in graph.tasks]
+    if not peers:
+        return out
+    for name, (_, src) in peers.items():
+        if src not in graph.buffers or graph.buffers[src].shape != graph.buffers[name].shape:
+            raise ValueError(f"peer buffer {name!r} mirrors {src!r}, which is not a buffer of its shape in the graph")
+    sources = {src for _, src in peers.values()}
+    writers: dict[str, list] = {s: [] for s in sources}  # source -> (task id, region) written so far
+    for t in graph.tasks:
+        deps = set()
+        for r in t.reads:
+            if r.buffer in peers:
+                peer, src = peers[r.buffer]
+                probe = type(r)(src, r.box)
+                deps.update((peer, w) for w, wr in writers[src] if wr.overlaps(probe))
+        out[t.id] = sorted(deps)
+        for r in t.writes:
+            if r.buffer in writers:
+                writers[r.buffer].append((t.id, r))
+    return out
+
+
+def merged_dependencies(deps: list[list[int]], remote: list[list[tuple[int, int]]]) -> list[list[int]]:
+    """Local and remote dependencies as one list of task ids per task: the order a schedule must respect when
+    every rank runs the same schedule (a remote edge (peer, d) -> c projects onto d -> c; see
+    ``exec.megakernel``: with identical graphs and schedules a cross-rank wait cycle would project onto a cycle
+    of this graph's wait-for graph, which ``schedule.validate`` rules out)."""
+    if not remote:
+        return deps
+    return [sorted(set(ds) | {d for _, d in rs}) for ds, rs in zip(deps, remote)]
+
+
+def check_cross_step(graph: Graph, deps: list[list[int]], remote: list[list[tuple[int, int]]]) -> None:
+    """Raise ValueError unless no rank can overwrite, in step t+1, a buffer that a peer still reads in step t.
+
+    A rank's buffer S is read by its peers' tasks R (the tasks reading their peer copy of S: by symmetry the same
+    ids as this graph's readers of ``peer{p}.S``). This rank's writers W of S run in step t+1 only after its
+    step t ended (one kernel after the other on its stream). For each peer p one of these must hold:
+    (a) every w in W depends (locally, transitively, or is itself) on a task with a remote wait on p: that wait
+        is on p's step t+1, which starts after p's whole step t; or
+    (b) some task of the graph has a remote dependency (p, d) with every task of R among d's ancestors: this
+        rank's step t then cannot end before p's readers of S in step t are done.
+    Assumes the ranks that read this rank's buffers are the ranks it reads from (an all-reduce). ``deps``: local
+    dependencies (any transitive reduction); ``remote``: ``derive_remote_dependencies``."""
+    peers = graph.meta.get("peers") or {}
+    if not peers:
+        return
+    n = len(graph.tasks)
+    reach: list[int] = []  # ancestors (bitset) of each task, the task itself included
+    for c in range(n):
+        r = 1 << c
+        for p in deps[c]:
+            r |= reach[p]
+        reach.append(r)
+    waits_on: dict[int, int] = {}  # peer -> bitset of the tasks with a remote wait on it
+    for c, rs in enumerate(remote):
+        for p, _ in rs:
+            waits_on[p] = waits_on.get(p, 0) | (1 << c)
+    for src in sorted({s for _, s in peers.values()}):
+        writers = [t.id for t in graph.tasks if any(r.buffer == src for r in t.writes)]
+        for peer in sorted({p for p, s in peers.values() if s == src}):
+            name = next(nm for nm, (p, s) in peers.items() if (p, s) == (peer, src))
+            readers = 0
+            for t in graph.tasks:
+                if any(r.buffer == name for r in t.reads):
+                    readers |= 1 << t.id
+            if all(reach[w] & waits_on.get(peer, 0) for w in writers):
+                continue  # (a)
+            if any(readers & ~reach[d] == 0 for rs in remote for p, d in rs if p == peer):
+                continue  # (b)
+            raise ValueError(f"buffer {src!r}: rank {peer} may still read it in step t when this rank overwrites it "
+                             f"in step t+1 (no remote wait orders its writers after rank {peer}'s readers); add a "
+                             f"dependency of its writers on a task that waits on rank {peer}")
 
 
 def derive_op_events(graph: Graph, deps: list[list[int]]) -> EventTable:

@@ -20,7 +20,9 @@ class Buffer:
 
     kind: "weight" (read only, ready before the step), "input" (written by the host before the step:
     tokens, sequence lengths), "activation" (written inside the step), "kv" (KV cache: appended inside the
-    step, read by attention), "output" (logits, next tokens), "scratch" (split-KV partials and the like).
+    step, read by attention), "output" (logits, next tokens), "scratch" (split-KV partials and the like),
+    "peer" (another tensor-parallel rank's copy of one of this graph's buffers, read only here: written by that
+    rank's own step; ``graph.meta["peers"][name] = (rank, buffer)`` says which, see ``deps.derive_remote_dependencies``).
     """
 
     name: str

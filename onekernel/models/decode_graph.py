@@ -17,6 +17,11 @@ Fused weights (made once when the graph is bound): ``layers.{i}.wqkv`` = cat(wq,
 docs/DESIGN.md; the KV cache of layer i is ``layers.{i}.k_cache`` / ``v_cache`` [B, Hkv, S, hd].
 ``residual=False`` (a tensor-parallel rank other than 0, dist/tp_kernels.py): o_proj and down add the zero
 buffer ``residual.zero`` [B, D] instead of the residual stream, so the all-reduce after them adds it once.
+``tp=(rank, n)`` with n > 1 (the megakernel at TP > 1, dist/tp_megakernel.py): all-reduce ops
+(ops/allreduce.py) after ``embed`` (``embed.ar``), ``o_proj.{i}`` (``o_proj.{i}.ar``) and ``down.{i}``
+(``down.{i}.ar``) read the rank's partial and the peers' copies of it (``peer{p}.embed.out``, ...: kind "peer");
+every GEMV adds ``residual.zero`` and the all-reduce adds the residual stream, so every rank's graph is the same
+and the sum is round(x + p_0 + ... + p_{n-1}) in fp32, in rank order, on every rank.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from onekernel.errors import InputError, UnsupportedModelError
 from onekernel.graph.ir import Graph
 from onekernel.graph.step import BoundStep
 from onekernel.models.config import rope_inv_freq
+from onekernel.ops.allreduce import ALLREDUCE, MAX_RANKS, add_allreduce, add_peer_buffer
 from onekernel.ops.attention import ATTN_MERGE, ATTN_PARTIAL, add_attn_merge, add_attn_partial
 from onekernel.ops.embed import EMBED, add_embed
 from onekernel.ops.gemv import GATE_UP, GEMV_RESIDUAL, add_gate_up, add_gemv_residual
@@ -38,7 +44,8 @@ from onekernel.ops.qkv import QKV_ROPE, add_qkv_rope
 from onekernel.ops.tiling import GEMV_PATHS, MAX_BATCH, Tiling
 
 # Every op kind a decode step is made of (the explicit list; nothing registers itself at import).
-OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP, LM_HEAD, ARGMAX)
+OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP, LM_HEAD, ARGMAX,
+            ALLREDUCE)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -92,7 +99,8 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
 
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
                  tiling: Tiling = Tiling(), fuse_merge: bool = False,
-                 residual: bool = True, gemv: str | None = None) -> tuple[Graph, dict, dict]:
+                 residual: bool = True, gemv: str | None = None,
+                 tp: tuple[int, int] | None = None) -> tuple[Graph, dict, dict]:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
     model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
     ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
@@ -101,6 +109,9 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     (their output is then a partial sum a tensor-parallel all-reduce completes; see the module doc).
     ``gemv``: "fma" (CUDA cores, ops/gemv_rows.py) or "mma" (tensor cores, ops/gemv_mma.py) for every GEMV op;
     None takes ``default_gemv(cfg, dtype)``. Recorded in ``graph.meta["gemv"]``.
+    ``tp``: (rank, n ranks): with n > 1, the all-reduce ops of the module doc (``residual`` is then ignored: the
+    all-reduces add the residual); ``cfg`` is the rank's local config (every rank's the same shapes). Recorded in
+    ``graph.meta["tp"]``.
 
     Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
     the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
@@ -108,6 +119,11 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch or an
     unknown gemv path."""
     check_supported(cfg, batch, max_seq_len, dtype)
+    rank, n_ranks = tp if tp is not None else (0, 1)
+    if not (isinstance(n_ranks, int) and 1 <= n_ranks <= MAX_RANKS and isinstance(rank, int) and 0 <= rank < n_ranks):
+        raise InputError(f"tp must be (rank, n) with 1 <= n <= {MAX_RANKS} and 0 <= rank < n, got {tp!r}")
+    if n_ranks > 1:
+        residual = False
     gemv = default_gemv(cfg, dtype) if gemv is None else gemv
     if gemv not in GEMV_PATHS:
         raise InputError(f"unknown gemv path {gemv!r}; choose one of {', '.join(GEMV_PATHS)} (CUDA cores or tensor "
@@ -116,7 +132,7 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
     g.meta.update(model=cfg.name, batch=B, max_seq_len=S, dtype=dtype, tiling=tiling, fuse_merge=bool(fuse_merge),
-                  gemv=gemv)
+                  gemv=gemv, tp=(rank, n_ranks))
     wsrc: dict = {}
     csrc: dict = {}
 
@@ -132,7 +148,13 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     seq_lens = cached("seq_lens", (B,), "input", lambda c: c.seq_lens)
     inv_freq = g.add_buffer("rope_inv_freq", (HD // 2,), torch.float32, "weight")
     wsrc[inv_freq.name] = WeightSource(compute=lambda: rope_inv_freq(cfg))
-    x = add_embed(g, "embed", tokens, weight("tok_embeddings", (V, D)))
+    def reduce(name, partial, stream=None):  # TP > 1: the all-reduce of a partial (adding the residual stream)
+        if n_ranks == 1:
+            return partial
+        parts = [partial if p == rank else add_peer_buffer(g, partial, p) for p in range(n_ranks)]
+        return add_allreduce(g, f"{name}.ar", parts, residual=stream, tiling=tiling)
+
+    x = reduce("embed", add_embed(g, "embed", tokens, weight("tok_embeddings", (V, D))))
     zero = None
     if not residual:
         zero = g.add_buffer("residual.zero", (B, D), dtype, "weight")
@@ -158,10 +180,12 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
         else:
             attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
             h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, res(x), tiling=tiling, gemv=gemv)
+        h = reduce(f"o_proj.{i}", h, x)
         act = add_gate_up(g, f"gate_up.{i}", h, weight(p + "ffn_norm", (D,)),
                           weight(p + "w_gate_up", (2 * F, D), (p + "w_gate", p + "w_up")), eps=cfg.norm_eps,
                           tiling=tiling, gemv=gemv)
         x = add_gemv_residual(g, f"down.{i}", act, weight(p + "w_down", (D, F)), res(h), tiling=tiling, gemv=gemv)
+        x = reduce(f"down.{i}", x, h)
     logits, next_tokens = add_lm_head(g, "lm_head", x, weight("norm", (D,)), weight("lm_head", (V, D)),
                                       eps=cfg.norm_eps, tiling=tiling, gemv=gemv)
     g.meta["io"] = {"tokens": tokens.name, "logits": logits.name, "next_tokens": next_tokens.name}
@@ -175,14 +199,16 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
 
 
 def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
-                      fuse_merge: bool = False, residual: bool = True, gemv: str | None = None) -> BoundStep:
+                      fuse_merge: bool = False, residual: bool = True, gemv: str | None = None,
+                      tp: tuple[int, int] | None = None) -> BoundStep:
     """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
     weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
     fused ``wqkv``/``w_gate_up`` are concatenated here, once. cache: a KV cache (``k``, ``v`` [L, B, Hkv, S, hd],
     ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
     ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
-    write shows. tiling, fuse_merge, residual, gemv: as ``decode_graph``. Raises InputError (a missing weight, a
+    write shows (peer buffers too: the tensor-parallel runner binds them to the peers' memory). tiling,
+    fuse_merge, residual, gemv, tp: as ``decode_graph``. Raises InputError (a missing weight, a
     cache or weight of the wrong shape, an unknown gemv path), UnsupportedModelError (see ``check_supported``)."""
     if not isinstance(tiling, Tiling):
         raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
@@ -191,7 +217,7 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
                          f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
     g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge,
-                                 residual=residual, gemv=gemv)
+                                 residual=residual, gemv=gemv, tp=tp)
     dev = cache.k.device
     tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
                for name, src in wsrc.items()}

@@ -1,0 +1,228 @@
+"""The megakernel at tensor-parallel size > 1: one persistent kernel per rank, the all-reduces as its tile tasks.
+
+The rank's graph is ``models.decode_graph``'s for its local config with ``tp=(rank, n)``: all-reduce ops
+(``ops/allreduce.py``) after ``embed``, ``o_proj.{i}`` and ``down.{i}`` (Megatron-LM, Shoeybi et al. 2019,
+sections 3 and 3.1: the points where ``dist.tp_kernels`` calls a host all-reduce). An all-reduce tile reads its
+columns of every rank's partial (its own, and the peers' through *peer* buffers), adds the residual stream and
+the partials in rank order in fp32 and rounds once, so every rank's reduced rows are the same bits. It waits on
+its local producers as any task, and on the same producers *on every peer* (remote waits: identical graphs on
+every rank give identical task and event ids; ``exec.megakernel``), spinning with ``ld.acquire.sys`` on the
+peer's event counters; the producers of those events signal with a system-scope release. A remote wait that
+gives up names the task, its op, the event and the peer rank (``KernelTimeoutError`` from ``check()``).
+
+Identical graphs: every rank builds the same shapes. Where the vocabulary does not split evenly (V % n != 0),
+the shorter ranks' embedding and LM-head shards get zero rows up to the longest range (rank 0's): a zero
+embedding row is what a token outside the rank's range embeds anyway, and the padded logits are dropped before
+the gather; the greedy argmax is then computed from the real logits (PyTorch, in the CUDA graph) instead of the
+kernel's. The runner also compares a fingerprint of every rank's schedule and events before the first launch.
+
+Memory (``SymmetricPools``): each rank owns one pool: its event counters (one int32 per task: at least one per
+event) and every partial buffer a peer reads (``embed.out``, ``o_proj.{i}.out``, ``down.{i}.out``: [B, D],
+16-byte aligned). On GPUs the pools are PyTorch symmetric memory (``symm_mem.empty`` + ``rendezvous``; each
+peer's pool mapped here by ``get_buffer``): the megakernel addresses a peer's rows as this process's per-dtype
+base pointer plus an int64 offset in 16-byte units, which may be negative (one virtual address space: CUDA's
+unified addressing), and a peer's counters as ``ev_cnt + peer_off[peer]``. On the CPU (the interpreter test) the
+pools are shared-memory CPU tensors created by a parent process and handed to every rank (``shared_pools``).
+NVLink multicast stays off (``process.NO_MULTICAST``, set by ``init_rank``).
+
+Cross-step safety (no rank overwrites a partial in step t+1 before every peer read it in step t): a rank writes
+a partial of step t+1 only after its own step t ended. ``embed.out``: this rank's step t ended after its
+``o_proj.0.ar`` tiles, which waited on every peer's ``o_proj.0`` tiles, which depend (through qkv, attention and
+the merge, each qkv tile reading whole rows of x) on all of that peer's ``embed.ar`` tiles, the readers of this
+rank's ``embed.out``. Every other partial's writers depend on this rank's ``embed.ar`` of step t+1, which waits
+on every peer's ``embed`` tiles of step t+1, which run only after that peer's whole step t (its kernels run one
+after the other), its readers included. ``graph.deps.check_cross_step`` checks exactly this on the built graph
+(and the runner refuses a graph where it fails). The event counters are monotonic (waits compare with
+expected x epoch), so they are never overwritten.
+
+Logits: the LM head stays vocabulary-parallel; after the launch the runner gathers the logits and takes the
+distributed argmax with ``TPGroup``'s collectives (as ``dist.tp_kernels``), inside the same CUDA graph as the
+megakernel launch when it captures one (``MegakernelRunner(after=...)``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from onekernel.dist.process import fault_action, fault_point
+from onekernel.dist.sharding import vocab_range
+from onekernel.errors import InputError, ScheduleError
+from onekernel.exec import sm_count
+from onekernel.exec.megakernel import MegakernelRunner
+from onekernel.models.decode_graph import build_decode_step
+from onekernel.ops.tiling import Tiling
+from onekernel.runtime.reference import prefill
+from onekernel.runtime.runners import check_mode
+
+ALIGN = 16
+# Polls before a remote wait gives up in the interpreter: a peer process may be a whole layer of interpreted
+# tiles behind (seconds); on a GPU the megakernel's default (2**26 polls) holds.
+INTERPRET_SPIN_LIMIT = 1 << 21
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def pool_layout(graph) -> tuple[int, int, dict[str, int]]:
+    """(pool bytes, counter entries, {buffer name: byte offset}) of a tensor-parallel graph: the event counters
+    (one int32 per task) first, then every buffer that a peer buffer mirrors, in graph order, each 16-byte
+    aligned. The same on every rank (identical graphs)."""
+    n_counters = max(len(graph.tasks), 1)
+    off = _align(4 * n_counters)
+    sources = {src for _, src in (graph.meta.get("peers") or {}).values()}
+    offsets = {}
+    for name, b in graph.buffers.items():
+        if name in sources:
+            offsets[name] = off
+            off += _align(b.nbytes)
+    return off, n_counters, offsets
+
+
+def shared_pools(n_ranks: int, nbytes: int) -> list[torch.Tensor]:
+    """``n_ranks`` zeroed CPU pools uint8 [nbytes] in shared memory (``share_memory_``): made in a parent process
+    and passed to every rank process (torch.multiprocessing), each rank maps every pool at its own address, as
+    symmetric memory maps the peers' GPU memory. For the Triton interpreter (tests)."""
+    return [torch.zeros(nbytes, dtype=torch.uint8).share_memory_() for _ in range(n_ranks)]
+
+
+def cuda_pools(nbytes: int, device) -> list[torch.Tensor]:
+    """Every rank's pool uint8 [nbytes] as mapped on this rank's GPU: ``symm_mem.empty`` + ``rendezvous`` on the
+    default group (a collective: every rank calls it, in the same order), then ``get_buffer`` per rank."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    with warnings.catch_warnings():  # deprecated (a no-op) in recent torch, needed by older ones
+        warnings.simplefilter("ignore")
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group)
+    own = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm_mem.rendezvous(own, group)
+    pools = [own if p == dist.get_rank() else handle.get_buffer(p, (nbytes,), torch.uint8, 0)
+             for p in range(dist.get_world_size())]
+    pools.append(handle)  # kept alive with the pools (dropped by the caller from the list of ranks)
+    return pools
+
+
+def _padded(weights: dict, name: str, rows: int) -> torch.Tensor:
+    w = weights[name]
+    if w.shape[0] == rows:
+        return w
+    return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
+
+
+class TPMegakernelRunner:
+    """One rank's megakernel runner over ``model`` (its ShardedModel) and ``cache`` (a KVCache of its local
+    config), with the collectives of ``group`` (a TPGroup). Same interface as ``dist.tp_kernels.TPKernelRunner``:
+    ``step(tokens int32 [B], global ids, the same on every rank) -> (logits float32 [B, V] (every rank's rows),
+    next_tokens int32 [B])``, both owned by the runner and overwritten by the next step; ``prefill(prompts) ->
+    logits [B, V]``; ``check()`` / ``poll()`` (KernelTimeoutError naming task, op, event and, for a remote wait,
+    the peer rank).
+
+    Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
+    ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
+    ``make_step_runner``; default "fit"), ``spin_limit`` (polls before a wait gives up; interpreter default
+    INTERPRET_SPIN_LIMIT), and the Triton megakernel's own options (``exec.megakernel.MegakernelRunner``; the
+    streaming Gluon kernel has no all-reduce tasks: ``backend`` must be "triton" if given). Building it is
+    collective (the pools' rendezvous, the fingerprint comparison). Raises InputError (pools missing or too small,
+    another backend), ScheduleError (the ranks built different schedules, or the cross-step check failed),
+    DeviceError (no GPU and not ``interpret``), RankError from a collective."""
+
+    mode = "megakernel"
+
+    def __init__(self, model, cache, group, *, interpret: bool = False, pools: list | None = None,
+                 tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None, **options):
+        dev = cache.k.device
+        check_mode("megakernel", dev, interpret)
+        if options.pop("backend", "triton") != "triton":
+            raise InputError("the megakernel at --tp > 1 is the Triton megakernel (backend='triton'); the streaming "
+                             "Gluon kernel has no all-reduce tasks yet")
+        if options.pop("allreduce", None) not in (None, "megakernel"):
+            raise InputError("--allreduce applies to the kernel modes eager, graph and pdl; the megakernel's "
+                             "all-reduce is its own tile tasks")
+        self.model, self.cache, self.group = model, cache, group
+        shard = group.shard
+        n, rank = shard.tp, shard.rank
+        V = group.config.vocab_size
+        self.v_local = shard.config.vocab_size
+        v_pad = vocab_range(V, n, 0)[1] - vocab_range(V, n, 0)[0]  # rank 0's range is the longest
+        cfg = dataclasses.replace(model.config, vocab_size=v_pad)
+        weights = dict(model.weights)
+        for name in ("tok_embeddings", "lm_head"):
+            if name in weights:
+                weights[name] = _padded(weights, name, v_pad)
+        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
+        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n))
+        g = bound.graph
+        nbytes, n_counters, offsets = pool_layout(g)
+        if pools is None:
+            if dev.type != "cuda":
+                raise InputError("the tensor-parallel megakernel off a GPU needs pools= (every rank's pool in shared "
+                                 "CPU memory: onekernel.dist.tp_megakernel.shared_pools, made before the ranks start)")
+            pools = cuda_pools(nbytes, dev)
+            self._handle = pools.pop()
+        if len(pools) != n or any(p.dtype != torch.uint8 or p.numel() < nbytes for p in pools):
+            raise InputError(f"pools must be {n} uint8 tensors of at least {nbytes} bytes (one per rank), got "
+                             f"{[(tuple(p.shape), p.dtype) for p in pools]}")
+        self.pools = pools
+        own = pools[rank]
+        own[:_align(4 * n_counters)].zero_()
+        t = bound.tensors
+        for src, off in offsets.items():
+            b = g.buffers[src]
+            t[src] = own[off:off + b.nbytes].view(b.dtype).view(b.shape)
+            t[src].fill_(float("nan"))  # poisoned, as every activation: a missed write shows
+        for name, (p, src) in g.meta["peers"].items():
+            b, off = g.buffers[name], offsets[src]
+            t[name] = pools[p][off:off + b.nbytes].view(b.dtype).view(b.shape)
+        counters = [p[:4 * n_counters].view(torch.int32) for p in pools]
+
+        B = bound.batch
+        self.logits = logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
+        self.next_tokens = next_tokens = torch.full((B,), -1, dtype=torch.int32, device=dev)
+        local, local_ids, v_local = t[bound.logits], t[bound.next_tokens], self.v_local
+        exact = v_local == v_pad  # no padded rows: the kernel's own argmax is the rank's
+
+        def gather(ran: bool = True) -> None:  # the rank's logits -> the whole logits and greedy tokens (every rank)
+            lg = local[:, :v_local]
+            logits.copy_(group.gather_logits(lg))
+            next_tokens.copy_(group.argmax(lg, local_ids if exact and ran else None))
+
+        self._gather = gather
+        if interpret and spin_limit is None:
+            spin_limit = INTERPRET_SPIN_LIMIT
+        self.runner = MegakernelRunner(bound, interpret=interpret, rank=rank, counters=counters, after=gather,
+                                       spin_limit=spin_limit, **options)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # counters zeroed, partials poisoned before any peer can launch
+        fp = torch.tensor([self.runner.fingerprint()], dtype=torch.int64, device=dev)
+        every = [int(x) for x in group._gather(fp)]
+        if len(set(every)) != 1:
+            raise ScheduleError(f"rank {rank}: the ranks built different megakernel schedules or events (fingerprints "
+                                f"{every}); every rank must build the same graph (same shapes, tiling, workers)")
+        self.steps = 0
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        self.group.where = "prefill"
+        return self.group.gather_logits(prefill(self.model, self.cache, prompts, tp=self.group))
+
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.steps += 1
+        rank = self.group.shard.rank
+        self.group.where = f"decode step {self.steps}"
+        fault_point(rank, self.steps)
+        if fault_action(rank, self.steps) == "skip":  # tests: this rank never launches (its peers' waits give up)
+            self._gather(ran=False)
+            return self.logits, self.next_tokens
+        self.runner.step(tokens - self.group.shard.vocab_start)  # rank-local ids: outside [0, V_local) embed 0
+        return self.logits, self.next_tokens
+
+    def check(self) -> None:
+        self.runner.check()
+
+    def poll(self) -> None:
+        self.runner.poll()

@@ -1,0 +1,144 @@
+"""``allreduce``: the tensor-parallel sum of the ranks' partial rows, as tile tasks of one rank's step.
+
+Megatron-LM (Shoeybi et al. 2019, sections 3 and 3.1): after a row-parallel GEMV (wo, w_down) and the
+vocabulary-parallel embedding every rank holds a partial sum ``p_r [B, D]`` (model dtype) of the same output;
+the all-reduce makes every rank's copy the whole sum. Here rank ``rank`` of ``N`` computes, per tile of
+BLOCK_D columns of all B rows,
+
+    out[b, d] = round( res[b, d] + p_0[b, d] + p_1[b, d] + ... + p_{N-1}[b, d] )
+
+in fp32, in that fixed order (the residual first, when there is one, then the ranks 0..N-1), rounded once to the
+model dtype (round to nearest even: ``gemv_rows.rnd``, as PyTorch's conversion). Every rank sums the same values in the same order, so every rank's ``out``
+holds the same bits. ``p_rank`` is the rank's own buffer (written by its producer op); the others are *peer*
+buffers (``add_peer_buffer``: kind "peer", this process's mapping of another rank's copy of the same buffer,
+bound by the tensor-parallel runner to symmetric memory). The graph records which buffer each peer buffer
+mirrors (``graph.meta["peers"]``), so ``graph.deps.derive_remote_dependencies`` can make a task that reads a
+peer buffer wait on the producers of those rows *on that rank* (identical graphs on every rank, identical task
+and event ids). ``res``: the residual stream, added here (once) instead of by one rank's GEMV, so that every
+rank's graph is the same (dist/tp_megakernel.py).
+
+All inputs are read with ``cache_modifier=".cv"`` ("don't cache, fetch again"; Triton 3.6 lowers it to
+``ld.volatile.global``, which the PTX memory model treats as a relaxed load at system scope: checked in the sm_90a
+PTX by scripts/tp_compile_check.py): the peer rows live in another GPU's memory and are read after a system-scope
+acquire of that GPU's event counter (exec/mk_device.py ``spin_peer``), then the CTA barrier. By the memory model
+the peer's release (after its CTA barrier: cumulativity), our acquire and the barrier already order these loads
+after the peer's stores; a load that no cache can serve keeps a line fetched before the acquire from being seen
+(belt and braces, as ``.cg`` is for the local activations). The loads are scalar (no 16-byte vectors for
+volatile loads): a tile is B x BLOCK_D elements per rank, a few hundred bytes.
+
+Up to MAX_RANKS inputs: the tile function has MAX_RANKS pointer arguments and the constexpr N says how many are
+read (Triton has no variadic pointer arguments); the builder binds the unused roles to ``p_0``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onekernel.graph.ir import Buffer, Graph, Op
+from onekernel.ops.base import OpKind
+from onekernel.ops.gemv_rows import rnd
+from onekernel.ops.tiling import Tiling, block_n_for, pow2_ceil, region, row_tiled_tasks
+
+MAX_RANKS = 8
+IN_ROLES = tuple(f"in{j}" for j in range(MAX_RANKS))
+
+
+@triton.jit
+def allreduce_prologue(tile, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B: tl.constexpr, D: tl.constexpr,
+                       N: tl.constexpr, RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+    return tile * BLOCK_D + tl.arange(0, BLOCK_D)
+
+
+@triton.jit
+def _add(acc, p, offs, m, N: tl.constexpr, J: tl.constexpr):
+    if J < N:
+        acc += tl.load(p + offs, mask=m, other=0.0, cache_modifier=".cv").to(tl.float32)
+    return acc
+
+
+@triton.jit
+def allreduce_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B: tl.constexpr,
+                   D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr, BLOCK_B: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    ob = tl.arange(0, BLOCK_B)
+    offs = ob[:, None] * D + cols[None, :]
+    m = (ob < B)[:, None] & (cols[None, :] < D)
+    acc = tl.zeros((BLOCK_B, BLOCK_D), dtype=tl.float32)
+    if RES:
+        acc += tl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    acc = _add(acc, in0, offs, m, N, 0)  # rank order 0..N-1: the same sum, bit for bit, on every rank
+    acc = _add(acc, in1, offs, m, N, 1)
+    acc = _add(acc, in2, offs, m, N, 2)
+    acc = _add(acc, in3, offs, m, N, 3)
+    acc = _add(acc, in4, offs, m, N, 4)
+    acc = _add(acc, in5, offs, m, N, 5)
+    acc = _add(acc, in6, offs, m, N, 6)
+    acc = _add(acc, in7, offs, m, N, 7)
+    tl.store(out + offs, rnd(acc, out.dtype.element_ty).to(out.dtype.element_ty), mask=m)  # RNE, as PyTorch
+
+
+def allreduce_reference(op: Op, t: dict) -> None:
+    """fp32 sum in the kernel's order (residual, then ranks 0..N-1), rounded once to the output dtype."""
+    a, p = op.args, op.params
+    out = t[a["out"]]
+    acc = t[a["res"]].float().clone() if p["RES"] else torch.zeros(out.shape, dtype=torch.float32,
+                                                                   device=out.device)
+    for j in range(p["N"]):
+        acc += t[a[IN_ROLES[j]]].float()
+    out.copy_(acc.to(out.dtype))
+
+
+ALLREDUCE = OpKind("allreduce", allreduce_prologue, allreduce_body, (*IN_ROLES, "res", "out"),
+                   ("B", "D", "N", "RES", "BLOCK_B", "BLOCK_D"), 1, allreduce_reference)
+
+
+def peer_name(source: str, peer: int) -> str:
+    """The name of rank ``peer``'s copy of buffer ``source`` in another rank's graph."""
+    return f"peer{peer}.{source}"
+
+
+def add_peer_buffer(graph: Graph, source: Buffer, peer: int) -> Buffer:
+    """Declare rank ``peer``'s copy of ``source`` (same shape and dtype; kind "peer": read only here, written by
+    that rank's own step) and record it in ``graph.meta["peers"][name] = (peer, source.name)``. Returns it
+    (an existing declaration is returned again)."""
+    name = peer_name(source.name, peer)
+    if name in graph.buffers:
+        return graph.buffers[name]
+    b = graph.add_buffer(name, source.shape, source.dtype, "peer")
+    graph.meta.setdefault("peers", {})[name] = (int(peer), source.name)
+    return b
+
+
+def add_allreduce(graph: Graph, name: str, partials: list[Buffer], *, residual: Buffer | None = None,
+                  tiling: Tiling = Tiling(), block_d: int | None = None) -> Buffer:
+    """Append ``out = round(residual + sum_j partials[j])`` (fp32, in list order; module doc) tiled over D.
+
+    partials: rank 0..N-1's partial [B, D] buffers (this rank's own, the others ``add_peer_buffer`` handles),
+    1 <= N <= MAX_RANKS, all of one shape and dtype; residual: None or a [B, D] buffer of that dtype. Tiles:
+    BLOCK_D columns of all B rows, BLOCK_D the power of two giving ``tiling``'s tile count (4..256 columns;
+    ``block_d`` overrides), never depending on B. Returns ``out`` (``{name}.out``, activation). Raises
+    ValueError for an empty or too long list, or mismatched shapes / dtypes."""
+    if not 1 <= len(partials) <= MAX_RANKS:
+        raise ValueError(f"allreduce {name!r}: {len(partials)} partials; 1..{MAX_RANKS} ranks are supported")
+    shape, dtype = partials[0].shape, partials[0].dtype
+    others = [*partials, *([residual] if residual is not None else [])]
+    bad = [b.name for b in others if b.shape != shape or b.dtype != dtype]
+    if len(shape) != 2 or bad:
+        raise ValueError(f"allreduce {name!r}: every partial (and the residual) must be one [B, D] shape and dtype "
+                         f"as {partials[0].name!r} {shape} {dtype}; {bad} differ")
+    B, D = shape
+    out = graph.add_buffer(f"{name}.out", (B, D), dtype, "activation")
+    bd = block_d or block_n_for(D, tiling.min_tiles, lo=4, hi=256)
+    p = {"B": B, "D": D, "N": len(partials), "RES": residual is not None, "BLOCK_B": pow2_ceil(B), "BLOCK_D": bd}
+    es = out.nbytes // (B * D)
+    args = {role: partials[j if j < len(partials) else 0].name for j, role in enumerate(IN_ROLES)}
+    args["res"] = (residual or partials[0]).name
+    args["out"] = out.name
+
+    def make(t, d0, d1):
+        reads = [region(b, (0, B), (d0, d1)) for b in others]
+        return reads, [region(out, (0, B), (d0, d1))], (len(others) + 1) * B * (d1 - d0) * es, len(others) * B * (d1 - d0)
+
+    graph.add_op(Op(name, ALLREDUCE, args, p), row_tiled_tasks(D, bd, make))
+    return out

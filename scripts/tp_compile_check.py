@@ -1,0 +1,88 @@
+"""Compile the tensor-parallel megakernel (rank 0 of 2) for an H200 (sm_90a) on a machine WITHOUT a GPU.
+
+    python scripts/tp_compile_check.py [MODEL] [BATCH]      # default llama-3.2-1b 1 (TP 2 must divide its heads)
+
+Builds rank 0's shard and its TP graph (all-reduce tile tasks, ``models.decode_graph(tp=(0, 2))``), a
+MegakernelRunner over CPU stand-in pools (only the addresses' arithmetic matters for compiling), compiles the
+kernel with Triton's ptxas as scripts/compile_check.py does, and checks the PTX for what the cross-GPU
+protocol needs: ``ld.global.acquire.sys`` (remote waits), a system-scope release atomic (the signals other ranks
+read: ``atom.global.sys.release``), ``ld.volatile.global`` (the all-reduce's ``.cv`` reads of the peers' rows:
+Triton lowers ``cache_modifier=".cv"`` to it), and the
+gpu-scope waits and signals of the local events. Prints registers and spills against the TP=1 kernel of the same
+shard. Exit code 1 when a needed instruction is missing.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+os.environ.setdefault("ONEKERNEL_CACHE", tempfile.mkdtemp(prefix="onekernel_cc_"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from compile_check import PTXDIR, compile_sm90  # noqa: E402
+from onekernel.dist.sharding import shard_config, shard_weights  # noqa: E402
+from onekernel.dist.tp_megakernel import pool_layout  # noqa: E402
+from onekernel.exec import mk_device  # noqa: E402
+from onekernel.exec.megakernel import MegakernelRunner  # noqa: E402
+from onekernel.models.decode_graph import build_decode_step  # noqa: E402
+from onekernel.models.load import load_model  # noqa: E402
+from onekernel.ops.tiling import Tiling  # noqa: E402
+from onekernel.runtime.kv_cache import KVCache  # noqa: E402
+
+# PTX spells the atomics atom.global.<scope>.release.add; Triton lowers a .cv load to ld.volatile.global
+NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.release": r"atom\.global\.sys\.release",
+          "ld.volatile.global": r"ld\.volatile\.global", "ld.global.acquire.gpu": r"ld\.global\.acquire\.gpu",
+          "atom.gpu.release": r"atom\.global\.gpu\.release"}
+
+
+def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
+    full = load_model(name, random_weights=True, dtype=torch.bfloat16)
+    shard = shard_config(full.config, 2, 0)
+    weights = shard_weights(shard, full.weights)
+    cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
+    tiling = Tiling(132, "fit")
+    rows = []
+    for tp in (None, (0, 2)):
+        step = build_decode_step(shard.config, weights, cache, tiling=tiling, tp=tp)
+        kw = {}
+        if tp:
+            nbytes, n_counters, offsets = pool_layout(step.graph)
+            pools = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
+            for nm, (p, src) in step.graph.meta["peers"].items():
+                b = step.graph.buffers[nm]
+                step.tensors[nm] = pools[p][offsets[src]:offsets[src] + b.nbytes].view(b.dtype).view(b.shape)
+            kw = {"rank": 0, "counters": [p[:4 * n_counters].view(torch.int32) for p in pools]}
+        mk = MegakernelRunner(step, n_workers=132, **kw)
+        k = {**mk._kw(), "ACQ_LOAD": True}
+        k.pop("num_warps")
+        label = f"{name}_B{batch}_megakernel_{'tp2' if tp else 'tp1shard'}"
+        rep = compile_sm90(mk_device.megakernel, list(mk._args()), k, mk.num_warps, label)
+        ptx = (PTXDIR / f"{label}.ptx").read_text()
+        found = {n: len(re.findall(p, ptx)) for n, p in NEEDED.items()}
+        rows.append((label, rep, found, len(mk.graph.tasks), mk.events.n_events))
+    ok = True
+    for label, rep, found, tasks, events in rows:
+        print(f"{label}: {tasks} tasks, {events} events, regs {rep['regs']}, spill {rep['spill_bytes']} B, "
+              f"loads {rep['loads']} (v4 {rep['v4']}), compile {rep['s']:.1f} s; " +
+              ", ".join(f"{n} x{c}" for n, c in found.items()))
+    tp_found = rows[1][2]
+    missing = [n for n, c in tp_found.items() if not c]
+    if missing:
+        ok = False
+        print(f"MISSING in the TP kernel's PTX: {', '.join(missing)}")
+    if rows[0][2]["ld.global.acquire.sys"] or rows[0][2]["atom.sys.release"]:
+        ok = False
+        print("the TP=1 kernel has system-scope instructions: the TP switch is not compiled out")
+    print(f"PTX in {PTXDIR}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*(sys.argv[1:2] or []), *(int(x) for x in sys.argv[2:3])))

@@ -1,0 +1,65 @@
+"""One rank of the tensor-parallel megakernel tests (tests/test_tp_megakernel.py starts two with
+torch.multiprocessing's spawn, handing both the same shared-memory pools: ``dist.tp_megakernel.shared_pools``).
+
+``run(rank, a, pools)``: joins a gloo group of ``a["tp"]`` ranks on ``a["port"]``, builds the rank's shard of the
+``tiny`` model (random fp32 weights of ``a["seed"]``, vocabulary ``a["vocab"]``) and its TPMegakernelRunner in the
+Triton interpreter (one worker), then prefill and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the
+gathered logits and tokens, its KV cache and every reduced buffer (``*.ar.out``) after the last step; with
+``a["fault"]`` (ONEKERNEL_TP_FAULT) rank 0 saves the KernelTimeoutError's message of its first step instead.
+"""
+import dataclasses
+import os
+
+import torch
+
+
+def run(rank: int, a: dict, pools: list) -> None:
+    os.environ.update({"WORLD_SIZE": str(a["tp"]), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(a["port"]), "OMP_NUM_THREADS": "1"})
+    if a.get("fault"):
+        os.environ["ONEKERNEL_TP_FAULT"] = a["fault"]
+    torch.set_num_threads(1)
+    from onekernel.dist.process import close_rank, init_rank
+    from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+    from onekernel.dist.tp_megakernel import TPMegakernelRunner
+    from onekernel.dist.tp_reference import TPGroup
+    from onekernel.errors import KernelTimeoutError
+    from onekernel.models.config import get_config
+    from onekernel.models.random_init import random_weights
+    from onekernel.models.tokenizer import Tokenizer
+    from onekernel.runtime.kv_cache import KVCache
+
+    info = init_rank(a["tp"], "cpu")
+    cfg = dataclasses.replace(get_config("tiny"), vocab_size=a["vocab"])
+    shard = shard_config(cfg, a["tp"], info.rank)
+    model = ShardedModel(shard.config, shard_weights(shard, random_weights(cfg, torch.float32, "cpu", a["seed"])),
+                         Tokenizer.byte_level(), cfg.name, shard)
+    group = TPGroup(shard)
+    prompts = a["prompts"]
+    cache = KVCache(shard.config, len(prompts), max(map(len, prompts)) + a["steps"], torch.float32, "cpu")
+    runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools,
+                                **({"spin_limit": a["spin_limit"]} if a.get("spin_limit") else {}))
+    out = f"{a['out']}.rank{info.rank}.pt"
+    logits = [runner.prefill(prompts)]
+    tokens = [logits[0].argmax(-1).to(torch.int32)]
+    if a.get("fault"):
+        lg, nxt = runner.step(tokens[-1])
+        msg = ""
+        try:
+            runner.check()
+        except KernelTimeoutError as e:
+            msg = str(e)
+        torch.save({"error": msg}, out)
+        close_rank()
+        return
+    for _ in range(a["steps"]):
+        lg, nxt = runner.step(tokens[-1])
+        runner.check()
+        cache.seq_lens += 1
+        logits.append(lg.clone())
+        tokens.append(nxt.clone())
+    t = runner.bound.tensors
+    reduced = {n: t[n].clone() for n in t if n.endswith(".ar.out")}
+    torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v,
+                "reduced": reduced}, out)
+    close_rank()
