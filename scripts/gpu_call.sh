@@ -9,6 +9,7 @@
 # Calls 3-11 (sessions 2-5) and 14-17 (sessions 6-7) are in docs/GPU-RUNS.md and in git history
 # (`git show ab8f7cd:scripts/gpu_call.sh`, `git show 51e26d6:scripts/gpu_call.sh`).
 # 30: session 8, the tensor-core GEMV's chunk pipeline depth (ONEKERNEL_MMA_STAGES) and PDL's trigger position.
+# 31 (kind nvidia-h200-x2): session 8, the TP megakernel's first GPU run.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -104,6 +105,26 @@ case "$1" in
                 --out "$W/pdl-probe-b$B-mma-s$S.json"
         done
     done
+    ;;
+31) # session 8, kind nvidia-h200-x2 (~4 min): the TP megakernel's first GPU run: scripts/tp_check.py with the
+    # megakernel only (TP=1 Triton megakernel vs TP=2, 32 greedy steps, the forced timeout) for Llama-3.2-1B and
+    # Llama-3.1-8B in parallel, then `bench --tp 2` (torch+graph, graph, pdl, megakernel) of each
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    for m in llama-3.2-1b llama-3.1-8b; do
+        (timeout 200 python3 scripts/tp_check.py --models $m --modes megakernel --out "$W/tp-check-$m.json" \
+            >"$W/tp-check-$m.log" 2>&1; echo "rc=$?" >>"$W/tp-check-$m.log") &
+    done
+    wait
+    for m in llama-3.2-1b llama-3.1-8b; do
+        log "tp_check $m: $(tail -n 1 "$W/tp-check-$m.log")"
+        grep -h '^{' "$W/tp-check-$m.log" | cut -c1-400 | tee -a "$OUT/log.txt"
+        grep -h "Error\|error" "$W/tp-check-$m.log" | sort | uniq -c | head -n 8 | tee -a "$OUT/log.txt"
+    done
+    mkdir -p "$W/bench"
+    step 80 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8 \
+        --modes torch+graph,graph,pdl,megakernel --allreduce nccl
+    step 100 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8 \
+        --modes torch+graph,graph,pdl,megakernel --allreduce nccl
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

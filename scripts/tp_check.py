@@ -1,6 +1,7 @@
 """Tensor parallel on two GPUs (issue 13): TP=2 logits and greedy tokens against TP=1, every TP mode.
 
     python scripts/tp_check.py [--out F] [--models llama-3.2-1b,llama-3.1-8b] [--batches 1,8] [--steps 32]
+                               [--modes reference,megakernel,...]
 
 Starts itself under torchrun (2 processes, one per GPU) unless already in a rank. Per model (random bf16
 weights, seed 0; both ranks draw the same full weights and keep their shard, rank 0 also keeps the full model)
@@ -50,6 +51,8 @@ def _args():
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=32, help="greedy steps compared")
+    ap.add_argument("--modes", default=None, help="only these modes (names of TP1_MODES / TP2_MODES; reference always "
+                    "runs: every comparison needs it); default all")
     ap.add_argument("--context", type=int, default=512,
                     help="KV-cache positions, the state starting at context-40 (512: the bench's kernels)")
     ap.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU: gloo, fp32, the Triton "
@@ -175,6 +178,9 @@ def main() -> int:
             print(json.dumps(rec), flush=True)
             out.write_text(json.dumps(records, indent=1))
 
+    want = None if a.modes is None else set(a.modes.split(",")) | {"reference"}
+    tp1_modes = [m for m in TP1_MODES if want is None or m in want]
+    tp2_modes = [(m, ar) for m, ar in TP2_MODES if want is None or m in want]
     for name in a.models.split(","):
         files = open_model(name, random_weights=True)
         cfg = files.config
@@ -193,7 +199,7 @@ def main() -> int:
             full_cache, local, tokens = _state(cfg, shard, b, a.context, dev, dtype)
             tp1 = {}
             if rank == 0:  # 1. TP=1 on GPU 0
-                for mode in TP1_MODES:
+                for mode in tp1_modes:
                     try:
                         opts = {} if mode == "reference" else {**kw, **({"backend": "triton"} if mode == "megakernel"
                                                                          else {})}
@@ -204,7 +210,7 @@ def main() -> int:
                               "error": f"{type(e).__name__}: {e}"[:1000]})
                     torch.cuda.empty_cache()
             dist.barrier(group=slow)
-            for mode, ar in TP2_MODES:  # 2. TP=2
+            for mode, ar in tp2_modes:  # 2. TP=2
                 rec = {"model": name, "batch": b, "tp": 2, "mode": mode, "allreduce": ar}
                 try:
                     if mode == "torch+graph":
@@ -230,7 +236,8 @@ def main() -> int:
                     traceback.print_exc()
                 emit(rec)
                 torch.cuda.empty_cache()
-            emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw))
+            if want is None or "megakernel" in want:
+                emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw))
             del full_cache, local, tp1
         full = model = None
         torch.cuda.empty_cache()
