@@ -30,8 +30,11 @@ SMEM_OPTIN_H200 = 232448  # shared memory per block (opt-in) of an H100/H200
 
 
 def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 132, seq: int = 1024,
-                   dtype=torch.bfloat16):
-    """(compiled kernel, plan, constants) of the streaming megakernel for ``model`` compiled for sm_90a."""
+                   dtype=torch.bfloat16, tp: tuple[int, int] | None = None,
+                   shard: tuple[int, int] | None = None):
+    """(compiled kernel, plan, constants) of the streaming megakernel for ``model`` compiled for sm_90a; with
+    ``tp`` = (rank, n) rank's shard of the tensor-parallel graph (all-reduce tasks, remote waits); with only
+    ``shard`` = (rank, n) that shard's single-GPU graph (the TP=1 kernel of the same shapes)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -45,14 +48,19 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     from onekernel.models.decode_graph import decode_graph
     from onekernel.ops.tiling import Tiling
 
-    g, _, _ = decode_graph(get_config(model), batch, seq, dtype, tiling=Tiling(workers, "fit"))
+    cfg = get_config(model)
+    if tp or shard:
+        from onekernel.dist.sharding import shard_config
+        rank, n = tp or shard
+        cfg = shard_config(cfg, n, rank).config
+    g, _, _ = decode_graph(cfg, batch, seq, dtype, tiling=Tiling(workers, "fit"), tp=tp)
     plan = make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), workers)
     records(plan)  # the tables build on the host as on the GPU
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
     i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
-            torch.zeros(4, dtype=torch.float32), i32]
+            torch.zeros(4, dtype=torch.float32), i32, i32, i64]
     fn = sd.stream_megakernel
     consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=False)
     consts["BARS"] = bars_guess(consts)

@@ -9,10 +9,12 @@ and batch: one random decode state (K/V ~ N(0, 1), every sequence at position ``
 from the whole vocabulary; each rank's cache holds its KV heads of the same numbers), then
 
 1. TP=1 on GPU 0 (rank 1 waits at a gloo barrier with a 15-minute timeout, not in an NCCL collective): one
-   step and ``--steps`` greedy steps in reference, eager, graph, pdl and megakernel (the Triton megakernel:
-   backend "triton", the kernel the TP megakernel extends);
+   step and ``--steps`` greedy steps in reference, eager, graph, pdl, megakernel (the Triton megakernel:
+   backend "triton", the kernel the TP megakernel extends) and megakernel-gluon (the streaming Gluon kernel:
+   backend "gluon");
 2. TP=2 on both GPUs: the same in reference ("torch"), torch+graph, eager, graph, pdl with each all-reduce
-   (nccl, symm) and megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``); rank 0 compares with
+   (nccl, symm), megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``; backend "triton") and
+   megakernel-gluon (the same tasks in the streaming Gluon kernel, backend "gluon"); rank 0 compares with
    TP=1: ``rel_err`` (relative L2 error of the whole logits) against the same
    mode at TP=1 (torch and torch+graph: the reference) and ``rel_err_vs_reference``; ``argmax_agree`` (rows);
    greedy: ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row) and the TP=1 top-2 margin there
@@ -20,7 +22,9 @@ from the whole vocabulary; each rank's cache holds its KV heads of the same numb
 3. a forced timeout of the TP megakernel: rank 1 skips its first launch (``ONEKERNEL_TP_FAULT=1:skip:1``; its
    collectives still run), both ranks with ``spin_limit`` 2**16 polls: rank 0's ``step``/``check`` must raise
    KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" (record
-   ``mode: megakernel-timeout``, ``timeout_ok``); then (still rank 0's first record) the ranks go on.
+   ``mode: megakernel-timeout``, ``timeout_ok``); then (still rank 0's first record) the ranks go on. The same
+   for megakernel-gluon (``wait_ms`` TIMEOUT_MS; record ``megakernel-gluon-timeout``): the remote failure has its
+   own error slot, so the message names the peer even when local waits behind it time out first.
 
 Rank 0 prints one JSON line per record and rewrites ``--out`` after each, so a step that fails or runs out of
 time keeps the earlier ones; a mode that fails gets {"error": ...}. NVLink multicast stays off
@@ -39,10 +43,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TP1_MODES = ("reference", "eager", "graph", "pdl", "megakernel")
+TP1_MODES = ("reference", "eager", "graph", "pdl", "megakernel", "megakernel-gluon")
 TP2_MODES = (("reference", None), ("torch+graph", None), ("eager", "nccl"), ("graph", "nccl"), ("pdl", "nccl"),
-             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("megakernel", None))
+             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("megakernel", None), ("megakernel-gluon", None))
 TIMEOUT_SPINS = 1 << 16  # the forced timeout's spin limit: ~0.1 s of ld.acquire.sys polls
+TIMEOUT_MS = 200  # the streaming kernel's: its waits are bounded in time (%globaltimer)
+MK_BACKEND = {"megakernel": "triton", "megakernel-gluon": "gluon"}
 
 
 def _args():
@@ -125,15 +131,16 @@ def _compare(rec, got, want, ref):
         rec["first_diff"] = {"step": s, "row": b, "tp1_top2_margin": float(wm[s, b])}
 
 
-def _forced_timeout(name, b, group, model, cache, tokens, rank, kw) -> dict:
+def _forced_timeout(name, b, group, model, cache, tokens, rank, kw, mode="megakernel") -> dict:
     """Section 3 of the module doc: rank 1 never launches its first step; rank 0's remote wait must give up and
     name the task, op, event and peer rank 1."""
     from onekernel.errors import KernelTimeoutError
 
-    rec = {"model": name, "batch": b, "tp": 2, "mode": "megakernel-timeout", "allreduce": None}
+    rec = {"model": name, "batch": b, "tp": 2, "mode": f"{mode}-timeout", "allreduce": None}
+    limit = {"wait_ms": TIMEOUT_MS} if mode == "megakernel-gluon" else {"spin_limit": TIMEOUT_SPINS}
     os.environ["ONEKERNEL_TP_FAULT"] = "1:skip:1"
     try:
-        r = group.step_runner("megakernel", model, _copy(cache), spin_limit=TIMEOUT_SPINS, **kw)
+        r = group.step_runner("megakernel", model, _copy(cache), backend=MK_BACKEND[mode], **limit, **kw)
         msg = ""
         try:
             r.step(tokens)
@@ -201,9 +208,10 @@ def main() -> int:
             if rank == 0:  # 1. TP=1 on GPU 0
                 for mode in tp1_modes:
                     try:
-                        opts = {} if mode == "reference" else {**kw, **({"backend": "triton"} if mode == "megakernel"
-                                                                         else {})}
-                        make1 = (lambda c, m=mode, o=opts: make_step_runner(m, full, c, **o))
+                        opts = {} if mode == "reference" else {**kw, **({"backend": MK_BACKEND[mode]}
+                                                                         if mode in MK_BACKEND else {})}
+                        make1 = (lambda c, m=mode, o=opts: make_step_runner(
+                            "megakernel" if m in MK_BACKEND else m, full, c, **o))
                         tp1[mode] = _run(make1, full_cache, tokens, a.steps)
                     except Exception as e:  # noqa: BLE001 - the other modes still run
                         emit({"model": name, "batch": b, "tp": 1, "mode": mode,
@@ -221,9 +229,9 @@ def main() -> int:
                     elif mode == "reference":
                         def make(c):
                             return group.step_runner("reference", model, c)
-                    elif mode == "megakernel":
-                        def make(c):
-                            return group.step_runner("megakernel", model, c, **kw)
+                    elif mode in MK_BACKEND:
+                        def make(c, m=mode):
+                            return group.step_runner("megakernel", model, c, backend=MK_BACKEND[m], **kw)
                     else:
                         def make(c, m=mode, ar=ar):
                             return group.step_runner(m, model, c, allreduce=ar, **kw)
@@ -236,8 +244,9 @@ def main() -> int:
                     traceback.print_exc()
                 emit(rec)
                 torch.cuda.empty_cache()
-            if want is None or "megakernel" in want:
-                emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw))
+            for mk in MK_BACKEND:
+                if (want is None or mk in want) and not (a.cpu and mk == "megakernel-gluon"):
+                    emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw, mk))
             del full_cache, local, tp1
         full = model = None
         torch.cuda.empty_cache()

@@ -1,6 +1,7 @@
 """Compile the tensor-parallel megakernel (rank 0 of 2) for an H200 (sm_90a) on a machine WITHOUT a GPU.
 
-    python scripts/tp_compile_check.py [MODEL] [BATCH]      # default llama-3.2-1b 1 (TP 2 must divide its heads)
+    python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon]
+                                             # default llama-3.2-1b 1 triton (TP 2 must divide its heads)
 
 Builds rank 0's shard and its TP graph (all-reduce tile tasks, ``models.decode_graph(tp=(0, 2))``), a
 MegakernelRunner over CPU stand-in pools (only the addresses' arithmetic matters for compiling), compiles the
@@ -10,6 +11,11 @@ read: ``atom.global.sys.release``), ``ld.volatile.global`` (the all-reduce's ``.
 Triton lowers ``cache_modifier=".cv"`` to it), and the
 gpu-scope waits and signals of the local events. Prints registers and spills against the TP=1 kernel of the same
 shard. Exit code 1 when a needed instruction is missing.
+
+``--backend gluon``: the streaming Gluon megakernel instead (``scripts/stream_compile_check.compile_stream`` on
+rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
+instructions (the all-reduce's reads of the partials are ``ld.volatile.global.b16``: counted apart from the
+error-word polls, which are 32-bit volatile loads).
 """
 from __future__ import annotations
 
@@ -40,6 +46,47 @@ from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.release": r"atom\.global\.sys\.release",
           "ld.volatile.global": r"ld\.volatile\.global", "ld.global.acquire.gpu": r"ld\.global\.acquire\.gpu",
           "atom.gpu.release": r"atom\.global\.gpu\.release"}
+
+
+GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"},
+                "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
+
+
+def main_gluon(name: str = "llama-3.2-1b", batch: int = 1) -> int:
+    """The streaming kernel's compile check (module doc)."""
+    import time
+
+    from stream_compile_check import compile_stream, report
+
+    rows = []
+    for tp in (None, (0, 2)):
+        t0 = time.perf_counter()
+        k, plan, consts = compile_stream(name, batch, 132, 512, tp=tp, shard=(0, 2))
+        rep = report(k)
+        label = f"{name}_B{batch}_stream_{'tp2' if tp else 'tp1shard'}"
+        ptx = k.asm["ptx"]
+        PTXDIR.mkdir(parents=True, exist_ok=True)
+        (PTXDIR / f"{label}.ptx").write_text(ptx)
+        found = {n: len(re.findall(p, ptx)) for n, p in GLUON_NEEDED.items()}
+        rows.append((label, rep, found, len(plan.graph.tasks), plan.events.n_events, consts,
+                     time.perf_counter() - t0))
+    ok = True
+    for label, rep, found, tasks, events, consts, sec in rows:
+        print(f"{label}: {tasks} tasks, {events} events, regs {rep['regs']}, spill {rep['spill_bytes']} B, "
+              f"smem {rep['smem']} B, slots {consts['SLOTS']}, setmaxnreg {rep['setmaxnreg']}, compile {sec:.1f} s; "
+              + ", ".join(f"{n} x{c}" for n, c in found.items()))
+        if rep["spill_bytes"]:
+            ok = False
+            print(f"{label}: register spills")
+    missing = [n for n, c in rows[1][2].items() if not c]
+    if missing:
+        ok = False
+        print(f"MISSING in the TP kernel's PTX: {', '.join(missing)}")
+    if any(rows[0][2][n] for n in ("ld.global.acquire.sys", "atom.sys.release", "ld.volatile.global.b16")):
+        ok = False
+        print("the TP=1 kernel has system-scope or volatile partial loads: the TP switch is not compiled out")
+    print(f"PTX in {PTXDIR}")
+    return 0 if ok else 1
 
 
 def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
@@ -85,4 +132,13 @@ def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*(sys.argv[1:2] or []), *(int(x) for x in sys.argv[2:3])))
+    argv = sys.argv[1:]
+    backend = "triton"
+    if "--backend" in argv:
+        i = argv.index("--backend")
+        backend = argv[i + 1]
+        del argv[i:i + 2]
+    if backend not in ("triton", "gluon"):
+        sys.exit(f"--backend must be triton or gluon, got {backend!r}")
+    fn = main_gluon if backend == "gluon" else main
+    sys.exit(fn(*(argv[0:1] or []), *(int(x) for x in argv[1:2])))

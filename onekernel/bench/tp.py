@@ -2,7 +2,8 @@
 one group: "torch" (``dist.tp_reference``), "torch+graph" (``bench.tp_graph``: the same captured in a CUDA graph
 with NCCL inside), the kernel modes eager, graph, pdl (``dist.tp_kernels``) with each all-reduce asked for
 ("nccl", "symm": ``dist.allreduce``), and the megakernel (``dist.tp_megakernel``: its all-reduces are tile tasks;
-allreduce null).
+allreduce null): "megakernel" with the backend "auto" picks (the streaming Gluon kernel for bf16 Llama-family
+shards on Hopper; the record's ``backend`` says which ran), "megakernel-triton" the Triton megakernel.
 
 Each record (rank 0's), the TP=1 bench's fields (``bench.modes``) plus ``tp`` and ``allreduce``: model, batch,
 context, mode, allreduce (null for the torch modes: they all-reduce through NCCL), tp, runner, ms_per_step (the
@@ -24,7 +25,7 @@ from onekernel.bench.modes import random_decode_state
 from onekernel.bench.report import fill_ratios
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
-TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel")
+TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel", "megakernel-triton")
 KERNEL_MODES = ("eager", "graph", "pdl")
 
 
@@ -36,7 +37,9 @@ def tp_runner(mode: str, model, cache, group, allreduce: str | None):
     if mode == "torch":
         return group.step_runner("reference", model, cache)
     if mode == "megakernel":
-        return group.step_runner("megakernel", model, cache)
+        return group.step_runner("megakernel", model, cache, backend="auto")
+    if mode == "megakernel-triton":
+        return group.step_runner("megakernel", model, cache, backend="triton")
     return group.step_runner(mode, model, cache, allreduce=allreduce)
 
 
@@ -71,6 +74,8 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
                 try:
                     r = tp_runner(mode, model, cache, group, ar)
                     rec["runner"] = type(r).__name__
+                    if hasattr(r, "backend"):
+                        rec["backend"] = r.backend
                     lg, nt = r.step(tokens)
                     r.check()
                     rec.update(rel_err_vs_torch=float((lg - ref_logits).norm() / ref_logits.norm()),
@@ -95,11 +100,11 @@ def tp_table(records: list[dict]) -> str:
              "rel. err | argmax |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r.get("ms_per_step") is None:
-            lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']} | {r.get('allreduce') or '-'} | "
+            lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']}{' (' + r['backend'] + ')' if r.get('backend') else ''} | {r.get('allreduce') or '-'} | "
                          f"error: {str(r.get('error'))[:80]} | | | | | |")
             continue
         ratio = f"{r['ratio_to_torch_graph']:.2f}x" if r.get("ratio_to_torch_graph") else "-"
-        lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']} | {r.get('allreduce') or '-'} | "
+        lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']}{' (' + r['backend'] + ')' if r.get('backend') else ''} | {r.get('allreduce') or '-'} | "
                      f"{r['ms_per_step']:.3f} | {r['tokens_per_s']:,.0f} | {r['pct_of_floor']:.0f}% | {ratio} | "
                      f"{r.get('rel_err_vs_torch', float('nan')):.1e} | {r.get('argmax_agree', '-')} |")
     return "\n".join(lines)

@@ -35,6 +35,12 @@ after the other), its readers included. ``graph.deps.check_cross_step`` checks e
 (and the runner refuses a graph where it fails). The event counters are monotonic (waits compare with
 expected x epoch), so they are never overwritten.
 
+Backends: "triton" (``exec.megakernel``, every device and the interpreter; run on two H200s) or "gluon" (the
+streaming kernel, ``exec.stream_runner``: the all-reduces are non-GEMV tile tasks of the re-tiled plan, its remote
+waits and system-scope signals built as the Triton kernel's; not yet run on GPUs); "auto" takes "gluon" where the
+single-GPU "auto" would (``stream_plan.unsupported`` / ``prefer_stream``, no Triton-only option given) and falls
+back to "triton" when the streaming kernel does not build. The default is DEFAULT_BACKEND.
+
 Logits: the LM head stays vocabulary-parallel; after the launch the runner gathers the logits and takes the
 distributed argmax with ``TPGroup``'s collectives (as ``dist.tp_kernels``), inside the same CUDA graph as the
 megakernel launch when it captures one (``MegakernelRunner(after=...)``).
@@ -56,6 +62,12 @@ from onekernel.runtime.reference import prefill
 from onekernel.runtime.runners import check_mode
 
 ALIGN = 16
+BACKENDS = ("auto", "gluon", "triton")
+# The backend when none is given: "triton" (the one run on GPUs) until scripts/tp_check.py --modes megakernel-gluon
+# passes on two H200s; then "auto" (bench --tp already times "auto" and "triton").
+DEFAULT_BACKEND = "triton"
+TRITON_ONLY = ("spin_limit", "policy", "events", "prefetch", "schedule", "num_warps")
+GLUON_ONLY = ("wait_ms",)
 # Polls before a remote wait gives up in the interpreter: a peer process may be a whole layer of interpreted
 # tiles behind (seconds); on a GPU the megakernel's default (2**26 polls) holds.
 INTERPRET_SPIN_LIMIT = 1 << 21
@@ -65,11 +77,12 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def pool_layout(graph) -> tuple[int, int, dict[str, int]]:
+def pool_layout(graph, min_counters: int = 0) -> tuple[int, int, dict[str, int]]:
     """(pool bytes, counter entries, {buffer name: byte offset}) of a tensor-parallel graph: the event counters
-    (one int32 per task) first, then every buffer that a peer buffer mirrors, in graph order, each 16-byte
+    (one int32 per task, or ``min_counters``: the streaming kernel's re-tiled graph may have more tasks,
+    ``stream_plan.task_bound``) first, then every buffer that a peer buffer mirrors, in graph order, each 16-byte
     aligned. The same on every rank (identical graphs)."""
-    n_counters = max(len(graph.tasks), 1)
+    n_counters = max(len(graph.tasks), min_counters, 1)
     off = _align(4 * n_counters)
     sources = {src for _, src in (graph.meta.get("peers") or {}).values()}
     offsets = {}
@@ -126,10 +139,12 @@ class TPMegakernelRunner:
     Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
     ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
     ``make_step_runner``; default "fit"), ``spin_limit`` (polls before a wait gives up; interpreter default
-    INTERPRET_SPIN_LIMIT), and the Triton megakernel's own options (``exec.megakernel.MegakernelRunner``; the
-    streaming Gluon kernel has no all-reduce tasks: ``backend`` must be "triton" if given). Building it is
+    INTERPRET_SPIN_LIMIT), ``backend`` ("auto" | "gluon" | "triton", default DEFAULT_BACKEND: module doc) and the
+    chosen megakernel's own options (``exec.megakernel.MegakernelRunner``: ``spin_limit`` ... ;
+    ``exec.stream_runner.StreamMegakernelRunner``: ``wait_ms``; ``n_workers``, ``use_cuda_graph``,
+    ``check_every``, ``profile`` both). ``self.backend``: the one that runs. Building it is
     collective (the pools' rendezvous, the fingerprint comparison). Raises InputError (pools missing or too small,
-    another backend), ScheduleError (the ranks built different schedules, or the cross-step check failed),
+    an unknown backend, "gluon" where it cannot run, an option of the other backend), ScheduleError (the ranks built different schedules, or the cross-step check failed),
     DeviceError (no GPU and not ``interpret``), RankError from a collective."""
 
     mode = "megakernel"
@@ -138,9 +153,11 @@ class TPMegakernelRunner:
                  tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None, **options):
         dev = cache.k.device
         check_mode("megakernel", dev, interpret)
-        if options.pop("backend", "triton") != "triton":
-            raise InputError("the megakernel at --tp > 1 is the Triton megakernel (backend='triton'); the streaming "
-                             "Gluon kernel has no all-reduce tasks yet")
+        backend = options.pop("backend", None) or DEFAULT_BACKEND
+        if backend not in BACKENDS:
+            raise InputError(f"unknown megakernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend == "gluon" and (interpret or dev.type != "cuda"):
+            raise InputError("backend='gluon' runs on Hopper GPUs only, not in the Triton interpreter")
         if options.pop("allreduce", None) not in (None, "megakernel"):
             raise InputError("--allreduce applies to the kernel modes eager, graph and pdl; the megakernel's "
                              "all-reduce is its own tile tasks")
@@ -158,7 +175,12 @@ class TPMegakernelRunner:
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
         self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n))
         g = bound.graph
-        nbytes, n_counters, offsets = pool_layout(g)
+        n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
+        self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)
+        from onekernel.exec.stream_plan import task_bound
+        # the streaming plan's re-tiled graph may have more tasks (events); pools large enough for it also serve a
+        # fall back to the Triton kernel
+        nbytes, n_counters, offsets = pool_layout(g, task_bound(g, n_workers) if self.backend == "gluon" else 0)
         if pools is None:
             if dev.type != "cuda":
                 raise InputError("the tensor-parallel megakernel off a GPU needs pools= (every rank's pool in shared "
@@ -195,8 +217,14 @@ class TPMegakernelRunner:
         self._gather = gather
         if interpret and spin_limit is None:
             spin_limit = INTERPRET_SPIN_LIMIT
-        self.runner = MegakernelRunner(bound, interpret=interpret, rank=rank, counters=counters, after=gather,
-                                       spin_limit=spin_limit, **options)
+        self.runner = None
+        if self.backend == "gluon":
+            self.runner = self._stream_runner(bound, backend, rank, counters, gather, options)
+        if self.runner is None:
+            self.backend = "triton"
+            self.runner = MegakernelRunner(bound, interpret=interpret, rank=rank, counters=counters, after=gather,
+                                           spin_limit=spin_limit,
+                                           **{k: v for k, v in options.items() if k not in GLUON_ONLY})
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # counters zeroed, partials poisoned before any peer can launch
         fp = torch.tensor([self.runner.fingerprint()], dtype=torch.int64, device=dev)
@@ -205,6 +233,50 @@ class TPMegakernelRunner:
             raise ScheduleError(f"rank {rank}: the ranks built different megakernel schedules or events (fingerprints "
                                 f"{every}); every rank must build the same graph (same shapes, tiling, workers)")
         self.steps = 0
+
+    @staticmethod
+    def _pick(backend: str, bound, off_gpu: bool, options: dict, spin_limit, n_workers: int) -> str:
+        """"gluon" or "triton" for ``backend`` (module doc); InputError for "gluon" where it cannot run or with a
+        Triton-only option, and for a "triton" run given a Gluon-only option."""
+        triton_opts = sorted(k for k in TRITON_ONLY if options.get(k) is not None or (k == "spin_limit" and spin_limit))
+        gluon_opts = sorted(k for k in GLUON_ONLY if k in options)
+        if backend == "triton" or off_gpu:
+            if gluon_opts:
+                raise InputError(f"option(s) {', '.join(gluon_opts)} belong to the streaming megakernel "
+                                 "(backend='gluon'), not the Triton one")
+            return "triton"
+        from onekernel.exec.stream_plan import prefer_stream, unsupported
+        why = unsupported(bound)
+        if backend == "gluon":
+            if triton_opts:
+                why = f"option(s) {', '.join(triton_opts)} belong to the Triton megakernel"
+            if why:
+                raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {why}; use backend='triton'")
+            return "gluon"
+        if why or triton_opts or options.get("profile") or not prefer_stream(bound, n_workers):
+            if gluon_opts:
+                raise InputError(f"option(s) {', '.join(gluon_opts)} belong to the streaming megakernel, which 'auto' "
+                                 f"did not pick here ({why or 'Triton options given or a model too small'})")
+            return "triton"
+        return "gluon"
+
+    @staticmethod
+    def _stream_runner(bound, backend: str, rank: int, counters, gather, options: dict):
+        """The streaming runner, or None when "auto" must fall back (it did not build: logged)."""
+        from onekernel.errors import OneKernelError
+        from onekernel.exec.stream_runner import StreamMegakernelRunner
+
+        kw = {k: v for k, v in options.items() if k not in TRITON_ONLY}
+        try:
+            return StreamMegakernelRunner(bound, rank=rank, counters=counters, after=gather, **kw)
+        except Exception as e:  # noqa: BLE001 - "auto": a compile error of any kind costs the streaming kernel only
+            if backend == "gluon" or isinstance(e, OneKernelError):
+                raise
+            import logging
+            logging.getLogger("onekernel").warning(
+                "the streaming megakernel did not build at TP > 1 (%s: %.200s); running the Triton megakernel "
+                "instead (backend='gluon' raises the error)", type(e).__name__, e)
+            return None
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         self.group.where = "prefill"

@@ -1,7 +1,8 @@
 """What every part of the streaming megakernel (``exec.stream_device``) shares: the queue record's layout and the
 task kinds, the error codes, the Triton-version aliases, and the synchronisation primitives (bounded
 ``ld.acquire`` spins on event counters, bounded mbarrier waits, a per-warp slot release, the first-failure error
-record). Every wait is bounded; the first failure is recorded in err[0:5] = (code, task, a, b, c) (ERRORS).
+record). Every wait is bounded; the first failure is recorded in err[0:5] = (code, task, a, b, c) (ERRORS); at
+TP > 1 the first remote failure in err[5:11] (``spin_peer``: ``ld.acquire.sys`` on a peer's counters).
 """
 from __future__ import annotations
 
@@ -25,11 +26,20 @@ else:
 
 _c = gl.constexpr
 # Task kinds (record field F_KIND).
-K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX = (_c(i) for i in range(8))
+K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX, K_ALLREDUCE = (_c(i) for i in range(9))
 # Record fields (int32 [n_positions + 1, REC]); the per-op buffer offsets are in argtab (16-byte units).
 (F_KIND, F_OP, F_TASK, F_SIGNAL, F_WB, F_WE, F_EV0, F_EX0, F_TILE, F_U0, F_NU, F_K, F_NKB, F_N,
  F_IDX) = (_c(i) for i in range(15))
 REC = _c(16)
+# Tensor parallel (read only when the kernel's constexpr TP is on): F_SYS = 1 when another rank waits on the
+# task's signal (a system-scope release); an all-reduce task (no GEMV units) keeps its remote waits
+# rwl[F_RWB:F_RWE] = (event, expected, peer rank) in the unit fields, and in F_N whether it adds a residual.
+F_SYS = _c(15)
+F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
+# err int32 [5] (TP: [11]): err[0:5] the first local failure; at TP > 1 err[5:11] = (5, task, event, seen,
+# expected, peer rank), the first remote wait that gave up, in its own slot so that local waits timing out
+# first (gpu-scope polls are faster than system-scope ones) cannot hide it.
+ERR_REMOTE_AT = _c(5)
 ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
           3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
 
@@ -63,6 +73,25 @@ def record(err, code, t, a, b, c):
         " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+4], $3; @p st.global.b32 [$1+8], $4;"
         " @p st.global.b32 [$1+12], $5; @p st.global.b32 [$1+16], $6; }",
         "=r,l,r,r,r,r,r", [err, code, t, a, b, c], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def ld_acquire_sys(p):
+    """``ld.acquire.sys`` of one int32: pairs with another GPU's ``atom.release.sys`` on that address (a peer's
+    event counter in symmetric memory, over NVLink); this thread's later loads see what the peer's CTA stored
+    before its release (its CTA barrier, then the release: cumulativity)."""
+    return gl.inline_asm_elementwise("ld.global.acquire.sys.b32 $0, [$1];", "=r,l", [p], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def record_remote(err, t, ev, seen, want, peer):
+    """The first remote failure claims err[5] and writes err[5:11] = (5, task, event, seen, want, peer)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 z, c; mov.b32 z, 0; mov.b32 c, 5; atom.global.relaxed.gpu.cas.b32 $0, [$1+20], z, c;"
+        " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+24], $2; @p st.global.b32 [$1+28], $3;"
+        " @p st.global.b32 [$1+32], $4; @p st.global.b32 [$1+36], $5; @p st.global.b32 [$1+40], $6; }",
+        "=r,l,r,r,r,r,r", [err, t, ev, seen, want, peer], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -106,6 +135,37 @@ def spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
                 bad = gl.load(err, volatile=True)
         if (seen < want) & (bad == 0):
             record(err, 1, t, ev, seen, want)
+
+
+@gluon.jit
+def spin_peer(cnt, want, err, t, ev, peer, WAIT_NS: gl.constexpr):
+    """Spin until the peer counter cnt[0] >= want (every thread, ``ld.acquire.sys``), for at most WAIT_NS and not
+    once another remote failure is recorded (err[5] polled every 256 polls; a local failure in err[0] does not
+    stop it: the remote cause is then still recorded). On timeout: ``record_remote``."""
+    seen = ld_acquire_sys(cnt)
+    if seen < want:
+        t0 = now()
+        tn = t0
+        n = 0
+        bad = 0
+        while (seen < want) & (bad == 0) & (tn - t0 < WAIT_NS):
+            seen = ld_acquire_sys(cnt)
+            tn = now()
+            n += 1
+            if n % 256 == 0:
+                bad = gl.load(err + ERR_REMOTE_AT, volatile=True)
+        if (seen < want) & (bad == 0):
+            record_remote(err, t, ev, seen, want, peer)
+
+
+@gluon.jit
+def wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS: gl.constexpr):
+    """Spin on every remote wait of the task at ``rec``: rwl[F_RWB:F_RWE] = (event, expected, peer), each on
+    that rank's counters at ev_cnt + peer_off[peer] (int32 elements; one virtual address space)."""
+    for j in range(gl.load(rec + F_RWB), gl.load(rec + F_RWE)):
+        e = gl.load(rwl + 3 * j)
+        peer = gl.load(rwl + 3 * j + 2)
+        spin_peer(ev_cnt + gl.load(peer_off + peer) + e, gl.load(rwl + 3 * j + 1) * epoch, err, t, e, peer, WAIT_NS)
 
 
 @gluon.jit

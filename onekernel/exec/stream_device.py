@@ -29,11 +29,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from triton.language.extra.cuda import libdevice
 
-from onekernel.exec.stream_base import (F_IDX, F_K, F_KIND, F_N, F_NKB, F_NU, F_OP, F_SIGNAL, F_TASK, F_U0,
-                                        K_ARGMAX, K_ATTN, K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
-                                        barrier, now, record, smem_addr, tma_load, view, wait_bounded, wait_deps,
-                                        warp_release)
-from onekernel.exec.stream_tasks import argmax_task, attn_task, embed_task, merge_task
+from onekernel.exec.stream_base import (F_IDX, F_K, F_KIND, F_N, F_NKB, F_NU, F_OP, F_SIGNAL, F_SYS, F_TASK, F_U0,
+                                        K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV,
+                                        K_RESID, REC, barrier, now, record, smem_addr, tma_load, view, wait_bounded,
+                                        wait_deps, wait_remote, warp_release)
+from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
 from onekernel.ops.gemv_rows import rnd, silu  # the ops' own rounding and SiLU (Triton functions Gluon calls)
 
 
@@ -270,7 +270,8 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
               MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
               HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr,
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
-              EPS: gl.constexpr, SM_SCALE: gl.constexpr):
+              EPS: gl.constexpr, SM_SCALE: gl.constexpr, rwl, peer_off, TP: gl.constexpr, NR: gl.constexpr,
+              ARD: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc)."""
     # GEMV results [BP, RG]: batch rows in registers, RG rows over the warps (as _group reduces them)
     AL: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0]))
@@ -292,19 +293,31 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
                   SPLIT, NSPLIT, RP, BN, SM_SCALE)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        if TP:
+            if kind == K_ALLREDUCE:  # the peers' producers of its rows (after the local ones)
+                wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS)
+                if PROFILE:
+                    gl.store(prof + t * 4 + 1, now())
+                allreduce_task(rec, a, base_t, B, D, NR, ARD)
         if kind == K_EMBED:
             embed_task(rec, a, base_t, base_i, B, V, D, BD)
         elif kind == K_MERGE:
             merge_task(rec, a, base_t, base_f, HQ, HD, NSPLIT, NSP2, CHM, LM)
         elif kind == K_ARGMAX:
             argmax_task(a, base_f, base_i, B, NT)
-        elif kind != K_ATTN:
+        elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                           RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
         barrier()  # every store of the task issued (and xbuf free for the next one)
         sig = gl.load(rec + F_SIGNAL)
         if sig >= 0:
-            gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
+            if TP:  # another rank reads this event (and the rows behind it): a system-scope release
+                if gl.load(rec + F_SYS) != 0:
+                    gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="sys")
+                else:
+                    gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
+            else:
+                gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
         if PROFILE:
             gl.store(prof + t * 4 + 2, now())
             gl.store(prof + t * 4 + 3, wid.to(gl.int64))
@@ -314,14 +327,15 @@ def _consumer(ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_
 
 @gluon.jit
 def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
-                      base_t, base_f, base_i, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
+                      base_t, base_f, base_i, rwl, peer_off, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
                       XB: gl.constexpr, KXB: gl.constexpr,
                       RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                       WAIT_NS: gl.constexpr, MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                       HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
                       SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr,
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
-                      EPS: gl.constexpr, SM_SCALE: gl.constexpr):
+                      EPS: gl.constexpr, SM_SCALE: gl.constexpr, TP: gl.constexpr, NR: gl.constexpr,
+                      ARD: gl.constexpr):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -329,7 +343,13 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     counters), epoch / done int32 [1], err int32 [5], prof int64 [tasks, 4] (PROFILE: start, dependencies
     satisfied, end in ns of %globaltimer, worker). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
-    chunk), 2 SLOTS mbarriers at byte BARS."""
+    chunk), 2 SLOTS mbarriers at byte BARS.
+
+    Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD
+    columns per tile) wait on their local producers, then on the same events in every peer's counters
+    (``rwl`` int32 [m, 3] = (event, expected, peer), ``ev_cnt + peer_off[peer]``: int64 [ranks] elements from
+    this rank's counters to each rank's) with ``ld.acquire.sys``; tasks whose record has F_SYS signal with a
+    system-scope release; err is int32 [11] (stream_base: the remote failure in its own slot)."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
     epoch = gl.load(epoch_ptr, volatile=True)
@@ -345,7 +365,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     gl.warp_specialize([
         (_consumer, (ring, bars, xbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
-                     SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE)),
+                     SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, rwl, peer_off, TP, NR, ARD)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")

@@ -14,6 +14,14 @@ From a bound decode step:
    wait can deadlock (``graph.schedule.validate`` checks it).
 4. **The weight stream**: per worker, the 16 KB chunks of its GEMV tasks in queue order, back to back
    (``packed`` [chunks, RG, CK]); the loader walks it with one TMA copy per chunk.
+
+Tensor parallel (a graph from ``decode_graph(tp=(rank, n))``, reading peer buffers; dist/tp_megakernel.py): the
+all-reduce ops keep the graph's tiles (K_ALLREDUCE; they stream no weights); remote dependencies, events with
+``sys_signal`` and the schedule are built as ``exec.megakernel`` builds them for the Triton kernel (on the local
+and remote dependencies merged, ``check_cross_step`` on the re-tiled graph), so the plan is a function of the
+graph's shapes and the worker count: the same on every rank (``fingerprint`` lets the ranks compare). The
+records carry F_SYS and the remote wait range (stream_base); ``remote_wait_list`` gives the (event, expected,
+peer) table.
 """
 from __future__ import annotations
 
@@ -21,8 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from onekernel.errors import ScheduleError
 from onekernel.exec import stream_base as sd
-from onekernel.graph.deps import derive_dependencies, derive_events, transitive_reduction
+from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_remote_dependencies,
+                                  merged_dependencies, transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task
 from onekernel.graph.schedule import Schedule, validate
 
@@ -32,12 +42,14 @@ MIN_SLOTS = 4
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
-OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value}
+OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
+               "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
          sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part"),
-         sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out")}
+         sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
+         sd.K_ALLREDUCE.value: tuple(f"in{j}" for j in range(8)) + ("res", "out")}
 MAXA = max(len(r) for r in ROLES.values())
 
 
@@ -108,6 +120,13 @@ def prefer_stream(step, n_workers: int) -> bool:
     layer = sum(g.buffers[op.args["w"]].nbytes for op in g.ops
                 if op.kind.name in GEMV_KINDS and op.kind.name != "lm_head")
     return layer / max(n_layers, 1) / n_workers >= STREAM_MIN_LAYER_BYTES
+
+
+def task_bound(graph, n_workers: int) -> int:
+    """An upper bound on the tasks (so on the events) of ``make_plan(step, n_workers)`` for a step of ``graph``:
+    n_workers per GEMV op, the graph's own tiles for the others (dist/tp_megakernel.py sizes its counters by it
+    before any plan is built)."""
+    return sum(n_workers if op.kind.name in GEMV_KINDS else len(op.task_ids) for op in graph.ops)
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
@@ -242,7 +261,21 @@ def make_plan(step, n_workers: int) -> StreamPlan:
         g.add_op(new, tasks)
         kinds.append(kind)
     deps = transitive_reduction(derive_dependencies(g))
-    events = derive_events(g, deps)
+    remote = derive_remote_dependencies(g)
+    if any(remote):  # tensor parallel: as exec.megakernel.MegakernelRunner
+        bad = [t for t, rs in enumerate(remote) if rs and kinds[g.tasks[t].op] != sd.K_ALLREDUCE.value]
+        if bad:
+            raise ScheduleError(f"streaming megakernel: only all-reduce tasks may read other ranks' buffers; task "
+                                f"{bad[0]} ({g.ops[g.tasks[bad[0]].op].name}) does")
+        events = derive_events(g, deps, remote)
+        sched_deps = merged_dependencies(deps, remote)
+        try:
+            check_cross_step(g, deps, remote)
+        except ValueError as e:
+            raise ScheduleError(str(e)) from None
+    else:
+        events = derive_events(g, deps)
+        sched_deps = deps
     queues, load = [[] for _ in range(n_workers)], [0] * n_workers
     gemv = set(GEMV_KINDS.values())
     for op, kind in zip(g.ops, kinds):
@@ -257,7 +290,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
             queues[w].append(t)
             load[w] += max(g.tasks[t].bytes, 1)
     schedule = Schedule(queues, n_workers, "stream")
-    validate(schedule, g, deps)
+    validate(schedule, g, sched_deps)
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
     merge = next(op for op in src.ops if op.kind.name == "attn_merge").params
     emb = next(op for op in src.ops if op.kind.name == "embed").params
@@ -268,14 +301,53 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
-                  SM_SCALE=float(attn["SM_SCALE"]))
+                  SM_SCALE=float(attn["SM_SCALE"]), **_tp_consts(g, kinds, emb["D"]))
     return StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
+
+
+def _tp_consts(g: Graph, kinds: list[int], D: int) -> dict:
+    """TP (all-reduce tasks, remote waits and system-scope signals compiled in), NR (ranks summed by an all-reduce), ARD (its columns per tile): one value
+    for every all-reduce op of the graph (ValueError otherwise)."""
+    ar = [op for op, k in zip(g.ops, kinds) if k == sd.K_ALLREDUCE.value]
+    if not ar:
+        return dict(TP=False, NR=1, ARD=1)
+    shapes = {(op.params["N"], op.params["BLOCK_D"], op.params["D"]) for op in ar}
+    if len(shapes) != 1 or next(iter(shapes))[2] != D:
+        raise ValueError(f"streaming megakernel: the all-reduce ops must share (ranks, BLOCK_D, D = {D}); got {shapes}")
+    nr, ard, _ = shapes.pop()
+    return dict(TP=True, NR=nr, ARD=ard)
+
+
+def fingerprint(plan: StreamPlan) -> int:
+    """A 63-bit hash of what every rank must share to wait on each other's counters (as
+    ``MegakernelRunner.fingerprint``): the task kinds, units, queues, events (signals, waits, expected counts,
+    system-scope signals), the events of the remote waits (without the peer ranks, which differ by rank) and the
+    kernel constants."""
+    import hashlib
+
+    ev = plan.events
+    parts = (tuple(plan.kinds), tuple(plan.units), tuple(map(tuple, plan.schedule.queues)), tuple(ev.signal),
+             tuple(map(tuple, ev.waits)), tuple(ev.expected), tuple(ev.sys_signal),
+             tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits), sorted(plan.consts.items()))
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def remote_wait_list(plan: StreamPlan) -> torch.Tensor:
+    """int32 [m, 3] (event, expected count per epoch, peer rank): every queue position's remote waits in queue
+    order (``records`` points each all-reduce record at its range); one zero row when there are none."""
+    ev = plan.events
+    rwl = []
+    if ev.remote_waits:
+        for q in plan.schedule.queues:
+            for t in q:
+                rwl += [(e, ev.expected[e], peer) for peer, e in ev.remote_waits[t]]
+    return torch.tensor(rwl or [(0, 0, 0)], dtype=torch.int32)
 
 
 def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Queue records int32 [positions + 1, REC] (stream_base.F_*) and the wait list int32 [n, 2]."""
     g, ev = plan.graph, plan.events
-    rows, wl = [], []
+    rows, wl, nrw = [], [], 0
     for q in plan.schedule.queues:
         for t in q:
             task = g.tasks[t]
@@ -292,6 +364,16 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
                 rec[sd.F_K.value], rec[sd.F_NKB.value] = op.params["KG"], op.params["NKB"]
                 rec[sd.F_N.value] = op.params.get("N", 0)
                 rec[sd.F_IDX.value] = task.tile
+            if ev.remote_waits:  # tensor parallel (stream_base: F_SYS, F_RWB/F_RWE/F_RES of all-reduce tasks)
+                sig = ev.signal[t]
+                rec[sd.F_SYS.value] = int(sig >= 0 and ev.sys_signal[sig])
+                if plan.kinds[task.op] == sd.K_ALLREDUCE.value:
+                    rw = ev.remote_waits[t]
+                    rec[sd.F_RWB.value], rec[sd.F_RWE.value] = nrw, nrw + len(rw)
+                    rec[sd.F_RES.value] = int(bool(op.params["RES"]))
+                    nrw += len(rw)
+            elif plan.kinds[task.op] == sd.K_ALLREDUCE.value:
+                rec[sd.F_RES.value] = int(bool(op.params["RES"]))
             rows.append(rec)
             wl += [(e, ev.expected[e]) for e in waits]
     rows.append([0] * sd.REC.value)

@@ -19,8 +19,8 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERRORS
 from onekernel.exec.megakernel import PersistentRunner
-from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, make_plan, pack_weights, records, \
-    unsupported
+from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
+    records, remote_wait_list, unsupported
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
@@ -82,17 +82,41 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         consts["BARS"] -= CHUNK_ELEMS * 2  # the ring comes first: the barriers move down by one slot
 
 
+def peer_counters(counters, rank: int, n_events: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's).
+    Raises InputError for a rank out of range or counters too small, misaligned or on another device."""
+    n = max(n_events, 1)
+    if not isinstance(rank, int) or not 0 <= rank < len(counters):
+        raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
+    for p, c in enumerate(counters):
+        if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
+            raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
+                             f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
+    own = counters[rank]
+    if own.device != torch.device(dev):
+        raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
+    off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
+    return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
+
+
 class StreamMegakernelRunner(PersistentRunner):
     """Options: ``n_workers`` (default: one per SM; all must be co-resident), ``use_cuda_graph``,
     ``check_every`` (steps between error-word reads; 0: only ``check()`` / ``poll()``), ``wait_ms`` (a
     dependency or ring wait gives up after this long, and records where it stopped), ``profile`` (stamp
     every task of ``task_graph`` into ``prof`` int64 [tasks, 4]: start, dependencies satisfied, end (ns),
-    worker)."""
+    worker).
+
+    Tensor parallel (a graph with all-reduce ops reading peer buffers; dist/tp_megakernel.py): ``rank`` and
+    ``counters`` (every rank's event-counter array as mapped in this process, int32, zeroed, rank order, at least
+    ``plan.events.n_events`` entries; symmetric memory on GPUs), as ``exec.megakernel.MegakernelRunner``;
+    ``after`` (a callable run after every launch, captured with it). A remote wait that gives up is reported
+    before any local one (its own error slot: stream_base)."""
 
     wait_errors = {k: v for k, v in ERRORS.items() if k != 1}
 
     def __init__(self, step, *, n_workers: int | None = None, use_cuda_graph: bool | None = None,
-                 check_every: int = 0, wait_ms: int = 2000, profile: bool = False):
+                 check_every: int = 0, wait_ms: int = 2000, profile: bool = False, rank: int = 0, counters=None,
+                 after=None):
         reason = unsupported(step)
         if reason:
             raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {reason}; use "
@@ -121,8 +145,20 @@ class StreamMegakernelRunner(PersistentRunner):
         self.argtab = torch.zeros(len(g.ops), self.plan.consts["MAXA"], dtype=torch.int64, device=dev)
         self._write_addresses()
         i32 = dict(dtype=torch.int32, device=dev)
-        self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
-        self.epoch, self.done, self.err = torch.ones(1, **i32), torch.zeros(1, **i32), torch.zeros(5, **i32)
+        self.tp = bool(self.plan.consts["TP"])
+        self.rank, self._after = rank, after
+        self.rwl = remote_wait_list(self.plan).to(dev)
+        if self.tp:
+            if counters is None:
+                raise InputError("this step has all-reduce tasks reading other ranks' buffers (a tensor-parallel graph): "
+                                 "the streaming megakernel needs every rank's event counters (counters=, rank=; "
+                                 "onekernel.dist.tp_megakernel)")
+            self.ev_cnt, self.peer_off = peer_counters(counters, rank, self.events.n_events, dev)
+        else:
+            self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
+            self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.epoch, self.done = torch.ones(1, **i32), torch.zeros(1, **i32)
+        self.err = torch.zeros(11 if self.tp else 5, **i32)  # TP: err[5:11] the remote failure (stream_base)
         # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph
         self.prof = torch.zeros(max(len(g.tasks), 1) if profile else 1, 4, dtype=torch.int64, device=dev)
         from triton.experimental.gluon import language as gl
@@ -147,7 +183,16 @@ class StreamMegakernelRunner(PersistentRunner):
     def _args(self):
         b = list(self.bases.values())
         return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
-                self.done, self.err, self.prof, b[0], b[1], b[2])
+                self.done, self.err, self.prof, b[0], b[1], b[2], self.rwl, self.peer_off)
+
+    def fingerprint(self) -> int:
+        """``stream_plan.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
+        return fingerprint(self.plan)
+
+    def _raise_if(self, err: list[int]) -> None:
+        if len(err) > 5 and err[5]:  # a remote wait gave up: the cause (local waits then time out behind it)
+            return super()._raise_if(err[5:11])
+        return super()._raise_if(err[:5])
 
     def _compile(self, props) -> None:
         """Compile (``fit_kernel``), then refuse more workers than fit on the GPU at once."""

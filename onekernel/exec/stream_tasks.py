@@ -1,13 +1,15 @@
 """The streaming megakernel's task bodies that read no streamed weights: the embedding gather, split-KV
-attention partials (loading the old KV rows before they wait), the log-sum-exp merge and the argmax over the
-LM head's per-task partials. Math and tiles as ops/embed.py, ops/attention.py and ops/lm_head.py.
+attention partials (loading the old KV rows before they wait), the log-sum-exp merge, the argmax over the
+LM head's per-task partials and (tensor parallel) the all-reduce of the ranks' partial rows. Math and tiles as
+ops/embed.py, ops/attention.py, ops/lm_head.py and ops/allreduce.py.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_TILE, wait_deps
+from onekernel.exec.stream_base import F_RES, F_TILE, wait_deps
+from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
 def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.constexpr, BD: gl.constexpr):
@@ -154,3 +156,44 @@ def argmax_task(a, base_f, base_i, B: gl.constexpr, NT: gl.constexpr):
         gl.store(out + b, bi)
 
 
+
+
+@gluon.jit
+def _add_rank(acc, a, base_t, offs, m, NR: gl.constexpr, J: gl.constexpr):
+    if J < NR:
+        p = base_t + gl.load(a + J) * 8
+        acc += gl.load(p + offs, mask=m, other=0.0, volatile=True).to(gl.float32)
+    return acc
+
+
+@gluon.jit
+def allreduce_task(rec, a, base_t, B: gl.constexpr, D: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr):
+    """out[b, cols] = round(res[b, cols] + p_0[b, cols] + ... + p_{NR-1}[b, cols]) for the tile's ARD columns of
+    every batch row: ops/allreduce.py's ``allreduce_body`` operation for operation (fp32 from zero, the residual
+    first when the record's F_RES says so, then the ranks in order 0..NR-1, one RNE rounding), so every rank and
+    the Triton megakernel get the same bits. argtab roles: in0..in7 (this rank's own partial and the peers'
+    copies, in rank order), res, out. The partials are read with ``ld.volatile.global`` after the remote waits'
+    ``ld.acquire.sys`` (stream_base.wait_remote), as ops/allreduce.py's ``.cv`` loads compile in Triton (Gluon
+    3.6 drops ``cache_modifier=".cv"``: a plain ``ld.global``, seen in the sm_90a PTX; ``volatile=True`` gives
+    the volatile load); the residual with ``.cg``."""
+    dt: gl.constexpr = base_t.dtype.element_ty
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    res = base_t + gl.load(a + 8) * 8
+    out = base_t + gl.load(a + 9) * 8
+    add_res = gl.load(rec + F_RES)
+    cols = gl.load(rec + F_TILE) * ARD + gl.arange(0, ARD, layout=L1)
+    m = cols < D
+    for b in range(B):
+        offs = b * D + cols
+        acc = gl.zeros([ARD], gl.float32, L1)
+        if add_res != 0:
+            acc += gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 0)  # rank order 0..NR-1: the same sum on every rank
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 1)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 2)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 3)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 4)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 5)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 6)
+        acc = _add_rank(acc, a, base_t, offs, m, NR, 7)
+        gl.store(out + offs, rnd(acc, dt).to(dt), mask=m)

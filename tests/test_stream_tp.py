@@ -1,0 +1,192 @@
+"""The streaming (Gluon) megakernel at tensor-parallel size 2, on the CPU: its plan (exec/stream_plan.py) of each
+rank's TP graph (``decode_graph(tp=(rank, 2))``), the records' remote waits and system-scope signals, the
+identity of the ranks' plans, a two-rank simulation of the queues (no cross-rank deadlock), the backend choice
+of dist/tp_megakernel.py, and the sm_90a compile of the TP kernel. The Gluon kernel runs on GPUs only
+(scripts/tp_check.py --modes megakernel-gluon).
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from onekernel.dist.sharding import shard_config
+from onekernel.errors import InputError
+from onekernel.exec import stream_base as sd
+from onekernel.exec.stream_plan import (arg_table, fingerprint, make_plan, records, remote_wait_list,
+                                        task_bound)
+from onekernel.graph.deps import merged_dependencies
+from onekernel.graph.schedule import validate
+from onekernel.models.config import get_config
+from onekernel.models.decode_graph import build_decode_step, decode_graph
+from onekernel.models.random_init import random_weights
+from onekernel.ops.tiling import Tiling
+from onekernel.runtime.kv_cache import KVCache
+
+ROOT = Path(__file__).resolve().parents[1]
+# every local size even across 2 ranks; K of 64 / 128 / 192 (256-column chunks, zero padded), 32-row groups
+CFG = dataclasses.replace(get_config("tiny"), name="stream-tp-test", vocab_size=300, dim=128, n_heads=4, n_kv_heads=2,
+                          head_dim=64, ffn_dim=384)
+W = 8
+
+
+def _plan(rank, batch=2):
+    local = shard_config(CFG, 2, rank).config
+    g, _, _ = decode_graph(local, batch, 48, torch.bfloat16, tiling=Tiling(W, "fit"), tp=(rank, 2))
+    return g, make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), W)
+
+
+def _positions(plan):
+    return [t for q in plan.schedule.queues for t in q]
+
+
+def test_records_carry_remote_waits_of_every_allreduce_task_and_only_those():
+    """Every all-reduce task waits remotely on exactly the peer's re-tiled producers of its columns (the same ids
+    on every rank), its record points at them; no other task has a remote wait; F_SYS is set exactly on the
+    producers of remotely read events; F_RES says whether the residual is added (not for embed.ar)."""
+    g0, plan = _plan(0)
+    g, ev = plan.graph, plan.events
+    assert plan.consts["TP"] and plan.consts["NR"] == 2
+    qrec, wl = records(plan)
+    rwl = remote_wait_list(plan).tolist()
+    peers = g.meta["peers"]
+    n_ar = 0
+    for row, t in zip(qrec[:-1].tolist(), _positions(plan)):
+        task = g.tasks[t]
+        op = g.ops[task.op]
+        sig = ev.signal[t]
+        assert row[sd.F_SYS.value] == int(sig >= 0 and ev.sys_signal[sig])
+        if op.kind.name != "allreduce":
+            assert ev.remote_waits[t] == [], op.name
+            continue
+        n_ar += 1
+        assert row[sd.F_KIND.value] == sd.K_ALLREDUCE.value
+        assert row[sd.F_RES.value] == int(op.name != "embed.ar")
+        got = rwl[row[sd.F_RWB.value]:row[sd.F_RWE.value]]
+        assert got and got == [[e, ev.expected[e], p] for p, e in ev.remote_waits[t]]
+        # the producers, found again from the regions: writers of the peer buffer's source rows, on rank 1
+        (name,) = [r.buffer for r in task.reads if r.buffer in peers]
+        peer, src = peers[name]
+        cols = task.writes[0].box
+        writers = [w.id for w in g.tasks if w.id < t and any(
+            r.buffer == src and all(a < d and c < b for (a, b), (c, d) in zip(r.box, cols)) for r in w.writes)]
+        assert peer == 1 and writers
+        assert sorted({e for _, e in ev.remote_waits[t]}) == sorted({ev.signal[w] for w in writers})
+        for e in {e for _, e in ev.remote_waits[t]}:  # an event read remotely has only those producers
+            assert set(ev.producers[e]) <= set(writers)
+    assert n_ar == sum(len(op.task_ids) for op in g.ops if op.kind.name == "allreduce") > 0
+    assert sum(r[sd.F_RWE.value] - r[sd.F_RWB.value] for r, t in zip(qrec[:-1].tolist(), _positions(plan))
+               if g.tasks[t].op in {o.index for o in g.ops if o.kind.name == "allreduce"}) == len(rwl)
+    remote_events = {e for rw in ev.remote_waits for _, e in rw}
+    assert {e for e, s in enumerate(ev.sys_signal) if s} == remote_events
+    assert len(g.tasks) <= task_bound(g0, W) and ev.n_events <= task_bound(g0, W)
+    validate(plan.schedule, g, merged_dependencies(
+        [[p for e in ws for p in ev.producers[e]] for ws in ev.waits],
+        [[(p, d) for p, e in rw for d in ev.producers[e]] for rw in ev.remote_waits]))
+
+
+def test_both_ranks_build_the_same_plan():
+    """Same tasks, queues, events, records and constants on both ranks (fingerprints equal); the remote wait
+    lists differ only in the peer rank; a plan of another worker count has another fingerprint."""
+    _, p0 = _plan(0)
+    _, p1 = _plan(1)
+    assert fingerprint(p0) == fingerprint(p1)
+    q0, w0 = records(p0)
+    q1, w1 = records(p1)
+    assert torch.equal(q0, q1) and torch.equal(w0, w1)
+    r0, r1 = remote_wait_list(p0), remote_wait_list(p1)
+    assert torch.equal(r0[:, :2], r1[:, :2])
+    assert set(r0[:, 2].tolist()) == {1} and set(r1[:, 2].tolist()) == {0}
+    assert p0.consts == p1.consts
+    local = shard_config(CFG, 2, 0).config
+    g, _, _ = decode_graph(local, 2, 48, torch.bfloat16, tiling=Tiling(W, "fit"), tp=(0, 2))
+    other = make_plan(SimpleNamespace(graph=g, batch=2, device=torch.device("cpu")), W - 1)
+    assert fingerprint(other) != fingerprint(p0)
+
+
+def test_two_ranks_run_their_queues_to_the_end():
+    """Simulate both ranks' workers (each position runs once its local waits and its remote waits on the peer's
+    counters are met, then signals), in an adversarial order (rank 1 is always served first; lowest worker
+    first): every task of both ranks runs, i.e. no cross-rank wait cycle. Three steps (monotonic counters)."""
+    plans = [_plan(r)[1] for r in range(2)]
+    tabs = []
+    for p in plans:
+        qrec, wl = records(p)
+        tabs.append((qrec.tolist(), wl.tolist(), remote_wait_list(p).tolist(), p.schedule.queues))
+    cnt = [[0] * plans[0].events.n_events for _ in range(2)]
+    for epoch in (1, 2, 3):
+        pos = [[0] * W for _ in range(2)]
+        offs = [[0] + [sum(len(q) for q in tabs[r][3][:w + 1]) for w in range(W)] for r in range(2)]
+        progress = True
+        while progress:
+            progress = False
+            for r in (1, 0):
+                qrec, wl, rwl, queues = tabs[r]
+                for w in range(W):
+                    while pos[r][w] < len(queues[w]):
+                        row = qrec[offs[r][w] + pos[r][w]]
+                        ok = all(cnt[r][e] >= x * epoch for e, x in wl[row[sd.F_WB.value]:row[sd.F_WE.value]])
+                        if row[sd.F_KIND.value] == sd.K_ALLREDUCE.value:
+                            ok = ok and all(cnt[p][e] >= x * epoch
+                                            for e, x, p in rwl[row[sd.F_RWB.value]:row[sd.F_RWE.value]])
+                        if not ok:
+                            break
+                        if row[sd.F_SIGNAL.value] >= 0:
+                            cnt[r][row[sd.F_SIGNAL.value]] += 1
+                        pos[r][w] += 1
+                        progress = True
+        left = [sum(len(q) for q in tabs[r][3]) - sum(pos[r]) for r in range(2)]
+        assert left == [0, 0], f"step {epoch}: tasks left per rank {left} (a cross-rank wait cycle)"
+
+
+def test_allreduce_argument_table_holds_the_ranks_in_order(seed):
+    """argtab row of an all-reduce: in0..in7 = rank 0's and rank 1's partials (this rank's own buffer at its
+    rank, the peer's mapping at the other; unused slots repeat in0), then res and out."""
+    rank = 1
+    local = shard_config(CFG, 2, rank).config
+    w = random_weights(local, torch.bfloat16, "cpu", seed)
+    step = build_decode_step(local, w, KVCache(local, 1, 48, torch.bfloat16, "cpu"), tiling=Tiling(W, "fit"),
+                             tp=(rank, 2))
+    plan = make_plan(step, W)
+    g = plan.graph
+    bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
+    scratch = {n: torch.zeros(g.buffers[n].shape, dtype=g.buffers[n].dtype) for n in ("stream.pmax", "stream.pidx")}
+    tensors = dict(step.tensors, **scratch)
+    tab = arg_table(plan, tensors, bases)
+    op = next(o for o in g.ops if o.name == "down.0.ar")
+    ptr = [int(tab[op.index, j]) * 16 + bases[torch.bfloat16].data_ptr() for j in range(10)]
+    want = ["peer0.down.0.out", "down.0.out"] + ["peer0.down.0.out"] * 6 + [op.args["res"], "down.0.ar.out"]
+    assert ptr == [tensors[n].data_ptr() for n in want]
+    assert op.args["res"] == "o_proj.0.ar.out"
+
+
+def test_tp_runner_backend_choice():
+    """dist/tp_megakernel.py: the default stays the Triton megakernel (the one run on GPUs); off a GPU every
+    backend but an explicit "gluon" is "triton"; options of one backend refuse the other."""
+    from onekernel.dist import tp_megakernel as tpm
+
+    assert tpm.DEFAULT_BACKEND == "triton"
+    pick = tpm.TPMegakernelRunner._pick
+    assert pick("auto", None, True, {}, None, 8) == "triton"
+    assert pick("triton", None, True, {}, 5, 8) == "triton"
+    with pytest.raises(InputError, match="wait_ms"):
+        pick("triton", None, True, {"wait_ms": 5}, None, 8)
+    _, plan = _plan(0)
+    step = SimpleNamespace(graph=plan.graph, batch=2, device=torch.device("cpu"))
+    with pytest.raises(InputError, match="CUDA device"):
+        pick("gluon", step, False, {}, None, 8)
+
+
+def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
+    """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2: no spills, and the TP kernel's
+    PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit loads; the TP=1 kernel of
+    the same shard none of them."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/tp_compile_check.py"), "llama-3.2-1b", "1",
+                          "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "stream_tp2" in out.stdout and "ld.global.acquire.sys x0" in out.stdout
