@@ -3,7 +3,7 @@
     python scripts/compile_times.py --out DIR [--cases MODEL:BATCH:MODE,...] [--timeout S] [--jobs N] [--ctx N]
 
 For each case (model with random weights, batch size, mode; ``megakernel/triton`` passes backend="triton"),
-two fresh processes:
+two fresh processes (``MODE@mma`` / ``MODE@fma`` picks the GEMV path; default the model's):
 * cold: empty ``TRITON_CACHE_DIR`` and ``ONEKERNEL_CACHE``; times building the runner and its first step
   (every kernel compiles: the cold-cache first step the issue limits to 60 s);
 * warm: the same caches, now full; the same timings (the warm start the issue limits to 5 s).
@@ -55,8 +55,10 @@ def child(model: str, batch: int, mode: str, ctx: int) -> dict:
     with CompileWatch() as w:
         cache = KVCache(m.config, batch, min(ctx, m.config.max_seq_len), torch.bfloat16, "cuda")
         cache.seq_lens.fill_(min(ctx, m.config.max_seq_len) // 2)
+        mode, _, gemv = mode.partition("@")
         name, _, backend = mode.partition("/")
-        r = make_step_runner(name, m, cache, **({"backend": backend} if backend else {}))
+        r = make_step_runner(name, m, cache, **({"backend": backend} if backend else {}),
+                             **({"gemv": gemv} if gemv else {}))
         r.step(tok)
         torch.cuda.synchronize()
     first = time.perf_counter() - t1
