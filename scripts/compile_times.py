@@ -13,7 +13,7 @@ the Triton kernels loaded or compiled and the seconds spent in them (``cli_compi
 runner class, and its process wall time. A child past ``--timeout`` is killed and recorded as such (a cold
 timeout skips the warm run: the cache is incomplete). Cases run ``--jobs`` at a time (each compile is one CPU
 core; the figures say how many ran at once). Writes ``DIR/compile_times-<date>-<commit>.json`` (date, GPU, commit from
-$ONEKERNEL_COMMIT, every figure) and ``.md`` (a table), and prints the table.
+``bench.report.commit_id``, every figure) and ``.md`` (a table), and prints the table.
 """
 from __future__ import annotations
 
@@ -139,7 +139,9 @@ def main() -> None:
     cases = [c for c in a.cases.split(",") if c]
     with ThreadPoolExecutor(max(1, a.jobs)) as ex:
         records = list(ex.map(lambda c: run_case(c, a.ctx, a.timeout), cases))
-    commit = os.environ.get("ONEKERNEL_COMMIT", "")
+    from onekernel.bench.report import commit_id
+
+    commit = commit_id()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu, "commit": commit,
             "torch": torch.__version__, "triton": triton.__version__, "jobs": a.jobs, "timeout_s": a.timeout,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from onekernel.bench.modes import random_decode_state, step_on_copy  # noqa: E402
+from onekernel.bench.report import commit_id  # noqa: E402
 from onekernel.bench.timing import median_ms  # noqa: E402
 from onekernel.models.load import load_model  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "gpu": torch.cuda.get_device_name(),
-           "commit": os.environ.get("ONEKERNEL_COMMIT", ""), "torch": torch.__version__, "records": []}
+           "commit": commit_id(), "torch": torch.__version__, "records": []}
     for name in args.models.split(","):
         model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
         for B in map(int, args.batches.split(",")):
