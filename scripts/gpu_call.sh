@@ -141,7 +141,7 @@ case "$1" in
         (timeout 200 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
             --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
-            --modes eager,graph,pdl,megakernel/triton --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
+            --modes eager,graph,pdl,megakernel/triton,megakernel/gluon --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 python3 scripts/invariance_check.py qwen3-0.6b \
             --out "$W/inv-q.json" >"$W/inv-q.log" 2>&1) &
         (timeout 200 env CUDA_VISIBLE_DEVICES=$G1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
