@@ -212,11 +212,44 @@ def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
 
 
 @gluon.jit
+def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
+    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
+    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
+    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
+    KS: gl.constexpr = CK // 4
+    SL3: gl.constexpr = _stage_layout(CK)
+    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
+        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
+    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
+    vs = (g,)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            vs = vs + (gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
+                               cache_modifier=".cg"),)
+    return vs
+
+
+@gluon.jit
+def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
+    """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
+    hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
+    _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
+    F.linear does."""
+    dt: gl.constexpr = abuf.dtype
+    g = vs[0].to(gl.float32)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            v = vs[1 + q]
+            if norm != 0:
+                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
+            abuf.slice(q * 4, 4, dim=1).store(v)
+
+
+@gluon.jit
 def _stage_a(abuf, x, nw, K, rs, norm, kb, B: gl.constexpr, CK: gl.constexpr):
-    """abuf [4, 16, CK/4] = (RMSNorm?)x[0:16, kb*CK:(kb+1)*CK] as [warp slice, batch row, k] for the rows < B;
-    row quads past B are skipped at compile time (abuf holds zeros there from the start: operand A's rows >= B
-    are 0). RMSNorm as _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA
-    multiplies the values F.linear does."""
+    """_load_a then _store_a of tile kb, quad by quad (each quad's loads stored before the next quad's: fewer
+    registers than the two passes, for the batches PF leaves out). The same values."""
     dt: gl.constexpr = x.dtype.element_ty
     KS: gl.constexpr = CK // 4
     SL3: gl.constexpr = _stage_layout(CK)
@@ -234,11 +267,13 @@ def _stage_a(abuf, x, nw, K, rs, norm, kb, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, ng, nkb, ok, i, err, t, B: gl.constexpr,
+def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr):
+               WAIT_NS: gl.constexpr, PF: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
-    tile is staged once (_stage_a, CTA barriers around it) and loaded into registers once (operand A), then each
+    tile is staged once (_store_a, CTA barriers around it; with PF, of the loads ``pre`` issued during the
+    previous tile's chunks, and the loads of the next block's first tile are returned; else loaded right before)
+    and loaded into registers once (operand A), then each
     group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
     ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
@@ -255,8 +290,15 @@ def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, ng, nkb, ok, i, err, t, B
         accs = accs + (gl.zeros([4, 16, RG], gl.float32, MMA),)
     for kb in range(nkb):
         barrier()  # every warp done with the previous tile
-        _stage_a(abuf, x, nw, K, rs, norm, kb, B, CK)
+        if PF:
+            _store_a(abuf, pre, rs, norm, B, CK)
+        else:
+            _stage_a(abuf, x, nw, K, rs, norm, kb, B, CK)
         barrier()
+        if PF:  # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block
+            # (a block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
+            nxt = kb + 1
+            pre = _load_a(x, nw, K, gl.where(nxt < nkb, nxt, 0), norm, B, CK)
         xa = abuf.load(DA)
         new = ()
         for g in gl.static_range(GB):
@@ -272,7 +314,7 @@ def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, ng, nkb, ok, i, err, t, B
         accs = new
     for g in gl.static_range(GB):
         accbuf.index(g).store(accs[g])
-    return ok, i
+    return ok, i, pre
 
 
 @gluon.constexpr_function
@@ -446,6 +488,13 @@ def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, e
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
+    # PF: prefetch each activation tile during the previous tile's chunks, where the loads' registers (a
+    # 4-row quad per 4 batch rows) fit: at CK = 1024 up to batch 8 (batch 16 spilled 208 B)
+    PF: gl.constexpr = ((B + 3) // 4) * CK <= 2048
+    if PF:
+        pre = _load_a(x, nw, K, 0, norm, B, CK)    # the first tile's loads fly during the rstd pass
+    else:
+        pre = 0
     if norm != 0:
         rs = _rstd16(x, K, B, CK, EPS)
     else:
@@ -458,8 +507,8 @@ def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, e
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
     for ub in range(u0, u0 + nu, UB):
         ue = gl.minimum(ub + UB, u0 + nu)
-        ok, i = _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, (ue - ub) * gpu, nkb, ok, i, err, t, B, RG, CK,
-                           GB, SLOTS, BARS, WAIT_NS)
+        ok, i, pre = _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t, B,
+                                RG, CK, GB, SLOTS, BARS, WAIT_NS, PF)
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
             res = base_t + gl.load(a + 1) * 8
@@ -521,7 +570,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
     q1 = gl.load(qoff + wid + 1)
     ok = 1
     i = 0
-    if MMA:  # operand A's rows >= B stay 0 (_stage_a never writes them)
+    if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
         xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, _stage_layout(CK)))
         barrier()
     for pos in range(q0, q1):
