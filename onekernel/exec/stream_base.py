@@ -34,6 +34,65 @@ ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wa
           3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
 
 
+# ----------------------------------------------------------------------------------------------- MMA layouts
+# gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows. The
+# operands' shared layouts are defined here once, for the kernel (``mma_shared_layouts``) and for the host's
+# packing (exec.stream_plan); constexpr functions (the kernel calls them while compiling; plain calls on the
+# host; their source is part of the kernel's cache key).
+MMA_WARPS, MMA_WARP_BITS = 4, 2
+MMA_ROWS, MMA_ROW_BITS = 16, 4
+
+
+@gluon.constexpr_function
+def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: int = 3, swz_rows: int = 3,
+                    outer_rows: int = 0) -> tuple:
+    """Offset bases (Triton ``SharedLinearLayout``: offset bit j -> the logical coordinate it adds, XOR-combined)
+    of a [4 warps, ...] operand buffer whose dims rows_dim (rows_bits bits) and k_dim (CK/4 = ks) hold one warp's
+    slice: offset bits 0-5 are k bits 0-5 (a 128-byte line holds 64 k of one row), then the row bits, rows 1, 2
+    and 4 (the first swz_rows of them) also flipping k bits 5, 3 and 4 (the 16-byte unit within the line: an
+    ``ldmatrix`` phase, 8 rows at one unit, and a 16-byte ``ld.shared`` phase, 2 rows x 4 units, hit 8
+    different units: no bank conflicts), then k bits 6.., then the warp, then the last outer_rows row bits
+    (outermost, unswizzled: a slice of those rows is a contiguous part of the buffer). ks >= 64."""
+    def v(d, x):
+        c = [0] * rank
+        c[d] = x
+        return c
+    swz = [32, 8, 16]
+    bases = [v(k_dim, 1 << j) for j in range(6)]
+    inner = rows_bits - outer_rows
+    for j in range(inner):
+        c = v(rows_dim, 1 << j)
+        if j < min(3, swz_rows):
+            c[k_dim] = swz[j]
+        bases.append(c)
+    bases += [v(k_dim, 1 << j) for j in range(6, ks.bit_length() - 1)]
+    bases += [v(0, 1 << j) for j in range(MMA_WARP_BITS)]
+    bases += [v(rows_dim, 1 << j) for j in range(inner, rows_bits)]
+    return tuple(tuple(b) for b in bases)
+
+
+@gluon.constexpr_function
+def mma_weight_bases(ck: int, rg: int) -> tuple:
+    """The ring slot's layout for the MMA path: a chunk as [4, CK/4, RG] (warp, k, weight row), the B operand."""
+    return _swizzled_bases(rg.bit_length() - 1, ck // MMA_WARPS, 2, 1)
+
+
+@gluon.constexpr_function
+def mma_act_bases(ck: int) -> tuple:
+    """The staged activation tile's layout: [4, 16, CK/4] (warp, batch row, k), the A operand. Batch rows 4..15
+    by quads are the outermost offset bits (the stager writes 4-row quads, slices of the buffer), so only rows
+    0-3 are swizzled: A's ldmatrix phases (rows m and m + 4 share a unit) take 2 wavefronts where 1 would do,
+    once per staged tile (A is loaded into registers once per GB chunks)."""
+    return _swizzled_bases(MMA_ROW_BITS, ck // MMA_WARPS, 1, 2, swz_rows=2, outer_rows=2)
+
+
+@gluon.constexpr_function
+def mma_shared_layouts(CK, RG):
+    """(weight chunk layout [4, CK/4, RG], activation tile layout [4, 16, CK/4]) as Gluon SharedLinearLayouts."""
+    return (gl.SharedLinearLayout([list(b) for b in mma_weight_bases(CK, RG)]),
+            gl.SharedLinearLayout([list(b) for b in mma_act_bases(CK)]))
+
+
 # ----------------------------------------------------------------------------------------------- primitives
 @gluon.jit
 def ld_acquire(p):

@@ -2,7 +2,8 @@
 ``exec.stream_plan`` (byte-balanced GEMV tasks, a per-worker weight stream walked by a TMA loader warp).
 
 ``make_runner("megakernel", step, backend=...)`` picks it: ``backend="auto"`` (the default) takes it on a
-Hopper GPU for a bf16/fp16 Llama-family step (``stream_plan.unsupported`` says why not otherwise, and the
+Hopper GPU for a bf16/fp16 Llama-family step, with CUDA-core or tensor-core GEMV bodies as the step's ``gemv``
+says (``stream_plan.unsupported`` says why not otherwise, and the
 Triton megakernel runs instead), ``"gluon"`` insists (InputError with the reason), ``"triton"`` never.
 The weights are re-packed once, at construction, into one stream (a second copy of every GEMV weight).
 """
@@ -45,11 +46,11 @@ def bar_offset(llir: str) -> int | None:
 
 
 def shared_stream(plan, tensors: dict) -> WeightStream:
-    """``stream_plan.pack_weights`` once per (weights, workers, chunk shape): runners of other batch sizes over
+    """``stream_plan.pack_weights`` once per (weights, workers, chunk shape, GEMV path): runners of other batch sizes over
     the same weights reuse the packed stream (a copy of every GEMV weight: 15 GB for Llama-3.1-8B) instead of
     packing their own. Weights are never written after loading, so a stream is never stale."""
     c = plan.consts
-    key = (len(plan.schedule.queues), c["RG"], c["CK"],
+    key = (len(plan.schedule.queues), c["RG"], c["CK"], bool(c.get("MMA")),  # the MMA path packs another order
            tuple(tensors[w].data_ptr() for w in plan.weight_of.values()))
     stream = _STREAMS.get(key)
     if stream is None:
