@@ -125,8 +125,9 @@ class TPMegakernelRunner:
 
     Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
     ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
-    ``make_step_runner``; default "fit"), ``spin_limit`` (polls before a wait gives up; interpreter default
-    INTERPRET_SPIN_LIMIT), and the Triton megakernel's own options (``exec.megakernel.MegakernelRunner``; the
+    ``make_step_runner``; default "fit"), ``ar_tiles`` (tiles per all-reduce op: ``decode_graph``), ``spin_limit``
+    (polls before a wait gives up; interpreter default INTERPRET_SPIN_LIMIT), and the Triton megakernel's own
+    options (``exec.megakernel.MegakernelRunner``: ``comm_workers`` (SM reservation), ``profile``, ...; the
     streaming Gluon kernel has no all-reduce tasks: ``backend`` must be "triton" if given). Building it is
     collective (the pools' rendezvous, the fingerprint comparison). Raises InputError (pools missing or too small,
     another backend), ScheduleError (the ranks built different schedules, or the cross-step check failed),
@@ -135,7 +136,8 @@ class TPMegakernelRunner:
     mode = "megakernel"
 
     def __init__(self, model, cache, group, *, interpret: bool = False, pools: list | None = None,
-                 tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None, **options):
+                 tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None,
+                 ar_tiles: int | None = None, **options):
         dev = cache.k.device
         check_mode("megakernel", dev, interpret)
         if options.pop("backend", "triton") != "triton":
@@ -156,7 +158,7 @@ class TPMegakernelRunner:
             if name in weights:
                 weights[name] = _padded(weights, name, v_pad)
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
-        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n))
+        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles)
         g = bound.graph
         nbytes, n_counters, offsets = pool_layout(g)
         if pools is None:
