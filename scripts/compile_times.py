@@ -3,7 +3,7 @@
     python scripts/compile_times.py --out DIR [--cases MODEL:BATCH:MODE,...] [--timeout S] [--jobs N] [--ctx N]
 
 For each case (model with random weights, batch size, mode; ``megakernel/triton`` passes backend="triton"),
-two fresh processes:
+two fresh processes (``MODE@mma`` / ``MODE@fma`` picks the GEMV path; default the model's):
 * cold: empty ``TRITON_CACHE_DIR`` and ``ONEKERNEL_CACHE``; times building the runner and its first step
   (every kernel compiles: the cold-cache first step the issue limits to 60 s);
 * warm: the same caches, now full; the same timings (the warm start the issue limits to 5 s).
@@ -13,7 +13,7 @@ the Triton kernels loaded or compiled and the seconds spent in them (``cli_compi
 runner class, and its process wall time. A child past ``--timeout`` is killed and recorded as such (a cold
 timeout skips the warm run: the cache is incomplete). Cases run ``--jobs`` at a time (each compile is one CPU
 core; the figures say how many ran at once). Writes ``DIR/compile_times-<date>-<commit>.json`` (date, GPU, commit from
-$ONEKERNEL_COMMIT, every figure) and ``.md`` (a table), and prints the table.
+``bench.report.commit_id``, every figure) and ``.md`` (a table), and prints the table.
 """
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ def child(model: str, batch: int, mode: str, ctx: int) -> dict:
     with CompileWatch() as w:
         cache = KVCache(m.config, batch, min(ctx, m.config.max_seq_len), torch.bfloat16, "cuda")
         cache.seq_lens.fill_(min(ctx, m.config.max_seq_len) // 2)
+        mode, _, gemv = mode.partition("@")
         name, _, backend = mode.partition("/")
-        r = make_step_runner(name, m, cache, **({"backend": backend} if backend else {}))
+        r = make_step_runner(name, m, cache, **({"backend": backend} if backend else {}),
+                             **({"gemv": gemv} if gemv else {}))
         r.step(tok)
         torch.cuda.synchronize()
     first = time.perf_counter() - t1
@@ -137,7 +139,9 @@ def main() -> None:
     cases = [c for c in a.cases.split(",") if c]
     with ThreadPoolExecutor(max(1, a.jobs)) as ex:
         records = list(ex.map(lambda c: run_case(c, a.ctx, a.timeout), cases))
-    commit = os.environ.get("ONEKERNEL_COMMIT", "")
+    from onekernel.bench.report import commit_id
+
+    commit = commit_id()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu, "commit": commit,
             "torch": torch.__version__, "triton": triton.__version__, "jobs": a.jobs, "timeout_s": a.timeout,

@@ -10,6 +10,7 @@
 # (`git show ab8f7cd:scripts/gpu_call.sh`, `git show 51e26d6:scripts/gpu_call.sh`).
 # 30: session 8, the tensor-core GEMV's chunk pipeline depth (ONEKERNEL_MMA_STAGES) and PDL's trigger position.
 # 31 (kind nvidia-h200-x2): session 8, the TP megakernel's first GPU run.
+# 40 + 41 (kind nvidia-h200-x2, back to back): session 8's final commit (the default GGUF split at 52 MB).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -125,6 +126,60 @@ case "$1" in
         --modes torch+graph,graph,pdl,megakernel --allreduce nccl
     step 100 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8 \
         --modes torch+graph,graph,pdl,megakernel --allreduce nccl
+    ;;
+40) # session 8, final commit, kind nvidia-h200-x2 (~9.5 min; carry .model/smol.p1: the default GGUF's first
+    # 52 MB, parked for call 41). Every compile cache warmed in parallel processes over both GPUs with the GPU
+    # checks; then the batch tables, Llama-3.2-1B on GPU 0 and Llama-3.1-8B on GPU 1 at the same time (both GEMV
+    # paths: the default rows, then --gemv mma); then tensor parallel on both GPUs
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    cp .model/smol.p1 /tmp/model/ 2>/dev/null
+    warm() { local gpu=$1 name=$2; shift 2; (timeout 170 env CUDA_VISIBLE_DEVICES=$gpu python3 -m onekernel.cli bench \
+             --steps 2 --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    BS="--batch 1,2,4,8,16"
+    MF="torch+graph,torch+compile,graph,pdl,megakernel,megakernel-triton"
+    MM="graph,pdl,megakernel,megakernel-triton"
+    mkdir -p "$W/bench" "$W/bench-mma" "$W/tp"
+    log "warm-up and checks"
+    warm 0 1b-f $B1 $BS --modes graph,pdl,megakernel,megakernel-triton
+    warm 0 1b-tc $B1 $BS --modes torch+graph,torch+compile
+    warm 0 1b-m $B1 $BS --modes $MM --gemv mma
+    warm 1 8b-f $B8 $BS --modes graph,pdl,megakernel,megakernel-triton
+    warm 1 8b-tc $B8 $BS --modes torch+graph,torch+compile
+    warm 1 8b-m $B8 $BS --modes $MM --gemv mma
+    (timeout 170 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
+        --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+    (timeout 170 env CUDA_VISIBLE_DEVICES=1 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
+        --out "$W/inv-1b-mma.json" >"$W/inv-1b-mma.log" 2>&1) &
+    (timeout 170 env CUDA_VISIBLE_DEVICES=0 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
+        tests/test_mma_gpu.py -p no:cacheprovider >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 6 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-*.log | cut -c1-220 | tee -a "$OUT/log.txt"
+    (step 200 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 $BS --modes $MF --steps 100 &&
+        step 70 bench-1b-mma env CUDA_VISIBLE_DEVICES=0 $bench/bench-mma $B1 $BS --modes $MM --gemv mma --steps 100) &
+    (step 200 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 $BS --modes $MF --steps 100 &&
+        step 70 bench-8b-mma env CUDA_VISIBLE_DEVICES=1 $bench/bench-mma $B8 $BS --modes $MM --gemv mma --steps 100) &
+    wait
+    # tensor parallel (TP_STEPS below: filled in when the TP work lands)
+    ;;
+41) # session 8, at once after 40 (the machine is warm; carry .model/smol.p2): the real default model (greedy
+    # tokens of 5 prompts alone and together in every mode; its bench at batch 1 and 8) on GPU 0; cold and warm
+    # compile times on GPU 1; then the per-op GEMV table and the Llama-3.2-1B megakernel profile
+    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench" "$W/profile"
+    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.2-1b:16:megakernel@mma,llama-3.2-1b:16:graph@mma"
+    CT="$CT,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel,llama-3.1-8b:16:megakernel@mma"
+    CT="$CT,llama-3.1-8b:16:graph@mma,llama-3.1-8b:16:megakernel/triton,qwen3-8b:16:megakernel/triton,qwen3-8b:8:eager"
+    CT="$CT,smollm2-135m:16:megakernel"
+    (step 240 compile-times env CUDA_VISIBLE_DEVICES=1 python3 scripts/compile_times.py --out "$W" --jobs 4 \
+        --timeout 100 --cases "$CT") &
+    (step 130 greedy-real env CUDA_VISIBLE_DEVICES=0 python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json" &&
+        step 90 bench-135m env CUDA_VISIBLE_DEVICES=0 $bench/bench --model "$GGUF" --batch 1,8 --steps 100) &
+    wait
+    step 40 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 50 ops python3 scripts/mma_ops.py --batches 1 --out "$W/ops.json"
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1

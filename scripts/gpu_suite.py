@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -60,8 +59,9 @@ def save():
 def env():
     p = torch.cuda.get_device_properties(0)
     import triton
-    commit = os.environ.get("ONEKERNEL_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                                   text=True).stdout.strip()
+    from onekernel.bench.report import commit_id
+
+    commit = commit_id()
     R.update(gpu=p.name, torch=torch.__version__, triton=triton.__version__, commit=commit)
     bw = copy_bandwidth_gbs()
     R["copy_gbs"] = bw

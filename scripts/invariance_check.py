@@ -1,10 +1,13 @@
 """Bitwise batch invariance on the GPU (issue 12): row r of a batch-B step equals a batch-1 step of row r alone.
 
-    python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel] [--gemv mma]
+    python scripts/invariance_check.py MODEL [--batches 2,8,16] [--modes eager,graph,pdl,megakernel,megakernel/gluon]
+                                             [--gemv mma]
                                              [--out F]
 
 Random weights (bf16), random KV cache and positions, two steps per run (``gpu_full.batch_invariance_check``);
-a mode written ``megakernel/triton`` passes ``backend="triton"`` (the Triton megakernel, not the streaming one);
+a mode written ``megakernel/triton`` passes ``backend="triton"`` (the Triton megakernel, not the streaming one),
+``megakernel/gluon`` ``backend="gluon"`` (the streaming Gluon kernel, with its tensor-core body under ``--gemv
+mma``; plain ``megakernel`` is "auto", which takes it for a model that prefers streaming, either GEMV path);
 ``--gemv`` picks the GEMV path (fma: CUDA cores, mma: tensor cores; default: the model's, recorded as None);
 prints one JSON line per (mode, batch) and writes them all to ``--out``.
 """

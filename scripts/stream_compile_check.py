@@ -1,9 +1,11 @@
 """Compile the streaming (Gluon) megakernel for sm_90a on a machine without a GPU and report registers,
 spills, shared memory, the partitions' register split and the mbarrier offset:
 
-    python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS]     # e.g. llama-3.2-1b 1 132
+    python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV]  # e.g. llama-3.2-1b 1 132 mma
 
-prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset).
+prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
+and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``). GEMV: "fma" (CUDA cores, the default) or
+"mma" (the tensor-core body of a gemv="mma" step).
 
 Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on
 the GPU; tensors are CPU stand-ins of the right dtypes.
@@ -30,7 +32,7 @@ SMEM_OPTIN_H200 = 232448  # shared memory per block (opt-in) of an H100/H200
 
 
 def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 132, seq: int = 1024,
-                   dtype=torch.bfloat16, tp: tuple[int, int] | None = None,
+                   dtype=torch.bfloat16, gemv: str = "fma", tp: tuple[int, int] | None = None,
                    shard: tuple[int, int] | None = None):
     """(compiled kernel, plan, constants) of the streaming megakernel for ``model`` compiled for sm_90a; with
     ``tp`` = (rank, n) rank's shard of the tensor-parallel graph (all-reduce tasks, remote waits); with only
@@ -53,7 +55,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
         from onekernel.dist.sharding import shard_config
         rank, n = tp or shard
         cfg = shard_config(cfg, n, rank).config
-    g, _, _ = decode_graph(cfg, batch, seq, dtype, tiling=Tiling(workers, "fit"), tp=tp)
+    g, _, _ = decode_graph(cfg, batch, seq, dtype, tiling=Tiling(workers, "fit"), gemv=gemv, tp=tp)
     plan = make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), workers)
     records(plan)  # the tables build on the host as on the GPU
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
@@ -95,18 +97,21 @@ def report(k) -> dict:
     spill = re.search(r"(\d+) bytes spill stores", rep)
     maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
-            "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor")}
+            "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor"),
+            "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix")}
 
 
 def main() -> None:
     model = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1b"
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 132
+    gemv = sys.argv[4] if len(sys.argv) > 4 else "fma"
     t0 = time.perf_counter()
-    k, plan, consts = compile_stream(model, batch, workers)
-    rec = {"model": model, "batch": batch, "workers": workers, "compile_s": round(time.perf_counter() - t0, 1),
+    k, plan, consts = compile_stream(model, batch, workers, gemv=gemv)
+    rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
+           "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "compiles")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

@@ -5,7 +5,8 @@
 Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
-layers: median and max task time. Writes DIR/stream_profile_<model>_b<batch>.json.
+layers: median and max task time. Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
+one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"stream_profile_{a.model}_b{a.batch}.json").write_text(json.dumps(res, indent=1))
     torch.save(r.prof.cpu(), Path(a.out) / f"stream_prof_{a.model}_b{a.batch}.pt")  # raw stamps, task_graph order
+    from onekernel.profile.trace import timeline_png
+
+    timeline_png(g, r.prof, Path(a.out) / f"stream_profile_{a.model}_b{a.batch}.png",
+                 title=f"{a.model} batch {a.batch}: one streaming-megakernel step ({total:.0f} us), tasks per SM")
 
 
 if __name__ == "__main__":

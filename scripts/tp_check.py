@@ -21,10 +21,11 @@ from the whole vocabulary; each rank's cache holds its KV heads of the same numb
    (relative to the logit range: a small margin means rounding, not a bug, decided the token);
 3. a forced timeout of the TP megakernel: rank 1 skips its first launch (``ONEKERNEL_TP_FAULT=1:skip:1``; its
    collectives still run), both ranks with ``spin_limit`` 2**16 polls: rank 0's ``step``/``check`` must raise
-   KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" (record
-   ``mode: megakernel-timeout``, ``timeout_ok``); then (still rank 0's first record) the ranks go on. The same
-   for megakernel-gluon (``wait_ms`` TIMEOUT_MS; record ``megakernel-gluon-timeout``): the remote failure has its
-   own error slot, so the message names the peer even when local waits behind it time out first.
+   KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" first (record
+   ``mode: megakernel-timeout``, ``timeout_ok``; ``local_consequence``: a local wait gave up too, reported after
+   it: the remote failure has its own error slot, ``exec.mk_device.ERR_RSLOT``); then (still rank 0's first record) the ranks go on.
+   The same for megakernel-gluon (``wait_ms`` TIMEOUT_MS; record ``megakernel-gluon-timeout``; its remote slot
+   is the same: ``stream_base.ERR_RSLOT``).
 
 Rank 0 prints one JSON line per record and rewrites ``--out`` after each, so a step that fails or runs out of
 time keeps the earlier ones; a mode that fails gets {"error": ...}. NVLink multicast stays off
@@ -148,8 +149,10 @@ def _forced_timeout(name, b, group, model, cache, tokens, rank, kw, mode="megake
         except KernelTimeoutError as e:
             msg = str(e)
         rec["message"] = msg[:600]
-        rec["timeout_ok"] = (rank != 0) or ("peer rank 1" in msg and "op kind allreduce" in msg
-                                           and "waited on event" in msg)
+        head = msg.split(". A local wait gave up too")[0]  # the remote failure comes first (its own error slot)
+        rec["local_consequence"] = head != msg
+        rec["timeout_ok"] = (rank != 0) or ("peer rank 1" in head and "op kind allreduce" in head
+                                           and "waited on event" in head)
         del r
         gc.collect()
     except Exception as e:  # noqa: BLE001 - the other records still count

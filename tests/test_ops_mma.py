@@ -85,8 +85,8 @@ def test_mma_kernels_compile_for_sm90a_with_tensor_cores(model, extra):
 
 
 def test_megakernel_backend_with_mma():
-    """The streaming (Gluon) megakernel has CUDA-core GEMVs only: "auto" takes the Triton megakernel for an MMA
-    step, "gluon" refuses it with the reason."""
+    """An MMA step picks its megakernel as an FMA step does (the streaming Gluon kernel has a tensor-core body):
+    in the interpreter the Triton megakernel, and "gluon" is refused there for the interpreter, not the path."""
     from onekernel.errors import InputError
     from onekernel.exec import megakernel_class
     from onekernel.exec.megakernel import MegakernelRunner
@@ -97,9 +97,14 @@ def test_megakernel_backend_with_mma():
     m = load_model("tiny", random_weights=True)
     step = build_decode_step(m.config, m.weights, KVCache(m.config, 2, 16, torch.float32, "cpu"), gemv="mma")
     assert step.graph.meta["gemv"] == "mma"
+    assert megakernel_class(step, "auto", True, {}) is MegakernelRunner
+    assert megakernel_class(step, "triton", False, {}) is MegakernelRunner
+    with pytest.raises(InputError, match="Hopper GPU only"):
+        megakernel_class(step, "gluon", True, {})
+    # off the interpreter a CPU step is unsupported by the streaming kernel for its device, not its GEMV path
+    from onekernel.exec.stream_plan import unsupported
+    assert "CUDA device" in unsupported(step)
     assert megakernel_class(step, "auto", False, {}) is MegakernelRunner
-    with pytest.raises(InputError, match="no tensor-core GEMV"):
-        megakernel_class(step, "gluon", False, {})
 
 
 def test_gemv_option_is_checked(capsys):

@@ -1,5 +1,6 @@
 """The streaming (Gluon) megakernel on a Hopper GPU against the PyTorch reference and the Triton megakernel
-(the interpreter-tested path), and its bitwise batch invariance. Skipped without a CUDA sm_90 GPU."""
+(the interpreter-tested path), and its bitwise batch invariance, with CUDA-core (gemv="fma") and tensor-core
+(gemv="mma") GEMV bodies. Skipped without a CUDA sm_90 GPU."""
 import pytest
 import torch
 
@@ -10,17 +11,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="needs a Hopper GPU")]
 
 
-@pytest.mark.parametrize("name,batch", [("smollm2-135m", 3), ("llama-3.2-1b", 3), ("llama-3.2-1b", 16)])
-def test_gluon_matches_reference_and_is_batch_invariant(name, batch, seed):
-    """Batch 16 on Llama-3.2-1B: more rows than shared memory holds beside the ring (stream_plan.xbuf_rows),
-    so the rows past XB take the L2 path; each must still equal its batch-1 run bitwise."""
+@pytest.mark.parametrize("name,batch,gemv", [("smollm2-135m", 3, "fma"), ("llama-3.2-1b", 3, "fma"),
+                                             ("llama-3.2-1b", 16, "fma"), ("smollm2-135m", 3, "mma"),
+                                             ("llama-3.2-1b", 3, "mma"), ("llama-3.2-1b", 8, "mma"),
+                                             ("llama-3.2-1b", 16, "mma")])
+def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed):
+    """Batch 16 on Llama-3.2-1B with fma: more rows than shared memory holds beside the ring
+    (stream_plan.xbuf_rows), so the rows past XB take the L2 path; each must still equal its batch-1 run
+    bitwise. mma: the tensor-core body (16 padded batch rows at every B, batch 1 included); the Triton
+    megakernel it is compared with runs the same gemv path."""
     model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
     lens = [300, 217, 45] if batch == 3 else torch.randint(1, 400, (batch,), generator=torch.Generator().manual_seed(
         seed)).tolist()
     cache, tokens = random_decode_state(model, len(lens), max(lens) + 32, lens, seed)
     ref = step_on_copy(model, "reference", cache, tokens)
-    tri = step_on_copy(model, "megakernel", cache, tokens, backend="triton")
-    glu = step_on_copy(model, "megakernel", cache, tokens, backend="gluon")
+    tri = step_on_copy(model, "megakernel", cache, tokens, backend="triton", gemv=gemv)
+    glu = step_on_copy(model, "megakernel", cache, tokens, backend="gluon", gemv=gemv, wait_ms=5000)
+    assert glu[3].consts["MMA"] == (gemv == "mma")
     for other in (ref, tri):
         err = ((glu[0] - other[0]).norm(dim=-1) / other[0].norm(dim=-1)).max().item()
         assert err < 0.08, err  # bf16 rounding of different reduction orders (the Triton path: same size)
@@ -39,5 +46,21 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, batch, seed):
         one, _ = random_decode_state(model, 1, max(lens) + 32, [n], seed)  # the same length: the same splits
         one.k.copy_(cache.k[:, i:i + 1])
         one.v.copy_(cache.v[:, i:i + 1])
-        alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon")[0]
+        alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon", gemv=gemv)[0]
         assert torch.equal(alone[0], glu[0][i]), f"row {i} differs from its batch-1 run"
+
+
+def test_auto_takes_gluon_for_an_mma_step():
+    """backend="auto" runs an MMA step of a model that prefers streaming on the Gluon kernel at every batch
+    (one path per model: batch invariance), its logits within bf16 rounding of the reference and its tokens
+    the argmax of its logits."""
+    from onekernel.exec.stream_runner import StreamMegakernelRunner
+    model = load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=7)
+    for batch in (1, 16):
+        cache, tokens = random_decode_state(model, batch, 256, None, 7)
+        ref = step_on_copy(model, "reference", cache, tokens)
+        got = step_on_copy(model, "megakernel", cache, tokens, gemv="mma")
+        assert isinstance(got[3], StreamMegakernelRunner) and got[3].consts["MMA"], type(got[3])
+        err = ((got[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item()
+        assert err < 0.08, (batch, err)
+        assert torch.equal(got[1], got[0].argmax(-1).to(torch.int32))

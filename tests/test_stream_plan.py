@@ -33,10 +33,15 @@ CFG = dataclasses.replace(get_config("tiny"), name="stream-test", vocab_size=300
                           head_dim=64, ffn_dim=384)
 
 
-def _step(batch, seed, workers=8):
-    w = random_weights(CFG, torch.bfloat16, "cpu", seed)
-    cache = KVCache(CFG, batch, 48, torch.bfloat16, "cpu")
-    return build_decode_step(CFG, w, cache, tiling=Tiling(workers, "fit")), workers
+# K of 1024 / 2048: 1024-column chunks of 8 rows (Llama's chunk shape), the MMA path's 8-group blocks
+CFG8 = dataclasses.replace(CFG, name="stream-test-8", dim=1024, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=2048,
+                           n_layers=1)
+
+
+def _step(batch, seed, workers=8, cfg=CFG, gemv=None):
+    w = random_weights(cfg, torch.bfloat16, "cpu", seed)
+    cache = KVCache(cfg, batch, 48, torch.bfloat16, "cpu")
+    return build_decode_step(cfg, w, cache, tiling=Tiling(workers, "fit"), gemv=gemv), workers
 
 
 def _device_rows(kind, u, p, rg):
@@ -94,6 +99,100 @@ def test_packed_stream_reproduces_every_gemv(batch, seed):
         assert (seen[oi] == 1).all(), f"{name}: rows covered {seen[oi].min()}..{seen[oi].max()} times, want once"
         ref = step.tensors[plan.weight_of[oi]].double() @ x
         torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def _slot_coords(bases, n):
+    """[n, 3] logical (warp, k, row) of each offset of a ring slot read through SharedLinearLayout(bases): the
+    XOR of the bases of the offset's set bits (Triton's linear-layout definition), written again here."""
+    off = torch.arange(n)
+    out = torch.zeros(n, 3, dtype=torch.long)
+    for j, b in enumerate(bases):
+        out ^= ((off >> j) & 1)[:, None] * torch.tensor(b)[None, :]
+    return out
+
+
+@pytest.mark.parametrize("cfg,batch", [(CFG, 1), (CFG, 3), (CFG8, 2)])
+def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
+    """gemv="mma": per task, k-major blocks of GB chunk groups (gate_up: GB / 2 units), each chunk read through
+    the kernel's shared layout as [4 warps, CK/4, RG] (stream_device._mma_block: warp w multiplies columns
+    w*CK/4 + k of weight row n): every output row exactly once, exactly W @ x."""
+    step, W = _step(batch, seed, cfg=cfg, gemv="mma")
+    plan = make_plan(step, W)
+    packed, off = pack_weights(plan, step.tensors)
+    c = plan.consts
+    rg, ck, gb = c["RG"], c["CK"], c["GB"]
+    from onekernel.exec.stream_base import mma_weight_bases
+    assert c["MMA"] and rg * ck == CHUNK_ELEMS and gb * rg == 64 and gb % 2 == 0
+    ks = ck // 4
+    co = _slot_coords(mma_weight_bases(ck, rg), CHUNK_ELEMS)
+    assert torch.unique(co[:, 2] * ck + co[:, 0] * ks + co[:, 1]).numel() == CHUNK_ELEMS  # a bijection
+    rows_of, cols_of = co[:, 2], co[:, 0] * ks + co[:, 1]
+    g = torch.Generator().manual_seed(seed)
+    outs, seen = {}, {}
+    for w, queue in enumerate(plan.schedule.queues):
+        o = int(off[w])
+        for t in queue:
+            op = plan.graph.ops[plan.graph.tasks[t].op]
+            kind = plan.kinds[op.index]
+            if kind not in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value, sd.K_LMHEAD.value):
+                continue
+            wt = step.tensors[plan.weight_of[op.index]].double()
+            n, k = wt.shape
+            if op.index not in outs:
+                outs[op.index] = (torch.randn(k, generator=g, dtype=torch.float64),
+                                  torch.full((n,), float("nan"), dtype=torch.float64))
+                seen[op.index] = torch.zeros(n, dtype=torch.long)
+            x, y = outs[op.index]
+            u0, nu = plan.units[t]
+            nkb = op.params["NKB"]
+            ub_n = gb // (2 if kind == sd.K_GATEUP.value else 1)
+            for ub in range(u0, u0 + nu, ub_n):
+                groups = [rows for u in range(ub, min(ub + ub_n, u0 + nu))
+                          for rows in _device_rows(kind, u, op.params, rg)]
+                wg = [torch.full((rg, nkb * ck), float("nan"), dtype=torch.float64) for _ in groups]
+                for kb in range(nkb):
+                    for j in range(len(groups)):
+                        wg[j][rows_of, kb * ck + cols_of] = packed[o].reshape(-1).double()
+                        o += 1
+                for rows, m in zip(groups, wg):
+                    assert not m.isnan().any()
+                    assert not m[:, k:].any(), f"{op.name}: the padding past K={k} is not zero"
+                    live = rows < n
+                    y[rows[live]] = m[live, :k] @ x
+                    seen[op.index][rows[live]] += 1
+                    assert not m[~live].any(), f"{op.name}: rows past N={n} must stream as zeros"
+        assert o == int(off[w + 1]), f"worker {w} consumed {o - int(off[w])} chunks, streams {int(off[w + 1] - off[w])}"
+    for oi, (x, y) in outs.items():
+        name = plan.graph.ops[oi].name
+        assert (seen[oi] == 1).all(), f"{name}: rows covered {seen[oi].min()}..{seen[oi].max()} times, want once"
+        torch.testing.assert_close(y, step.tensors[plan.weight_of[oi]].double() @ x, rtol=1e-12, atol=1e-12,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("ck,rg", [(1024, 8), (256, 32), (512, 16)])
+def test_mma_operand_layouts_are_free_of_bank_conflicts(ck, rg):
+    """The MMA operands' shared layouts (stream_plan.mma_weight_bases / mma_act_bases) as ``ldmatrix`` reads
+    them: one phase = 8 rows x 16 bytes at one k. Weights: the 8 rows of a phase in 8 different 16-byte units of
+    the 128-byte bank line (1 wavefront); activations: at most 2 rows per unit (rows m and m + 4)."""
+    from onekernel.exec.stream_base import mma_act_bases, mma_weight_bases
+    ks = ck // 4
+    for bases, rows, dims, want in ((mma_weight_bases(ck, rg), rg, (1, 2), 1), (mma_act_bases(ck), 16, (2, 1), 2)):
+        co = _slot_coords(bases, 4 * ks * rows)
+        kd, rd = dims
+        where = {tuple(v): o for o, v in enumerate(co.tolist())}
+        worst = 0
+        for w in range(4):
+            for k0 in range(0, ks, 8):
+                for r0 in range(0, rows, 8):
+                    units = []
+                    for r in range(r0, r0 + 8):
+                        v = [w, 0, 0]
+                        v[kd], v[rd] = k0, r
+                        o = where[tuple(v)]
+                        assert o % 8 == 0  # 8 consecutive k in one 16-byte unit
+                        units.append((o // 8) % 8)
+                    worst = max(worst, max(units.count(u) for u in units))
+        assert worst == want, (ck, rg, rows, worst)
 
 
 def test_schedule_records_and_tables(seed):
@@ -168,18 +267,24 @@ def test_backend_option_is_checked(seed):
         make_runner("megakernel", step, interpret=True, backend="gluon")
 
 
-@pytest.mark.parametrize("model,batch", [("llama-3.2-1b", 1), ("smollm2-135m", 3)])
-def test_compiles_for_sm90_without_spills(model, batch):
+@pytest.mark.parametrize("model,batch,gemv", [("llama-3.2-1b", 1, "fma"), ("smollm2-135m", 3, "fma"),
+                                              ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 16, "mma")])
+def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): no register spills, shared
-    memory within the H200's 227 KB, the mbarrier offset found, at least 4 ring slots."""
+    memory within the H200's 227 KB, the mbarrier offset found, at least 4 ring slots; the tensor-core body
+    (gemv="mma") with mma.sync and ldmatrix in its PTX and no spills at batch 16."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts/stream_compile_check.py"), model, str(batch)],
-                         capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/stream_compile_check.py"), model, str(batch), "132",
+                          gemv], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert rec["spill_bytes"] == 0 and rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
     assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
+    if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once
+        assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) and rec["ldmatrix"] > 0, rec
+    else:
+        assert rec["mma_sync"] == 0, rec
 
 
 def test_jit_hooks_are_off_inside_and_restored_after():

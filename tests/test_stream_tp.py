@@ -190,3 +190,12 @@ def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
                           "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "stream_tp2" in out.stdout and "ld.global.acquire.sys x0" in out.stdout
+
+
+def test_error_word_layout_is_the_triton_megakernels():
+    """The streaming kernel's remote slot and stop code are the Triton kernel's, so ``PersistentRunner.check()``
+    reads both the same way (the remote failure first)."""
+    from onekernel.exec import mk_device
+
+    assert int(sd.ERR_RSLOT) == int(mk_device.ERR_RSLOT) and int(sd.ERR_STOP) == int(mk_device.ERR_STOP)
+    assert int(sd.ERR_RSLOT) >= 5

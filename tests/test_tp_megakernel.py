@@ -278,3 +278,165 @@ def test_a_rank_that_never_launches_times_out_naming_the_peer(tmp_path):
     print(msg)
     assert "(embed.ar, op kind allreduce, tile " in msg and "of peer rank 1" in msg, msg
     assert "waited on event" in msg and "saw count 0 < expected" in msg, msg
+
+
+def _one_rank_runner(n_ranks=2, spin_limit=64, **graph_kw):
+    """Rank 0's TP megakernel in the interpreter in this process (one worker): every peer buffer bound to its own
+    poisoned tensor and every peer's event counters a zero tensor that nobody signals, so each remote wait gives
+    up. (runner, remote-waiting tasks)."""
+    import dataclasses
+
+    from onekernel.exec.megakernel import MegakernelRunner
+    from onekernel.models.decode_graph import build_decode_step
+    from onekernel.models.random_init import random_weights
+    from onekernel.runtime.kv_cache import KVCache
+
+    cfg = dataclasses.replace(get_config("tiny"), vocab_size=256)
+    cfg = dataclasses.replace(cfg, n_layers=1)
+    cache = KVCache(cfg, 1, 8, torch.float32, "cpu")
+    w = random_weights(cfg, torch.float32, "cpu", 0)
+    w["residual.zero"] = torch.zeros(1, cfg.dim)
+    bound = build_decode_step(cfg, w, cache, tiling=Tiling(8, "fit"), tp=(0, n_ranks), **graph_kw)
+    counters = [torch.zeros(len(bound.graph.tasks), dtype=torch.int32) for _ in range(n_ranks)]
+    r = MegakernelRunner(bound, interpret=True, rank=0, counters=counters, spin_limit=spin_limit)
+    return r, [t for t, rw in enumerate(r.events.remote_waits) if rw]
+
+
+def test_a_local_timeout_first_does_not_hide_the_remote_one():
+    """The H200 failure of run 8 call 3: a local wait gave up before the remote wait it depended on (its polls
+    are faster), and the remote spin, stopping on the error word, never recorded the peer. Here the first
+    all-reduce tile's own local wait gives up first (its expected count raised: it can never be met), then its
+    remote wait on peer 1 (never signalled) runs: the remote slot must record it, and check() must name the
+    remote failure (task, op, event, peer rank 1) first and the local wait as its consequence."""
+    from onekernel.errors import KernelTimeoutError
+
+    r, rtasks = _one_rank_runner()
+    g = r.graph
+    t = rtasks[0]
+    assert g.ops[g.tasks[t].op].name == "embed.ar" and r.events.waits[t]
+    e_local = r.events.waits[t][0]
+    r.events.expected[e_local] += 1000
+    r.write_tables()
+    r.step(torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(KernelTimeoutError) as info:
+        r.check()
+    msg = str(info.value)
+    print(msg)
+    e_remote = r.events.remote_waits[t][0][1]
+    assert msg.startswith(f"megakernel: task {t} (embed.ar, op kind allreduce, tile {g.tasks[t].tile}) waited on "
+                          f"event {e_remote} (producers: ['embed'"), msg
+    assert "of peer rank 1 and saw count 0 < expected" in msg, msg
+    assert f"A local wait gave up too (a consequence of the remote one): task {t} (embed.ar" in msg, msg
+    assert f"waited on event {e_local} " in msg, msg
+    err = r.err.tolist()
+    assert err[0] == 1 and err[8:10] == [5, t] and err[13] == 1
+
+
+def test_a_remote_timeout_alone_stops_the_local_spins():
+    """No local failure: the first remote wait gives up and records itself; err[0] = 6 (stop) so that the local
+    spins downstream give up at once; check() names only the remote failure."""
+    from onekernel.errors import KernelTimeoutError
+
+    r, rtasks = _one_rank_runner()
+    r.step(torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(KernelTimeoutError, match=f"task {rtasks[0]} \\(embed.ar, .* of peer rank 1 and saw count 0"
+                       ) as info:
+        r.check()
+    assert "A local wait gave up too" not in str(info.value)
+    assert r.err.tolist()[0] == 6
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3])
+def test_reserved_workers_schedule(n_ranks, seed):
+    """SM reservation (``comm_workers``): on random cross-rank graphs and on tiny's TP graph, the tasks with
+    remote waits run only on the last k workers and every other task on the others; the schedules validate on
+    the merged dependencies of every rank and simulated ranks running them finish."""
+    from onekernel.graph.schedule import reserved_critical_path
+
+    cases = []
+    for i in range(8):
+        rnd = random.Random(seed * 100 + i)
+        cases.append([_random_tp_graph(random.Random(seed * 100 + i), n_ranks=n_ranks, rank=r)
+                      for r in range(n_ranks)])
+    cases.append([_tp_graph(r, n=2) for r in range(2)] if n_ranks == 2 else cases[0])
+    for graphs in cases:
+        deps = [transitive_reduction(derive_dependencies(g)) for g in graphs]
+        remote = [derive_remote_dependencies(g) for g in graphs]
+        comm = [bool(r) for r in remote[0]]
+        if not any(comm):
+            continue
+        order = merged_dependencies(deps[0], remote[0])
+        for W, k in ((2, 1), (5, 2), (16, 4)):
+            sched = reserved_critical_path(graphs[0], order, W, comm, k)
+            for r in range(len(graphs)):
+                validate(sched, graphs[r], merged_dependencies(deps[r], remote[r]))
+            for w, q in enumerate(sched.queues):
+                assert all(comm[t] == (w >= W - k) for t in q), (w, q)
+            assert _simulate(graphs, deps, remote, sched, rnd)
+            assert sched.queues == reserved_critical_path(graphs[0], order, W, comm, k).queues  # deterministic
+
+
+def test_ar_tiles_and_comm_workers_refusals():
+    """decode_graph(ar_tiles=n) gives every all-reduce n tiles; bad counts and TP=1 are refused; the runner
+    refuses comm_workers on a graph without remote waits."""
+    import dataclasses
+
+    from onekernel.errors import InputError
+    from onekernel.exec.megakernel import MegakernelRunner
+    from onekernel.models.decode_graph import build_decode_step
+    from onekernel.models.random_init import random_weights
+    from onekernel.runtime.kv_cache import KVCache
+
+    cfg = dataclasses.replace(get_config("tiny"), vocab_size=256)
+    g, _, _ = decode_graph(cfg, 2, 16, torch.float32, tiling=Tiling(132, "fit"), tp=(0, 2), ar_tiles=4)
+    ars = [op for op in g.ops if op.kind is ALLREDUCE]
+    assert ars and all(op.n_tiles == 4 for op in ars)
+    for bad in (3, 0, cfg.dim, cfg.dim // 2):
+        with pytest.raises(InputError, match="ar_tiles"):
+            decode_graph(cfg, 2, 16, torch.float32, tp=(0, 2), ar_tiles=bad)
+    with pytest.raises(InputError, match="tp > 1 only"):
+        decode_graph(cfg, 2, 16, torch.float32, ar_tiles=4)
+    cache = KVCache(cfg, 1, 8, torch.float32, "cpu")
+    bound = build_decode_step(cfg, random_weights(cfg, torch.float32, "cpu", 0), cache, tiling=Tiling(8, "fit"))
+    with pytest.raises(InputError, match="comm_workers"):
+        MegakernelRunner(bound, interpret=True, comm_workers=1)
+
+
+def test_tp_profile_breakdown_and_png(tmp_path, seed):
+    """Synthetic stamps of two ranks on tiny's TP graph (random task times, every task on a random SM; the
+    all-reduce tiles with a random remote wait): the breakdown's sums equal the stamps' (remote waits only on the
+    tasks with remote waits, all-reduce time only on allreduce tasks), stages and ops cover every op, and the PNG
+    is written."""
+    from onekernel.profile.tp_trace import layer_of, rank_breakdown, tp_timeline_png
+
+    g = _tp_graph(0)
+    remote = derive_remote_dependencies(g)
+    rtasks = {t for t, r in enumerate(remote) if r}
+    gen = torch.Generator().manual_seed(seed)
+    profs, want = [], []
+    for rank in range(2):
+        n = len(g.tasks)
+        start = torch.randint(0, 10_000, (n,), generator=gen) + 10**9 * (rank + 1)  # unsynchronised clocks
+        lw = start + torch.randint(0, 500, (n,), generator=gen)
+        rw = torch.tensor([int(torch.randint(1, 900, (1,), generator=gen)) if t in rtasks else 0 for t in range(n)])
+        ready = lw + rw
+        end = ready + torch.randint(1, 2000, (n,), generator=gen)
+        sm = torch.randint(0, 16, (n,), generator=gen)
+        p = torch.zeros(n, 8, dtype=torch.int64)
+        p[:, 0], p[:, 1], p[:, 2], p[:, 3], p[:, 4] = start, ready, end, sm, lw
+        profs.append(p)
+        ar = torch.tensor([g.ops[t.op].kind is ALLREDUCE for t in g.tasks])
+        want.append({"remote": float(rw.sum()) / 1e3, "ar_body": float((end - ready)[ar].sum()) / 1e3,
+                     "local": float((lw - start).sum()) / 1e3, "span": float(end.max() - start.min()) / 1e3})
+    for rank, p in enumerate(profs):
+        b = rank_breakdown(g, p, rtasks)
+        assert b["remote_wait_us"] == pytest.approx(want[rank]["remote"])
+        assert b["allreduce_body_us"] == pytest.approx(want[rank]["ar_body"])
+        assert b["local_wait_us"] == pytest.approx(want[rank]["local"])
+        assert b["span_us"] == pytest.approx(want[rank]["span"])
+        assert set(b["ops"]) == {op.name for op in g.ops}
+        assert set(b["stages"]) == {layer_of(op.name) for op in g.ops} >= {"embed", "layer 0", "layer 1", "lm_head"}
+        assert b["allreduce_tasks"] == sum(op.n_tiles for op in g.ops if op.kind is ALLREDUCE)
+    png = tmp_path / "tp.png"
+    tp_timeline_png(g, profs, rtasks, png, title="synthetic")
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -85,7 +85,7 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
                     rec.update(ms_per_step=ms, p10_ms=t["p10_ms"], p90_ms=t["p90_ms"], steps=t["steps"],
                                tokens_per_s=b * 1e3 / ms, pct_of_floor=100 * floor / ms)
                     del r
-                    gc.collect()  # a kernel runner and its host calls form a cycle: free its weights and graphs
+                    gc.collect()  # free the runner's weights copy and CUDA graphs before the next mode's
                 except Exception as e:  # noqa: BLE001 - one failing mode must not hide the others
                     rec["error"] = f"{type(e).__name__}: {e}"[:2000]
                 records.append(rec)

@@ -66,7 +66,7 @@ BACKENDS = ("auto", "gluon", "triton")
 # The backend when none is given: "triton" (the one run on GPUs) until scripts/tp_check.py --modes megakernel-gluon
 # passes on two H200s; then "auto" (bench --tp already times "auto" and "triton").
 DEFAULT_BACKEND = "triton"
-TRITON_ONLY = ("spin_limit", "policy", "events", "prefetch", "schedule", "num_warps")
+TRITON_ONLY = ("spin_limit", "policy", "events", "prefetch", "schedule", "num_warps", "comm_workers")
 GLUON_ONLY = ("wait_ms",)
 # Polls before a remote wait gives up in the interpreter: a peer process may be a whole layer of interpreted
 # tiles behind (seconds); on a GPU the megakernel's default (2**26 polls) holds.
@@ -138,9 +138,10 @@ class TPMegakernelRunner:
 
     Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
     ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
-    ``make_step_runner``; default "fit"), ``spin_limit`` (polls before a wait gives up; interpreter default
-    INTERPRET_SPIN_LIMIT), ``backend`` ("auto" | "gluon" | "triton", default DEFAULT_BACKEND: module doc) and the
-    chosen megakernel's own options (``exec.megakernel.MegakernelRunner``: ``spin_limit`` ... ;
+    ``make_step_runner``; default "fit"), ``ar_tiles`` (tiles per all-reduce op: ``decode_graph``), ``spin_limit``
+    (polls before a wait gives up; interpreter default INTERPRET_SPIN_LIMIT), ``backend`` ("auto" | "gluon" |
+    "triton", default DEFAULT_BACKEND: module doc) and the chosen megakernel's own options
+    (``exec.megakernel.MegakernelRunner``: ``spin_limit``, ``comm_workers`` (SM reservation), ...;
     ``exec.stream_runner.StreamMegakernelRunner``: ``wait_ms``; ``n_workers``, ``use_cuda_graph``,
     ``check_every``, ``profile`` both). ``self.backend``: the one that runs. Building it is
     collective (the pools' rendezvous, the fingerprint comparison). Raises InputError (pools missing or too small,
@@ -150,7 +151,8 @@ class TPMegakernelRunner:
     mode = "megakernel"
 
     def __init__(self, model, cache, group, *, interpret: bool = False, pools: list | None = None,
-                 tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None, **options):
+                 tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None,
+                 ar_tiles: int | None = None, **options):
         dev = cache.k.device
         check_mode("megakernel", dev, interpret)
         backend = options.pop("backend", None) or DEFAULT_BACKEND
@@ -173,7 +175,7 @@ class TPMegakernelRunner:
             if name in weights:
                 weights[name] = _padded(weights, name, v_pad)
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
-        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n))
+        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles)
         g = bound.graph
         n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
         self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)

@@ -54,12 +54,12 @@ BACKENDS = ("auto", "gluon", "triton")
 
 def megakernel_class(step, backend: str, interpret: bool, options: dict):
     """The megakernel runner class for ``backend``: "triton" (``exec.megakernel``, every device and the
-    interpreter), "gluon" (``exec.stream_runner``: the weight-streaming kernel; InputError with the reason when
-    the step is unsupported, or built with gemv="mma") or "auto" (gluon where supported, the step's GEMVs are
-    "fma", no Triton-only option such as ``profile`` is given and the model is big enough for streaming to win:
-    ``stream_plan.prefer_stream``; else triton). The streaming kernel takes every batch 1..16 of a model it
-    supports, so "auto" picks the same backend for all of them (bitwise batch invariance); a batch above 16
-    takes the Triton kernel."""
+    interpreter), "gluon" (``exec.stream_runner``: the weight-streaming kernel, with CUDA-core or tensor-core
+    GEMV bodies as the step's ``gemv`` says; InputError with the reason when the step is unsupported) or "auto"
+    (gluon where supported, no Triton-only option such as ``profile`` is given and the model is big enough for
+    streaming to win: ``stream_plan.prefer_stream``; else triton). The streaming kernel takes every batch 1..16
+    of a model it supports, with either GEMV path, so "auto" picks the same backend for all of them (bitwise
+    batch invariance); a batch above 16 takes the Triton kernel."""
     from onekernel.exec.megakernel import MegakernelRunner
 
     if backend not in BACKENDS:
@@ -67,11 +67,6 @@ def megakernel_class(step, backend: str, interpret: bool, options: dict):
     if backend == "triton" or interpret:
         if backend == "gluon":
             raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
-        return MegakernelRunner
-    if step.graph.meta.get("gemv") == "mma":  # the streaming kernel's GEMV bodies are CUDA-core only
-        if backend == "gluon":
-            raise InputError("backend='gluon' has no tensor-core GEMV yet; use gemv='fma' with it, or "
-                             "backend='triton' with gemv='mma'")
         return MegakernelRunner
     from onekernel.exec.stream_plan import prefer_stream, unsupported
     from onekernel.exec.stream_runner import StreamMegakernelRunner

@@ -46,11 +46,13 @@ from onekernel.exec.megakernel_src import run_task_source
 from onekernel.exec.queue import build_queue
 from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_op_events,
                                   derive_remote_dependencies, merged_dependencies, transitive_reduction)
-from onekernel.graph.schedule import critical_path_list, residency_check, round_robin, validate
+from onekernel.graph.schedule import (critical_path_list, reserved_critical_path, residency_check, round_robin,
+                                     validate)
 
 log = logging.getLogger("onekernel")
 POLICIES = {"critical_path": critical_path_list, "round_robin": round_robin}
 PREFETCH_CAP = 1 << 20  # bytes of next-task weights prefetched into L2 at most
+RSLOT = int(mk_device.ERR_RSLOT)  # the error word's remote slot (TP > 1)
 
 
 def weight_span(graph, tensors, task) -> tuple[int, int]:
@@ -91,8 +93,11 @@ class PersistentRunner(StepRunner):
     """What both megakernels (Triton: ``MegakernelRunner``; Gluon streaming: ``exec.stream_runner``) share:
     the launch / CUDA-graph replay of one persistent kernel, monotonic counters, and the error word
     err int32 [5] = (code, task, a, b, c) that ``check()`` / ``poll()`` read (code 1: a dependency wait gave
-    up: a = event, b = seen, c = expected; code 5 (Triton megakernel at TP > 1, err int32 [6]): a remote wait
-    gave up, err[5] = the peer rank; other codes: ``wait_errors``). ``self._after``: a callable run right after
+    up: a = event, b = seen, c = expected; other codes: ``wait_errors``). The Triton megakernel at TP > 1 has
+    err int32 [RSLOT + 6]: its remote slot err[RSLOT:] = (5, task, event, seen, expected, peer rank) is written
+    by the first remote wait that gave up, whatever err[0] holds (a local failure never blocks it; err[0] = 6
+    then only stops the local spins: ``mk_device.ERR_RSLOT``); ``check()`` reports the remote failure first and
+    a local one as its consequence. ``self._after``: a callable run right after
     each launch, inside the CUDA graph when one is captured (the tensor-parallel runner's logits gather). Subclasses set ``self.err``,
     ``self._side``, ``self._err_host``, ``self.use_cuda_graph``, ``self.check_every``, ``self.wait_limit``
     (words) and implement ``launch()``, ``_write_addresses()``, ``task_graph`` and ``events``."""
@@ -151,32 +156,41 @@ class PersistentRunner(StepRunner):
         self._raise_if(self._err_host.tolist())
 
     def _raise_if(self, err: list[int]) -> None:
-        if not err[0]:
+        remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False
+        if not err[0] and not remote:
             return
-        code, t, a, b, c = err[:5]
         g = self.task_graph
-        where = "a worker's ring"
-        if 0 <= t < len(g.tasks):
-            task = g.tasks[t]
-            op = g.ops[task.op]
-            where = f"task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile})"
+
+        def where(t: int) -> str:
+            if 0 <= t < len(g.tasks):
+                task = g.tasks[t]
+                op = g.ops[task.op]
+                return f"task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile})"
+            return "a worker's ring"
+
+        def producers(e: int) -> list[str]:
+            return [g.ops[g.tasks[p].op].name for p in self.events.producers[e][:3]]
+
+        code, t, a, b, c = err[:5]
+        local = ""
         if code == 1:
-            producers = [g.ops[g.tasks[p].op].name for p in self.events.producers[a][:3]]
+            local = (f"{where(t)} waited on event {a} (producers: {producers(a)}...) and saw count {b} < expected {c} "
+                     f"after {self.wait_limit}")
+        if remote:  # the cause: reported first, the local wait that gave up (if any) as its consequence
+            _, t, a, b, c, peer = err[RSLOT:RSLOT + 6]
             self._failed = (
-                f"megakernel: {where} waited on event {a} (producers: {producers}...) and saw count {b} < "
-                f"expected {c} after {self.wait_limit}; the schedule, the events or a producer is wrong (or "
-                f"workers were not co-resident)")
-        elif code == 5 and len(err) > 5:
-            peer = err[5]
-            producers = [g.ops[g.tasks[p].op].name for p in self.events.producers[a][:3]]
-            self._failed = (
-                f"megakernel: {where} waited on event {a} (producers: {producers}...) of peer rank {peer} and saw "
-                f"count {b} < expected {c} after {self.wait_limit}; rank {peer} did not run that part of its step "
+                f"megakernel: {where(t)} waited on event {a} (producers: {producers(a)}...) of peer rank {peer} and "
+                f"saw count {b} < expected {c} after {self.wait_limit}; rank {peer} did not run that part of its step "
                 f"(it failed, hung, was not launched, or ran another number of steps)")
+            if local:
+                self._failed += f". A local wait gave up too (a consequence of the remote one): {local}"
+        elif code == 1:
+            self._failed = (f"megakernel: {local}; the schedule, the events or a producer is wrong (or workers were "
+                            f"not co-resident)")
         else:
             what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
             detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))
-            self._failed = f"megakernel: {where}: {what} failed ({detail}) after {self.wait_limit}"
+            self._failed = f"megakernel: {where(t)}: {what} failed ({detail}) after {self.wait_limit}"
         raise KernelTimeoutError(self._failed)
 
 
@@ -188,7 +202,9 @@ class MegakernelRunner(PersistentRunner):
 
     Tensor parallel (module doc; needed when the graph reads peer buffers): ``rank`` (this rank) and ``counters``
     (every rank's event-counter array as mapped in this process, int32, zeroed, at least one entry per task,
-    rank order; in symmetric memory on GPUs); ``after`` (a callable run after every launch, captured with it).
+    rank order; in symmetric memory on GPUs); ``after`` (a callable run after every launch, captured with it);
+    ``comm_workers`` (k > 0: the tasks with remote waits, the all-reduce tiles, run only on the last k workers and
+    every other task on the others: ``schedule.reserved_critical_path``; 0, the default: one mixed schedule).
     Raises InputError without them (or with events="op"), ScheduleError when the cross-step check fails."""
 
     mode = "megakernel"
@@ -196,7 +212,8 @@ class MegakernelRunner(PersistentRunner):
     def __init__(self, step, *, n_workers: int | None = None, policy: str = "critical_path", events: str = "tile",
                  prefetch: bool = True, profile: bool = False, interpret: bool = False,
                  spin_limit: int | None = None, use_cuda_graph: bool | None = None, schedule=None,
-                 num_warps: int | None = None, check_every: int = 0, rank: int = 0, counters=None, after=None):
+                 num_warps: int | None = None, check_every: int = 0, rank: int = 0, counters=None, after=None,
+                 comm_workers: int = 0):
         dev = step.device
         self.interpret = interpret
         if profile and (interpret or dev.type != "cuda"):
@@ -237,7 +254,24 @@ class MegakernelRunner(PersistentRunner):
         else:
             self.events = (derive_events if events == "tile" else derive_op_events)(g, self.deps)
             order = self.deps
-        self.schedule = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
+        if not isinstance(comm_workers, int) or isinstance(comm_workers, bool) or comm_workers < 0:
+            raise InputError(f"comm_workers must be an int >= 0 (workers reserved for the all-reduce), got "
+                             f"{comm_workers!r}")
+        self.comm_workers = comm_workers
+        if comm_workers:
+            if not self.tp:
+                raise InputError("comm_workers reserves workers for a tensor-parallel graph's all-reduce tasks; this "
+                                 "graph has none")
+            if policy != "critical_path" or schedule is not None:
+                raise InputError("comm_workers builds its own critical-path schedule (policy='critical_path', no "
+                                 "schedule=)")
+            if comm_workers >= n_workers:
+                raise InputError(f"comm_workers={comm_workers} leaves none of the {n_workers} workers for the "
+                                 f"other tasks")
+            # the communication tasks: those waiting on other ranks (the all-reduce tiles)
+            self.schedule = reserved_critical_path(g, order, n_workers, [bool(r) for r in self.remote], comm_workers)
+        else:
+            self.schedule = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
         validate(self.schedule, g, order)
         self._after = after
         self.n_workers, self.prefetch, self.policy, self.event_mode = self.schedule.n_workers, prefetch, policy, events
@@ -257,13 +291,14 @@ class MegakernelRunner(PersistentRunner):
         self.qrec = self.wl = self.rwl = None
         if self.tp:
             self.ev_cnt, self.peer_off = self._peer_counters(counters, rank, dev)
+            self._counters = list(counters)  # the kernel addresses the peers' counters by offset: keep them alive
         else:
             self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
             self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
         self.rank = rank
         self.epoch = torch.ones(1, **i32)
         self.done = torch.zeros(1, **i32)
-        self.err = torch.zeros(6 if self.tp else 5, **i32)
+        self.err = torch.zeros(RSLOT + 6 if self.tp else 5, **i32)
         self.argtab = torch.zeros(len(g.ops), self.maxa, dtype=torch.int64, device=dev)
         self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
                       (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)}
@@ -272,6 +307,8 @@ class MegakernelRunner(PersistentRunner):
         # num_warps: the tile functions' default (4), or more: with 8 warps and >= 128 registers per thread
         # only one worker fits per SM, so the hardware cannot put two workers on one SM and none on another.
         self.num_warps = num_warps or max(v.kind.num_warps for v in self.variants)
+        if self.tp and self.prof is not None:  # TP: column 4 = local waits done, before the remote ones
+            self.prof = torch.zeros(len(g.tasks), int(mk_device.PROF_W_TP), dtype=torch.int64, device=dev)
         self.prof_buf = self.prof if self.prof is not None else torch.zeros(1, 4, dtype=torch.int64, device=dev)
         self._init_run_state(dev.type == "cuda" and not interpret, use_cuda_graph, check_every)
         self.compiled = None

@@ -35,7 +35,15 @@ R_WAIT_BEGIN, R_WAIT_END, R_EV0, R_EX0 = _R["wait_begin"], _R["wait_end"], _R["f
 R_SIGNAL_SYS, R_RWAIT_BEGIN, R_RWAIT_END = _R["signal_sys"], _R["rwait_begin"], _R["rwait_end"]
 N_FIELDS = tl.constexpr(len(FIELDS))
 N_LOCAL_FIELDS = tl.constexpr(N_LOCAL)
-ERR_REMOTE = tl.constexpr(5)  # error code of a remote wait that gave up (err[5] = the peer rank)
+ERR_REMOTE = tl.constexpr(5)  # error code of a remote wait that gave up (in the remote slot; + 5 = the peer rank)
+ERR_STOP = tl.constexpr(6)  # err[0] set by a remote failure when no local one was recorded: local spins stop too
+# The remote slot: err[ERR_RSLOT:ERR_RSLOT + 6] = (5, task, event, seen, expected, peer). Local spins record in
+# err[0:5] and stop once err[0] != 0; remote spins poll only err[ERR_RSLOT], so a local wait that gives up first
+# (a consumer of a stuck all-reduce: ld.acquire.gpu polls are faster than ld.acquire.sys polls, so the same poll
+# count ends sooner; seen on the H200, run 8 call 3) never stops a remote wait from recording its peer rank. A
+# remote failure then sets err[0] = ERR_STOP (if still 0), so the other local spins stop at once.
+ERR_RSLOT = tl.constexpr(8)
+PROF_W_TP = tl.constexpr(8)  # profile row width at TP > 1 (stamp)
 REC_STRIDE = tl.constexpr(REC)
 _NARROW_MASK = tl.constexpr(sum(1 << FIELDS.index(f) for f in NARROW))
 
@@ -84,7 +92,9 @@ def ld_acquire_sys(p):
 @triton.jit
 def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
     """Bounded spin until ``cnt[ev] >= want``, ``cnt`` being rank ``peer``'s event counters; on timeout record
-    the first failure in err[0:6] as (5, task, event, seen, want, peer).
+    the first remote failure in the remote slot err[ERR_RSLOT:ERR_RSLOT + 6] as (5, task, event, seen, want, peer),
+    then err[0] = ERR_STOP if no local failure is recorded (the local spins stop). Polls only the remote slot:
+    a local failure (err[0]) does not cut a remote wait short.
 
     ACQ_LOAD (GPU): ``ld.acquire.sys`` polls (the counter is another GPU's memory; a gpu-scope acquire does not
     synchronise with another device's release). The CTA barrier after the waits extends the ordering to the CTA,
@@ -96,21 +106,23 @@ def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
     else:
         seen = tl.load(cnt + ev, volatile=True)
     n = 0
-    bad = tl.load(err, volatile=True)
+    rslot = err + ERR_RSLOT
+    bad = tl.load(rslot, volatile=True)
     while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
         if ACQ_LOAD:
             seen = ld_acquire_sys(cnt + ev)
         else:
             seen = tl.load(cnt + ev, volatile=True)
-        bad = tl.load(err, volatile=True)
+        bad = tl.load(rslot, volatile=True)
         n += 1
     if (seen < want) & (bad == 0):
-        if tl.atomic_cas(err, 0, ERR_REMOTE) == 0:
-            tl.store(err + 1, t)
-            tl.store(err + 2, ev)
-            tl.store(err + 3, seen)
-            tl.store(err + 4, want)
-            tl.store(err + 5, peer)
+        if tl.atomic_cas(rslot, 0, ERR_REMOTE) == 0:
+            tl.store(rslot + 1, t)
+            tl.store(rslot + 2, ev)
+            tl.store(rslot + 3, seen)
+            tl.store(rslot + 4, want)
+            tl.store(rslot + 5, peer)
+            tl.atomic_cas(err, 0, ERR_STOP)
 
 
 @triton.jit
@@ -156,9 +168,13 @@ def prefetch_l2(addr, nbytes):
 
 
 @triton.jit
-def stamp(prof, t, k, value):
-    """prof[t, k] = value (int64 [n_tasks, 4]: start, dependencies satisfied, end, SM id)."""
-    tl.store(prof + t * 4 + k, value)
+def stamp(prof, t, k, value, TP: tl.constexpr):
+    """prof[t, k] = value (int64 [n_tasks, 4]: start, dependencies satisfied, end, SM id; with ``TP``
+    [n_tasks, PROF_W_TP]: column 4 = the local waits done, before the remote ones)."""
+    if TP:
+        tl.store(prof + t * PROF_W_TP + k, value)
+    else:
+        tl.store(prof + t * 4 + k, value)
 
 
 @triton.jit
@@ -178,13 +194,15 @@ def before_body(rec, epoch, wl, ev_cnt, err, prof, SPIN_LIMIT, rwl, peer_off, PR
         for i in range(wb + 1, we):
             spin(t, tl.load(wl + 2 * i), tl.load(wl + 2 * i + 1) * epoch, ev_cnt, err, SPIN_LIMIT, ACQ_LOAD)
     if TP:
+        if PROFILE:
+            stamp(prof, t, 4, globaltimer(), TP)
         for i in range(rec[R_RWAIT_BEGIN], rec[R_RWAIT_END]):
             peer = tl.load(rwl + 3 * i + 2)
             spin_peer(t, tl.load(rwl + 3 * i), tl.load(rwl + 3 * i + 1) * epoch, ev_cnt + tl.load(peer_off + peer),
                       peer, err, SPIN_LIMIT, ACQ_LOAD)
     tl.debug_barrier()
     if PROFILE:
-        stamp(prof, t, 1, globaltimer())
+        stamp(prof, t, 1, globaltimer(), TP)
 
 
 @triton.jit
@@ -207,7 +225,7 @@ def megakernel(qrec, qoff, wl, argtab, ev_cnt, epoch_ptr, done_ptr, err, prof,
         nrec = load_record(qrec, qi + 1, TP)
         t = rec[R_TASK]
         if PROFILE:
-            stamp(prof, t, 0, globaltimer())
+            stamp(prof, t, 0, globaltimer(), TP)
         RUN_TASK(rec, args, base_bf16, base_f16, base_f32, base_i32, base_i64, epoch, wl, ev_cnt, err, prof,
                  SPIN_LIMIT, rwl, peer_off, PROFILE, PREFETCH, ACQ_LOAD, TP)
         nargs = load_args(argtab, nrec[R_OP], MAXA)
@@ -223,8 +241,8 @@ def megakernel(qrec, qoff, wl, argtab, ev_cnt, epoch_ptr, done_ptr, err, prof,
             else:
                 tl.atomic_add(ev_cnt + rec[R_SIGNAL], 1, sem="release", scope="gpu")
         if PROFILE:
-            stamp(prof, t, 2, globaltimer())
-            stamp(prof, t, 3, smid().to(tl.int64))
+            stamp(prof, t, 2, globaltimer(), TP)
+            stamp(prof, t, 3, smid().to(tl.int64), TP)
     done = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
     if done == n_workers * epoch - 1:
         tl.atomic_add(epoch_ptr, 1, sem="release", scope="gpu")

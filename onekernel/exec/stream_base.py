@@ -2,7 +2,8 @@
 task kinds, the error codes, the Triton-version aliases, and the synchronisation primitives (bounded
 ``ld.acquire`` spins on event counters, bounded mbarrier waits, a per-warp slot release, the first-failure error
 record). Every wait is bounded; the first failure is recorded in err[0:5] = (code, task, a, b, c) (ERRORS); at
-TP > 1 the first remote failure in err[5:11] (``spin_peer``: ``ld.acquire.sys`` on a peer's counters).
+TP > 1 the first remote failure in err[ERR_RSLOT:ERR_RSLOT + 6] (``spin_peer``: ``ld.acquire.sys`` on a peer's
+counters), the Triton megakernel's layout.
 """
 from __future__ import annotations
 
@@ -36,12 +37,73 @@ REC = _c(16)
 # rwl[F_RWB:F_RWE] = (event, expected, peer rank) in the unit fields, and in F_N whether it adds a residual.
 F_SYS = _c(15)
 F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
-# err int32 [5] (TP: [11]): err[0:5] the first local failure; at TP > 1 err[5:11] = (5, task, event, seen,
-# expected, peer rank), the first remote wait that gave up, in its own slot so that local waits timing out
-# first (gpu-scope polls are faster than system-scope ones) cannot hide it.
-ERR_REMOTE_AT = _c(5)
+# err int32 [5] (TP: [ERR_RSLOT + 6]), the Triton megakernel's layout (exec.mk_device.ERR_RSLOT): err[0:5] the
+# first local failure; at TP > 1 err[ERR_RSLOT:ERR_RSLOT + 6] = (5, task, event, seen, expected, peer rank), the
+# first remote wait that gave up, in its own slot so that local waits timing out first (gpu-scope polls are faster
+# than system-scope ones) cannot hide it; it then sets err[0] = ERR_STOP (if still 0) so the local spins stop.
+ERR_RSLOT = _c(8)
+ERR_STOP = _c(6)
 ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
           3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
+
+
+# ----------------------------------------------------------------------------------------------- MMA layouts
+# gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows. The
+# operands' shared layouts are defined here once, for the kernel (``mma_shared_layouts``) and for the host's
+# packing (exec.stream_plan); constexpr functions (the kernel calls them while compiling; plain calls on the
+# host; their source is part of the kernel's cache key).
+MMA_WARPS, MMA_WARP_BITS = 4, 2
+MMA_ROWS, MMA_ROW_BITS = 16, 4
+
+
+@gluon.constexpr_function
+def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: int = 3, swz_rows: int = 3,
+                    outer_rows: int = 0) -> tuple:
+    """Offset bases (Triton ``SharedLinearLayout``: offset bit j -> the logical coordinate it adds, XOR-combined)
+    of a [4 warps, ...] operand buffer whose dims rows_dim (rows_bits bits) and k_dim (CK/4 = ks) hold one warp's
+    slice: offset bits 0-5 are k bits 0-5 (a 128-byte line holds 64 k of one row), then the row bits, rows 1, 2
+    and 4 (the first swz_rows of them) also flipping k bits 5, 3 and 4 (the 16-byte unit within the line: an
+    ``ldmatrix`` phase, 8 rows at one unit, and a 16-byte ``ld.shared`` phase, 2 rows x 4 units, hit 8
+    different units: no bank conflicts), then k bits 6.., then the warp, then the last outer_rows row bits
+    (outermost, unswizzled: a slice of those rows is a contiguous part of the buffer). ks >= 64."""
+    def v(d, x):
+        c = [0] * rank
+        c[d] = x
+        return c
+    swz = [32, 8, 16]
+    bases = [v(k_dim, 1 << j) for j in range(6)]
+    inner = rows_bits - outer_rows
+    for j in range(inner):
+        c = v(rows_dim, 1 << j)
+        if j < min(3, swz_rows):
+            c[k_dim] = swz[j]
+        bases.append(c)
+    bases += [v(k_dim, 1 << j) for j in range(6, ks.bit_length() - 1)]
+    bases += [v(0, 1 << j) for j in range(MMA_WARP_BITS)]
+    bases += [v(rows_dim, 1 << j) for j in range(inner, rows_bits)]
+    return tuple(tuple(b) for b in bases)
+
+
+@gluon.constexpr_function
+def mma_weight_bases(ck: int, rg: int) -> tuple:
+    """The ring slot's layout for the MMA path: a chunk as [4, CK/4, RG] (warp, k, weight row), the B operand."""
+    return _swizzled_bases(rg.bit_length() - 1, ck // MMA_WARPS, 2, 1)
+
+
+@gluon.constexpr_function
+def mma_act_bases(ck: int) -> tuple:
+    """The staged activation tile's layout: [4, 16, CK/4] (warp, batch row, k), the A operand. Batch rows 4..15
+    by quads are the outermost offset bits (the stager writes 4-row quads, slices of the buffer), so only rows
+    0-3 are swizzled: A's ldmatrix phases (rows m and m + 4 share a unit) take 2 wavefronts where 1 would do,
+    once per staged tile (A is loaded into registers once per GB chunks)."""
+    return _swizzled_bases(MMA_ROW_BITS, ck // MMA_WARPS, 1, 2, swz_rows=2, outer_rows=2)
+
+
+@gluon.constexpr_function
+def mma_shared_layouts(CK, RG):
+    """(weight chunk layout [4, CK/4, RG], activation tile layout [4, 16, CK/4]) as Gluon SharedLinearLayouts."""
+    return (gl.SharedLinearLayout([list(b) for b in mma_weight_bases(CK, RG)]),
+            gl.SharedLinearLayout([list(b) for b in mma_act_bases(CK)]))
 
 
 # ----------------------------------------------------------------------------------------------- primitives
@@ -86,11 +148,14 @@ def ld_acquire_sys(p):
 
 @gluon.jit
 def record_remote(err, t, ev, seen, want, peer):
-    """The first remote failure claims err[5] and writes err[5:11] = (5, task, event, seen, want, peer)."""
+    """The first remote failure claims err[8] (ERR_RSLOT) and writes err[8:14] = (5, task, event, seen, want,
+    peer), then err[0] = 6 (ERR_STOP) unless a local failure is recorded there (per thread, barrier-free)."""
     gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 z, c; mov.b32 z, 0; mov.b32 c, 5; atom.global.relaxed.gpu.cas.b32 $0, [$1+20], z, c;"
-        " setp.eq.b32 p, $0, 0; @p st.global.b32 [$1+24], $2; @p st.global.b32 [$1+28], $3;"
-        " @p st.global.b32 [$1+32], $4; @p st.global.b32 [$1+36], $5; @p st.global.b32 [$1+40], $6; }",
+        "{ .reg .pred p; .reg .b32 z, c, s, o; mov.b32 z, 0; mov.b32 c, 5; mov.b32 s, 6;"
+        " atom.global.relaxed.gpu.cas.b32 $0, [$1+32], z, c; setp.eq.b32 p, $0, 0;"
+        " @p st.global.b32 [$1+36], $2; @p st.global.b32 [$1+40], $3; @p st.global.b32 [$1+44], $4;"
+        " @p st.global.b32 [$1+48], $5; @p st.global.b32 [$1+52], $6;"
+        " @p atom.global.relaxed.gpu.cas.b32 o, [$1], z, s; }",
         "=r,l,r,r,r,r,r", [err, t, ev, seen, want, peer], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -140,8 +205,8 @@ def spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
 @gluon.jit
 def spin_peer(cnt, want, err, t, ev, peer, WAIT_NS: gl.constexpr):
     """Spin until the peer counter cnt[0] >= want (every thread, ``ld.acquire.sys``), for at most WAIT_NS and not
-    once another remote failure is recorded (err[5] polled every 256 polls; a local failure in err[0] does not
-    stop it: the remote cause is then still recorded). On timeout: ``record_remote``."""
+    once another remote failure is recorded (err[ERR_RSLOT] polled every 256 polls; a local failure in err[0]
+    does not stop it: the remote cause is then still recorded). On timeout: ``record_remote``."""
     seen = ld_acquire_sys(cnt)
     if seen < want:
         t0 = now()
@@ -153,7 +218,7 @@ def spin_peer(cnt, want, err, t, ev, peer, WAIT_NS: gl.constexpr):
             tn = now()
             n += 1
             if n % 256 == 0:
-                bad = gl.load(err + ERR_REMOTE_AT, volatile=True)
+                bad = gl.load(err + ERR_RSLOT, volatile=True)
         if (seen < want) & (bad == 0):
             record_remote(err, t, ev, seen, want, peer)
 

@@ -15,6 +15,14 @@ From a bound decode step:
 4. **The weight stream**: per worker, the 16 KB chunks of its GEMV tasks in queue order, back to back
    (``packed`` [chunks, RG, CK]); the loader walks it with one TMA copy per chunk.
 
+A ``gemv="mma"`` step (tensor cores, ``consts["MMA"]``) streams the same chunks in another order and layout:
+per task, blocks of GB = 64 // RG chunk groups (gate_up: GB / 2 units), each block k-major (for kb: for each
+group of the block: chunk (group, kb)), so the consumer stages one [16, CK] activation tile per (block, kb) and
+multiplies it with the block's GB weight chunks; and each chunk's elements are permuted on the host into the
+shared-memory layout the MMA's operand loads read without bank conflicts (``mma_weight_bases``: the chunk as
+[4 warps, CK/4, RG], the rows XOR-swizzled into 16-byte units). docs/DESIGN.md, "Tensor cores in the streaming
+megakernel".
+
 Tensor parallel (a graph from ``decode_graph(tp=(rank, n))``, reading peer buffers; dist/tp_megakernel.py): the
 all-reduce ops keep the graph's tiles (K_ALLREDUCE; they stream no weights); remote dependencies, events with
 ``sys_signal`` and the schedule are built as ``exec.megakernel`` builds them for the Triton kernel (on the local
@@ -51,6 +59,10 @@ ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
          sd.K_ALLREDUCE.value: tuple(f"in{j}" for j in range(8)) + ("res", "out")}
 MAXA = max(len(r) for r in ROLES.values())
+# gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows
+MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
+mma_weight_bases, mma_act_bases = sd.mma_weight_bases, sd.mma_act_bases
+MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
 def pow2_ceil(n: int) -> int:
@@ -129,6 +141,49 @@ def task_bound(graph, n_workers: int) -> int:
     return sum(n_workers if op.kind.name in GEMV_KINDS else len(op.task_ids) for op in graph.ops)
 
 
+def mma_groups(rg: int) -> int:
+    """GB: chunk groups per k-major block of the MMA path (even, so a gate_up block holds whole units)."""
+    return max(2, MMA_BLOCK_ROWS // rg)
+
+
+def mma_smem(ck: int, rg: int) -> int:
+    """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype) and the
+    per-warp fp32 partial sums of one block [GB, 4, 16, RG]."""
+    return MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
+
+
+def layout_coords(bases: tuple, shape: tuple) -> torch.Tensor:
+    """int64 [prod(shape), len(shape)]: the logical coordinate held at each shared-memory offset (the linear
+    layout: the XOR of the bases of the offset's set bits)."""
+    n = 1
+    for d in shape:
+        n *= d
+    assert 1 << len(bases) == n, (len(bases), shape)
+    off = torch.arange(n)
+    out = torch.zeros(n, len(shape), dtype=torch.int64)
+    for j, b in enumerate(bases):
+        out ^= ((off >> j) & 1)[:, None] * torch.tensor(b, dtype=torch.int64)[None, :]
+    return out
+
+
+def mma_chunk_perm(ck: int, rg: int) -> torch.Tensor:
+    """int64 [RG * CK]: perm[o] = the [RG, CK] row-major index of the weight held at offset o of an MMA chunk
+    (``packed_chunk.flatten() = chunk.flatten()[perm]``)."""
+    ks = ck // MMA_WARPS
+    c = layout_coords(mma_weight_bases(ck, rg), (MMA_WARPS, ks, rg))
+    return c[:, 2] * ck + c[:, 0] * ks + c[:, 1]
+
+
+def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> list[int]:
+    """The order in which the MMA path streams the chunks (group g, kb) = g * nkb + kb of groups [g0, g1): blocks
+    of gb groups from g0, each k-major."""
+    order = []
+    for b0 in range(g0, g1, gb):
+        b1 = min(b0 + gb, g1)
+        order += [g * nkb + kb for kb in range(nkb) for g in range(b0, b1)]
+    return order
+
+
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
     XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
@@ -136,8 +191,8 @@ def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     return max(1, min(B, room // (kxb * ck * 2)))
 
 
-def _slots(xb: int, kxb: int, ck: int, rg: int) -> int:
-    fixed = xb * kxb * ck * 2 + 2048
+def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False) -> int:
+    fixed = (mma_smem(ck, rg) if mma else xb * kxb * ck * 2) + 2048
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
@@ -145,6 +200,8 @@ def bars_guess(c: dict) -> int:
     """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
     batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
     compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
+    if c.get("MMA"):
+        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"]) + 1024
     return c["SLOTS"] * CHUNK_ELEMS * 2 + c["XB"] * c["KXB"] * c["CK"] * 2 + 1024
 
 
@@ -296,12 +353,13 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    xb = xbuf_rows(B, kxb, ck)
-    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg), MAXA=MAXA,
+    mma = g.meta.get("gemv") == "mma"
+    xb = 0 if mma else xbuf_rows(B, kxb, ck)
+    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
-                  SM_SCALE=float(attn["SM_SCALE"]), **_tp_consts(g, kinds, emb["D"]))
+                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]))
     return StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
 
 
@@ -382,9 +440,11 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
 
 def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight stream bf16/fp16 [chunks, RG, CK] (each worker's GEMV chunks in queue order, back to back) and
-    chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1])."""
+    chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1]). MMA plans: each task's chunks
+    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc)."""
     g, c = plan.graph, plan.consts
     rg, ck = c["RG"], c["CK"]
+    mma = bool(c.get("MMA"))
     per_task = {}
     for oi, rows in plan.group_rows.items():
         op = g.ops[oi]
@@ -410,6 +470,9 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
         wp[:n, :k] = w
         idx = torch.where(rows >= 0, rows, n).to(dev)
         chunks[oi] = wp[idx].view(-1, rg, nkb, ck).transpose(1, 2).reshape(-1, rg, ck)  # [groups * nkb, RG, CK]
+        if mma:
+            perm = mma_chunk_perm(ck, rg).to(dev)
+            chunks[oi] = chunks[oi].reshape(-1, rg * ck)[:, perm].reshape(-1, rg, ck)
     for w, q in enumerate(plan.schedule.queues):
         o = off[w]
         for t in q:
@@ -417,7 +480,11 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
                 continue
             oi, g0, g1, nkb = per_task[t]
             n = (g1 - g0) * nkb
-            packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]
+            if mma:
+                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GB"]), device=dev)
+                packed[o:o + n] = chunks[oi][order]
+            else:
+                packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]
             o += n
     return packed, torch.tensor(off, dtype=torch.int32, device=dev)
 

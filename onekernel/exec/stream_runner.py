@@ -2,7 +2,8 @@
 ``exec.stream_plan`` (byte-balanced GEMV tasks, a per-worker weight stream walked by a TMA loader warp).
 
 ``make_runner("megakernel", step, backend=...)`` picks it: ``backend="auto"`` (the default) takes it on a
-Hopper GPU for a bf16/fp16 Llama-family step (``stream_plan.unsupported`` says why not otherwise, and the
+Hopper GPU for a bf16/fp16 Llama-family step, with CUDA-core or tensor-core GEMV bodies as the step's ``gemv``
+says (``stream_plan.unsupported`` says why not otherwise, and the
 Triton megakernel runs instead), ``"gluon"`` insists (InputError with the reason), ``"triton"`` never.
 The weights are re-packed once, at construction, into one stream (a second copy of every GEMV weight).
 """
@@ -17,7 +18,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
-from onekernel.exec.stream_base import ERRORS
+from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
 from onekernel.exec.megakernel import PersistentRunner
 from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
     records, remote_wait_list, unsupported
@@ -45,11 +46,11 @@ def bar_offset(llir: str) -> int | None:
 
 
 def shared_stream(plan, tensors: dict) -> WeightStream:
-    """``stream_plan.pack_weights`` once per (weights, workers, chunk shape): runners of other batch sizes over
+    """``stream_plan.pack_weights`` once per (weights, workers, chunk shape, GEMV path): runners of other batch sizes over
     the same weights reuse the packed stream (a copy of every GEMV weight: 15 GB for Llama-3.1-8B) instead of
     packing their own. Weights are never written after loading, so a stream is never stale."""
     c = plan.consts
-    key = (len(plan.schedule.queues), c["RG"], c["CK"],
+    key = (len(plan.schedule.queues), c["RG"], c["CK"], bool(c.get("MMA")),  # the MMA path packs another order
            tuple(tensors[w].data_ptr() for w in plan.weight_of.values()))
     stream = _STREAMS.get(key)
     if stream is None:
@@ -154,11 +155,13 @@ class StreamMegakernelRunner(PersistentRunner):
                                  "the streaming megakernel needs every rank's event counters (counters=, rank=; "
                                  "onekernel.dist.tp_megakernel)")
             self.ev_cnt, self.peer_off = peer_counters(counters, rank, self.events.n_events, dev)
+            self._counters = list(counters)  # the kernel addresses the peers' counters by offset: keep them alive
         else:
             self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
             self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
         self.epoch, self.done = torch.ones(1, **i32), torch.zeros(1, **i32)
-        self.err = torch.zeros(11 if self.tp else 5, **i32)  # TP: err[5:11] the remote failure (stream_base)
+        # TP: err[ERR_RSLOT:ERR_RSLOT + 6] the remote failure (stream_base; PersistentRunner reports it first)
+        self.err = torch.zeros(int(ERR_RSLOT) + 6 if self.tp else 5, **i32)
         # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph
         self.prof = torch.zeros(max(len(g.tasks), 1) if profile else 1, 4, dtype=torch.int64, device=dev)
         from triton.experimental.gluon import language as gl
@@ -189,10 +192,7 @@ class StreamMegakernelRunner(PersistentRunner):
         """``stream_plan.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
         return fingerprint(self.plan)
 
-    def _raise_if(self, err: list[int]) -> None:
-        if len(err) > 5 and err[5]:  # a remote wait gave up: the cause (local waits then time out behind it)
-            return super()._raise_if(err[5:11])
-        return super()._raise_if(err[:5])
+
 
     def _compile(self, props) -> None:
         """Compile (``fit_kernel``), then refuse more workers than fit on the GPU at once."""

@@ -101,6 +101,61 @@ def critical_path_list(graph: Graph, deps: list[list[int]], n_workers: int, cost
     return Schedule(queues, n_workers, "critical_path_list")
 
 
+def reserved_critical_path(graph: Graph, deps: list[list[int]], n_workers: int, reserved: list[bool],
+                           k: int, cost: Cost = None) -> Schedule:
+    """``critical_path_list`` with ``k`` workers reserved: the tasks with ``reserved[t]`` (a tensor-parallel
+    graph's communication tasks) run only on workers ``n_workers - k .. n_workers - 1``, every other task only on
+    workers ``0 .. n_workers - k - 1`` (the SM-reservation study of issue 13: does giving the all-reduce its own
+    SMs help?). Same priorities (bottom level) and simulation, one pool of workers per class: at each time the
+    free workers of each class take that class's highest-priority ready tasks; otherwise time moves to the next
+    task end or worker release. Queues are in assignment order (a topological order): always valid.
+    Deterministic, so every rank builds the same one. Raises InputError unless 0 < k < n_workers and both
+    classes are non-empty or the class without workers has no tasks."""
+    _check_workers(n_workers)
+    n = len(graph.tasks)
+    if len(reserved) != n:
+        raise InputError(f"reserved has {len(reserved)} entries, the graph {n} tasks")
+    if not 0 < k < n_workers:
+        raise InputError(f"reserving {k} of {n_workers} workers: need 0 < k < n_workers (0: critical_path_list)")
+    cst = task_costs(graph, cost)
+    order = topological_order(graph, deps)
+    cons = _consumers(n, deps)
+    prio = [0.0] * n
+    for t in reversed(order):
+        prio[t] = cst[t] + max((prio[c] for c in cons[t]), default=0)
+    cls = [1 if r else 0 for r in reserved]
+    left = [len(set(ds)) for ds in deps]
+    ready: list[list] = [[], []]
+    for t in range(n):
+        if left[t] == 0:
+            heapq.heappush(ready[cls[t]], (-prio[t], t))
+    free = [[(0.0, w) for w in range(n_workers - k)], [(0.0, w) for w in range(n_workers - k, n_workers)]]
+    running: list[tuple[float, int]] = []
+    queues: list[list[int]] = [[] for _ in range(n_workers)]
+    now, placed = 0.0, 0
+    while placed < n:
+        while running and running[0][0] <= now:
+            _, t = heapq.heappop(running)
+            for c in cons[t]:
+                left[c] -= 1
+                if left[c] == 0:
+                    heapq.heappush(ready[cls[c]], (-prio[c], c))
+        for c in (0, 1):
+            while ready[c] and free[c][0][0] <= now:
+                _, w = heapq.heappop(free[c])
+                _, t = heapq.heappop(ready[c])
+                queues[w].append(t)
+                heapq.heappush(free[c], (now + cst[t], w))
+                heapq.heappush(running, (now + cst[t], t))
+                placed += 1
+        nxt = [running[0][0]] if running else []
+        nxt += [free[c][0][0] for c in (0, 1) if ready[c]]
+        later = [x for x in nxt if x > now]
+        if placed < n:
+            now = min(later)  # a DAG always has a running task or a ready one with a worker to come
+    return Schedule(queues, n_workers, f"reserved_critical_path(k={k})")
+
+
 def _name(graph: Graph, t: int, worker: list[int]) -> str:
     task = graph.tasks[t]
     op = graph.ops[task.op].name if 0 <= task.op < len(graph.ops) else "?"

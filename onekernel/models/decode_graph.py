@@ -100,7 +100,7 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
                  tiling: Tiling = Tiling(), fuse_merge: bool = False,
                  residual: bool = True, gemv: str | None = None,
-                 tp: tuple[int, int] | None = None) -> tuple[Graph, dict, dict]:
+                 tp: tuple[int, int] | None = None, ar_tiles: int | None = None) -> tuple[Graph, dict, dict]:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
     model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
     ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
@@ -111,7 +111,8 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     None takes ``default_gemv(cfg, dtype)``. Recorded in ``graph.meta["gemv"]``.
     ``tp``: (rank, n ranks): with n > 1, the all-reduce ops of the module doc (``residual`` is then ignored: the
     all-reduces add the residual); ``cfg`` is the rank's local config (every rank's the same shapes). Recorded in
-    ``graph.meta["tp"]``.
+    ``graph.meta["tp"]``. ``ar_tiles`` (TP > 1): tiles per all-reduce op (D / ar_tiles columns each: a power of two in
+    4..1024); None: ``tiling``'s rule (as every op: at most one tile per worker).
 
     Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
     the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
@@ -124,6 +125,14 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
         raise InputError(f"tp must be (rank, n) with 1 <= n <= {MAX_RANKS} and 0 <= rank < n, got {tp!r}")
     if n_ranks > 1:
         residual = False
+    ar_block = None
+    if ar_tiles is not None:
+        D0 = cfg.dim
+        ok = isinstance(ar_tiles, int) and ar_tiles > 0 and D0 % ar_tiles == 0
+        ar_block = D0 // ar_tiles if ok else 0
+        if n_ranks == 1 or not ok or ar_block & (ar_block - 1) or not 4 <= ar_block <= 1024:
+            raise InputError(f"ar_tiles={ar_tiles!r}: all-reduce tiles exist at tp > 1 only, and must split the "
+                             f"hidden size {D0} into power-of-two tiles of 4..1024 columns")
     gemv = default_gemv(cfg, dtype) if gemv is None else gemv
     if gemv not in GEMV_PATHS:
         raise InputError(f"unknown gemv path {gemv!r}; choose one of {', '.join(GEMV_PATHS)} (CUDA cores or tensor "
@@ -152,7 +161,7 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
         if n_ranks == 1:
             return partial
         parts = [partial if p == rank else add_peer_buffer(g, partial, p) for p in range(n_ranks)]
-        return add_allreduce(g, f"{name}.ar", parts, residual=stream, tiling=tiling)
+        return add_allreduce(g, f"{name}.ar", parts, residual=stream, tiling=tiling, block_d=ar_block)
 
     x = reduce("embed", add_embed(g, "embed", tokens, weight("tok_embeddings", (V, D))))
     zero = None
@@ -200,7 +209,7 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
 
 def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
                       fuse_merge: bool = False, residual: bool = True, gemv: str | None = None,
-                      tp: tuple[int, int] | None = None) -> BoundStep:
+                      tp: tuple[int, int] | None = None, ar_tiles: int | None = None) -> BoundStep:
     """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
     weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
@@ -208,7 +217,7 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
     ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
     ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
     write shows (peer buffers too: the tensor-parallel runner binds them to the peers' memory). tiling,
-    fuse_merge, residual, gemv, tp: as ``decode_graph``. Raises InputError (a missing weight, a
+    fuse_merge, residual, gemv, tp, ar_tiles: as ``decode_graph``. Raises InputError (a missing weight, a
     cache or weight of the wrong shape, an unknown gemv path), UnsupportedModelError (see ``check_supported``)."""
     if not isinstance(tiling, Tiling):
         raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
@@ -217,7 +226,7 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
                          f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
     g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge,
-                                 residual=residual, gemv=gemv, tp=tp)
+                                 residual=residual, gemv=gemv, tp=tp, ar_tiles=ar_tiles)
     dev = cache.k.device
     tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
                for name, src in wsrc.items()}
