@@ -141,12 +141,24 @@ case "$1" in
     MM="graph,pdl,megakernel,megakernel-triton"
     mkdir -p "$W/bench" "$W/bench-mma" "$W/tp"
     log "warm-up and checks"
-    warm 0 1b-f $B1 $BS --modes graph,pdl,megakernel,megakernel-triton
+    # GPU memory: the 8B-class processes split over both GPUs (at most ~110 GB each); the Triton cache is shared,
+    # so a kernel compiled on one GPU is found by the other
+    warm 0 1b-f $B1 $BS --modes graph,pdl,megakernel
+    warm 0 1b-ft $B1 $BS --modes megakernel-triton
     warm 0 1b-tc $B1 $BS --modes torch+graph,torch+compile
-    warm 0 1b-m $B1 $BS --modes $MM --gemv mma
-    warm 1 8b-f $B8 $BS --modes graph,pdl,megakernel,megakernel-triton
-    warm 1 8b-tc $B8 $BS --modes torch+graph,torch+compile
-    warm 1 8b-m $B8 $BS --modes $MM --gemv mma
+    warm 1 1b-m $B1 $BS --modes graph,pdl --gemv mma
+    warm 1 1b-mk $B1 $BS --modes megakernel --gemv mma
+    warm 1 1b-mkt $B1 $BS --modes megakernel-triton --gemv mma
+    warm 1 8b-f $B8 $BS --modes graph,pdl,megakernel
+    warm 0 8b-ft $B8 $BS --modes megakernel-triton
+    warm 0 8b-tc $B8 $BS --modes torch+graph,torch+compile
+    warm 1 8b-m $B8 $BS --modes graph,pdl --gemv mma
+    warm 1 8b-mk $B8 $BS --modes megakernel --gemv mma
+    warm 0 8b-mkt $B8 $BS --modes megakernel-triton --gemv mma
+    for m in llama-3.2-1b llama-3.1-8b; do  # the TP checks (both GPUs; they also compile the TP kernels)
+        (timeout 170 python3 scripts/tp_check.py --models $m --steps 8 --modes megakernel,megakernel-gluon \
+            --out "$W/tp/tp-check-$m.json" >"$W/tp/tp-check-$m.log" 2>&1; echo "rc=$?" >>"$W/tp/tp-check-$m.log") &
+    done
     (timeout 170 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
         --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
     (timeout 170 env CUDA_VISIBLE_DEVICES=1 python3 scripts/invariance_check.py llama-3.2-1b --gemv mma \
@@ -154,32 +166,45 @@ case "$1" in
     (timeout 170 env CUDA_VISIBLE_DEVICES=0 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
         tests/test_mma_gpu.py -p no:cacheprovider >"$W/gpu-tests.log" 2>&1) &
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 6 benches finished"
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 12 benches finished"
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-*.log | cut -c1-220 | tee -a "$OUT/log.txt"
-    (step 200 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 $BS --modes $MF --steps 100 &&
-        step 70 bench-1b-mma env CUDA_VISIBLE_DEVICES=0 $bench/bench-mma $B1 $BS --modes $MM --gemv mma --steps 100) &
-    (step 200 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 $BS --modes $MF --steps 100 &&
-        step 70 bench-8b-mma env CUDA_VISIBLE_DEVICES=1 $bench/bench-mma $B8 $BS --modes $MM --gemv mma --steps 100) &
+    for m in llama-3.2-1b llama-3.1-8b; do
+        log "tp_check $m: $(tail -n 1 "$W/tp/tp-check-$m.log")"
+        grep -h '^{' "$W/tp/tp-check-$m.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    done
+    (step 150 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 $BS --modes $MF --steps 50 &&
+        step 80 bench-1b-mma env CUDA_VISIBLE_DEVICES=0 $bench/bench-mma $B1 $BS --modes $MM --gemv mma --steps 50) &
+    (step 150 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 $BS --modes $MF --steps 50 &&
+        step 80 bench-8b-mma env CUDA_VISIBLE_DEVICES=1 $bench/bench-mma $B8 $BS --modes $MM --gemv mma --steps 50) &
     wait
-    # tensor parallel (TP_STEPS below: filled in when the TP work lands)
+    log "tensor parallel"
+    TPM="torch+graph,graph,pdl,megakernel,megakernel-triton"
+    step 60 bench-tp-1b $bench/tp --tp 2 --model llama-3.2-1b --random-weights --batch 1,8 --modes $TPM \
+        --allreduce nccl --steps 50
+    step 90 bench-tp-8b $bench/tp --tp 2 --model llama-3.1-8b --random-weights --batch 1,8 --modes $TPM \
+        --allreduce nccl --steps 50
     ;;
 41) # session 8, at once after 40 (the machine is warm; carry .model/smol.p2): the real default model (greedy
-    # tokens of 5 prompts alone and together in every mode; its bench at batch 1 and 8) on GPU 0; cold and warm
-    # compile times on GPU 1; then the per-op GEMV table and the Llama-3.2-1B megakernel profile
+    # tokens of 5 prompts alone and together in every mode; its bench at batch 1 and 8) on GPU 0 and cold and warm
+    # compile times on GPU 1 at the same time; then the two-GPU profile of the TP megakernel, the Llama-3.2-1B
+    # streaming-megakernel profile, and a small SM-reservation study (TP=2)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench" "$W/profile"
+    mkdir -p "$W/bench" "$W/profile" "$W/tp"
     CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.2-1b:16:megakernel@mma,llama-3.2-1b:16:graph@mma"
     CT="$CT,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel,llama-3.1-8b:16:megakernel@mma"
     CT="$CT,llama-3.1-8b:16:graph@mma,llama-3.1-8b:16:megakernel/triton,qwen3-8b:16:megakernel/triton,qwen3-8b:8:eager"
     CT="$CT,smollm2-135m:16:megakernel"
-    (step 240 compile-times env CUDA_VISIBLE_DEVICES=1 python3 scripts/compile_times.py --out "$W" --jobs 4 \
+    (step 230 compile-times env CUDA_VISIBLE_DEVICES=1 python3 scripts/compile_times.py --out "$W" --jobs 4 \
         --timeout 100 --cases "$CT") &
-    (step 130 greedy-real env CUDA_VISIBLE_DEVICES=0 python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json" &&
-        step 90 bench-135m env CUDA_VISIBLE_DEVICES=0 $bench/bench --model "$GGUF" --batch 1,8 --steps 100) &
+    (step 120 greedy-real env CUDA_VISIBLE_DEVICES=0 python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json" &&
+        step 90 bench-135m env CUDA_VISIBLE_DEVICES=0 $bench/bench --model "$GGUF" --batch 1,8 --steps 50) &
     wait
-    step 40 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
-    step 50 ops python3 scripts/mma_ops.py --batches 1 --out "$W/ops.json"
+    step 60 tp-profile python3 scripts/tp_profile.py --model llama-3.2-1b --batch 1 --out "$W/tp"
+    step 35 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 70 tp-sm-study python3 scripts/tp_sm_study.py --model llama-3.2-1b --batches 1 --ks 0,8,16 --ar-tiles fit,16 \
+        --steps 50 --out "$W/tp"
     ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/log.txt" 2>&1
