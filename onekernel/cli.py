@@ -17,6 +17,7 @@ from onekernel.cli_warmup import WARMUP
 from onekernel.errors import DeviceError, InputError, OneKernelError
 from onekernel.exec import STEP_MODES
 from onekernel.models.load import DTYPE_CHOICES, dtype_option
+from onekernel.runtime.args import add_gemv_argument, gemv_options
 from onekernel.serve.main import add_arguments as serve_args, run as serve_run
 
 # The megakernel issue: the default on a GPU once it is correct (it is: benchmarks/README.md, run 3). Today pdl
@@ -74,6 +75,7 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sample among the most likely tokens whose probabilities sum to p (1: no limit)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+    add_gemv_argument(p)
     add_tp_argument(p)
 
 
@@ -141,6 +143,7 @@ def _run_generate(args) -> int:
         raise InputError(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
     if mode != "reference":
         check_device(mode, torch.device(device), args.interpret)
+    gemv_options(args.gemv, mode, True if args.tp > 1 else None)  # its refusals, before anything loads
     dtype = dtype_option(args.dtype, device)
 
     def check_prompts(files) -> None:  # the prompt checks (their one home: runtime.prompts) before weights load
@@ -182,7 +185,7 @@ def _run_generate(args) -> int:
 
         res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
                        chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
-                       ignore_eos=args.ignore_eos, parallel=parallel)
+                       ignore_eos=args.ignore_eos, parallel=parallel, gemv=args.gemv)
     if rank is not None:
         cli_tp.close_rank()
     _print_result(args, prompts, model, res, stream)

@@ -10,7 +10,8 @@ from pathlib import Path
 from onekernel.cli_tp import add_tp_argument
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
-from onekernel.ops.tiling import GEMV_PATHS, MAX_BATCH
+from onekernel.ops.tiling import MAX_BATCH
+from onekernel.runtime.args import add_gemv_argument
 
 
 def _add_model(p: argparse.ArgumentParser, batch_help: str, weights: bool = True) -> None:
@@ -140,9 +141,7 @@ def _add_bench(p):
     p.add_argument("--variants", default=None, metavar="A,B",
                    help="with --study: only these variants (default all; a wrong name lists the valid ones)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
-    p.add_argument("--gemv", choices=GEMV_PATHS, default=None,
-                   help="GEMV path of every onekernel mode: fma (CUDA cores) or mma (tensor cores, the batch padded "
-                        "to 16); default: the model's")
+    add_gemv_argument(p)
     add_tp_argument(p)
 
 
@@ -183,7 +182,8 @@ def _run_bench(args) -> int:
     batches, modes = _bench_args(args)
     if args.tp != 1:
         if args.gemv is not None:
-            raise InputError("--gemv selects the GEMV path of the Triton modes; --tp runs the PyTorch ones")
+            raise InputError("--gemv applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (the path "
+                             "checked on two GPUs)")
         from onekernel.cli_tp import run_bench_tp
         return run_bench_tp(args, batches, lambda cfg: _context(args, cfg), args.modes != ",".join(BENCH_MODES))
     if args.gemv is not None and args.study:

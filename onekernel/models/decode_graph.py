@@ -91,10 +91,21 @@ def check_supported(cfg, batch: int, max_seq_len: int, dtype: torch.dtype) -> No
 
 def default_gemv(cfg, dtype: torch.dtype) -> str:
     """The GEMV path a model runs when none is asked for: a property of the model and its dtype, never of the
-    batch (a sequence's tokens must not depend on the batch it shares). "fma" for every model: on the H200
-    "mma" (tensor cores) is 21% slower at batch 1 on Llama-3.2-1B and slow in pdl mode (benchmarks/README.md,
-    run 7); fp32 models keep "fma" in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores)."""
+    batch (a sequence's tokens must not depend on the batch it shares). "mma" (tensor cores) for bf16/fp16 models
+    with a hidden size of at least ``MMA_MIN_DIM``, else "fma" (CUDA cores). Measured on the H200 (run 8, commit
+    093e3f3, benchmarks/README.md), ms per step fma -> mma: Llama-3.1-8B batch 1 graph 5.411 -> 4.961, pdl
+    5.347 -> 4.894, megakernel 4.794 -> 4.714, batch 4 graph 10.15 -> 5.12; Llama-3.2-1B batch 1 graph 1.020 ->
+    1.126 (10% slower), batch 8 3.179 -> 1.266, megakernel batch 8 4.237 -> 2.124, batch 16 (cold compile runs)
+    24.4 -> 3.5. Small models (SmolLM2-135M, hidden size 576) were not measured with mma in every mode and keep
+    "fma"; fp32 models keep "fma" in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores). A
+    tensor-parallel rank's step defaults to "fma" (``dist.tp_kernels``, ``dist.tp_megakernel``: the paths run on
+    two GPUs)."""
+    if dtype in (torch.bfloat16, torch.float16) and cfg.dim >= MMA_MIN_DIM:
+        return "mma"
     return "fma"
+
+
+MMA_MIN_DIM = 2048  # default_gemv: the smallest hidden size that takes the tensor-core GEMVs by default
 
 
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,

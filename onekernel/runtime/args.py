@@ -1,5 +1,6 @@
 """Argument kind checks shared by the runtime's public entry points (``generate``, ``make_step_runner``,
-``KVCache``): each raises an InputError naming the argument, what it got and what it takes."""
+``KVCache``): each raises an InputError naming the argument, what it got and what it takes; and the ``--gemv``
+option every command that builds a decode step offers (``add_gemv_argument``)."""
 from __future__ import annotations
 
 from onekernel.errors import InputError
@@ -25,3 +26,34 @@ def check_int(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InputError(f"{name} must be an integer, got {value!r:.40}")
     return value
+
+
+GEMV_HELP = ("GEMV path of the Triton modes: fma (CUDA cores) or mma (tensor cores, the batch padded to 16); default: "
+             "the model's (mma for bf16/fp16 models with a hidden size >= 2048, else fma: "
+             "models.decode_graph.default_gemv)")
+
+
+def add_gemv_argument(p) -> None:
+    """``--gemv fma|mma`` (default None: the model's path) on an argparse parser."""
+    from onekernel.ops.tiling import GEMV_PATHS
+
+    p.add_argument("--gemv", choices=GEMV_PATHS, default=None, help=GEMV_HELP)
+
+
+def gemv_options(gemv, mode: str, parallel=None) -> dict:
+    """The runner options of a ``gemv`` choice (None: the model's default path): {} or {"gemv": gemv}. Raises
+    InputError for a path that is not "fma" or "mma", for the reference mode (PyTorch, no GEMV kernels) and at
+    tensor-parallel size > 1 (``parallel`` given: those ranks run the CUDA-core path, the one checked on GPUs)."""
+    if gemv is None:
+        return {}
+    from onekernel.ops.tiling import GEMV_PATHS
+
+    if gemv not in GEMV_PATHS:
+        raise InputError(f"gemv (--gemv) must be one of {', '.join(GEMV_PATHS)}, got {gemv!r:.40}")
+    if parallel is not None:
+        raise InputError("--gemv applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (the path checked "
+                         "on two GPUs)")
+    if mode == "reference":
+        raise InputError("--gemv selects the GEMV kernels of the Triton modes (eager, graph, pdl, megakernel); the "
+                         "reference mode runs PyTorch: drop --gemv or pick a Triton mode")
+    return {"gemv": gemv}

@@ -18,7 +18,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.ops.tiling import MAX_BATCH
-from onekernel.runtime.args import check_flag, check_int, check_model
+from onekernel.runtime.args import check_flag, check_int, check_model, gemv_options
 from onekernel.runtime.buckets import bucket_for, bucket_sizes
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.prompts import encode_prompts
@@ -100,7 +100,8 @@ def _per_prompt(sampling, n: int) -> list[SamplingParams]:
 def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int = 32, mode: str = "reference",
              sampling: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
              on_token: Callable[[int, int, str], None] | None = None, max_seq_len: int | None = None,
-             interpret: bool = False, ignore_eos: bool = False, parallel=None) -> GenerationResult:
+             interpret: bool = False, ignore_eos: bool = False, parallel=None,
+             gemv: str | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens for each of 1..MAX_BATCH (16, ops/tiling.py) prompts of
     any lengths.
 
@@ -121,11 +122,14 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         ``runtime.buckets``) that holds the prompts, padded with one-token greedy sequences whose outputs are
         dropped, so 3 prompts reuse the batch-4 kernels (no new compile) and cost what 4 cost. Batch invariance
         (a row's logits do not depend on the other rows) keeps every prompt's tokens the same as alone.
+        gemv: "fma" | "mma" | None: the GEMV path of a Triton mode's decode step (None: the model's,
+            ``models.decode_graph.default_gemv``).
         parallel: None, or a tensor-parallel rank's group (``onekernel.dist.tp_reference.TPGroup``); then
             ``model`` is the rank's shard, prompts are checked against ``parallel.config`` (the whole model's),
             and the runner (``parallel.step_runner(mode, model, cache, interpret=...)``) does the prefill.
     Raises (all before anything runs):
-        InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), no
+        InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), a gemv
+            that ``runtime.args.gemv_options`` refuses, no
             prompts, more than MAX_BATCH, max_new_tokens < 1, an unknown mode, a sampling list that does not
             match the prompts, or a prompt ``runtime.prompts.encode_prompts`` refuses (empty, outside the
             vocabulary, prompt + max_new_tokens longer than the context).
@@ -157,6 +161,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
     device, dtype = _model_device_dtype(model)
     check_mode(mode, device, interpret)
+    options = gemv_options(gemv, mode, parallel)
     ids = encode_prompts(tok, prompts, chat=chat, max_new_tokens=max_new_tokens, model_context=cfg.max_seq_len,
                          max_seq_len=max_seq_len, vocab_size=cfg.vocab_size)
 
@@ -168,7 +173,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     params = params + [SamplingParams()] * (nb - B)
     cache = KVCache(model.config, nb, cache_len, dtype, device)  # a rank's shard: its local KV heads
     if parallel is None:
-        runner = make_step_runner(mode, model, cache, interpret=interpret)
+        runner = make_step_runner(mode, model, cache, interpret=interpret, **options)
     else:
         runner = parallel.step_runner(mode, model, cache, interpret=interpret)
     eos = set() if ignore_eos else set(tok.eos_token_ids)

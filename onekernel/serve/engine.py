@@ -101,13 +101,14 @@ class Engine:
     serves); ``pipeline`` (default: on a GPU) queues the next step before emitting the last one's tokens.
     ``warm()`` compiles every bucket, ``start()`` starts the thread, ``submit(req, sink) -> Handle`` (any thread)
     queues a request: QueueFullError, EngineStoppedError. ``drain()`` refuses new requests, ``abort()`` also
-    stops the running ones (shutdown); ``stop()`` ends the thread. Raises what ``runtime.buckets.BucketRunners``
-    raises."""
+    stops the running ones (shutdown); ``stop()`` ends the thread. ``options``: the runners' own (``gemv``), passed
+    to ``runtime.buckets.BucketRunners``. Raises what ``runtime.buckets.BucketRunners`` raises."""
 
     def __init__(self, model, mode: str, max_batch: int, max_seq_len: int, *, interpret: bool = False,
-                 max_queue: int = 256, metrics: Metrics | None = None, pipeline: bool | None = None):
+                 max_queue: int = 256, metrics: Metrics | None = None, pipeline: bool | None = None,
+                 **options):
         self.model, self.mode, self.max_queue = model, mode, max_queue
-        self.buckets = BucketRunners(mode, model, max_batch, max_seq_len, interpret=interpret)
+        self.buckets = BucketRunners(mode, model, max_batch, max_seq_len, interpret=interpret, **options)
         self.cache, dev = self.buckets.cache, self.buckets.cache.device
         self.metrics = metrics or Metrics()
         self.eos = set(model.tokenizer.eos_token_ids)

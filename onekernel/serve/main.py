@@ -13,6 +13,7 @@ from onekernel.errors import DeviceError, InputError
 from onekernel.exec import STEP_MODES
 from onekernel.models.load import DTYPE_CHOICES, dtype_option
 from onekernel.ops.tiling import MAX_BATCH
+from onekernel.runtime.args import add_gemv_argument, gemv_options
 
 DEFAULT_CONTEXT_CAP = 4096  # default --max-seq-len: the model's context, at most this (KV cache memory)
 
@@ -46,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interpret", action="store_true",
                    help="run a Triton mode in the Triton interpreter on the CPU (slow; a test mode)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: %(default)s)")
+    add_gemv_argument(p)
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level; info logs every request (default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
@@ -108,6 +110,7 @@ def run(args) -> int:
     check_load_args(args.random_weights, dtype, device, args.seed)
     from onekernel.runtime.runners import check_mode
     check_mode(mode, device, args.interpret)
+    gemv = gemv_options(args.gemv, mode)
     if args.max_seq_len is not None and args.max_seq_len < 2:
         raise InputError(f"--max-seq-len must be >= 2 (a slot holds a prompt token and one generated token), got "
                          f"{args.max_seq_len}")
@@ -119,7 +122,7 @@ def run(args) -> int:
     check_address(args.host, args.port)  # last: each bad option above gets its own error even when it is busy
     say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
-    engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue)
+    engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue, **gemv)
 
     def on_bucket(i: int, count: int, n: int) -> None:
         note = "; compiles the kernels on a first run" if mode != "reference" and not args.interpret else ""
