@@ -155,14 +155,17 @@ def test_bad_batch(batch):
 @pytest.mark.parametrize("sms", [132, 96, 66])
 def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
     """Tiling(n, "fit") (the megakernel's, one worker per SM): every row-tiled GEMV op whose BLOCK_N is not at
-    its cap has between n/2 and n tiles (no worker runs two tiles of one op); "cover" has at least n."""
+    its cap has between n/2 and n tiles (no worker runs two tiles of one op); "cover" has at least n where
+    BLOCK_N is above its minimum (4 rows on CUDA cores, 16 on tensor cores: Llama-3.2-1B's 2048-row o_proj then
+    has 128 tiles)."""
     cfg = get_config(name)
     fit, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "fit"))
     cover, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "cover"))
     for f, c in zip(fit.ops, cover.ops):
         if f.kind.name in ("gemv_residual", "gate_up", "lm_head") and f.params["BLOCK_N"] < 64:
             assert sms // 2 < f.n_tiles <= sms, (f.name, f.n_tiles)
-        if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["BLOCK_N"] > 4:
+        if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["BLOCK_N"] > (16 if c.params["MMA"]
+                                                                                          else 4):
             assert c.n_tiles >= sms, (c.name, c.n_tiles)
 
 

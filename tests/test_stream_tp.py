@@ -165,11 +165,12 @@ def test_allreduce_argument_table_holds_the_ranks_in_order(seed):
 
 
 def test_tp_runner_backend_choice():
-    """dist/tp_megakernel.py: the default stays the Triton megakernel (the one run on GPUs); off a GPU every
-    backend but an explicit "gluon" is "triton"; options of one backend refuse the other."""
+    """dist/tp_megakernel.py: the default is "auto" (the streaming kernel where the model takes it; both backends
+    ran on two H200s in run 8); off a GPU every backend but an explicit "gluon" is "triton"; options of one
+    backend refuse the other."""
     from onekernel.dist import tp_megakernel as tpm
 
-    assert tpm.DEFAULT_BACKEND == "triton"
+    assert tpm.DEFAULT_BACKEND == "auto"
     pick = tpm.TPMegakernelRunner._pick
     assert pick("auto", None, True, {}, None, 8) == "triton"
     assert pick("triton", None, True, {}, 5, 8) == "triton"
