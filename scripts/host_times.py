@@ -5,8 +5,9 @@
 Times, per case (bf16, ``Tiling(workers, "fit")``, no weights, nothing launched), each phase both megakernels
 run at construction: the graph (``decode_graph``); the Triton megakernel's dependencies, reduction, events,
 critical-path schedule, validation and queue records; the streaming megakernel's plan (``stream_plan.make_plan``:
-re-tiling, dependencies, events, schedule, validation) and records. ``--cache DIR`` also times the same products
-through ``exec.host_cache`` (cold: computed and stored; warm: loaded). Prints one JSON line per case.
+re-tiling, dependencies, events, schedule, validation) and records. Then the same products through
+``exec.host_cache`` in a private cache folder: ``*_store`` (computed and stored: a first start) and ``*_hit``
+(loaded: a warm start; the graph digest that keys it included). Prints one JSON line per case.
 The weight packing (a GPU copy of every GEMV weight) is not timed here.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ def phases(model: str, batch: int, workers: int, ctx: int, prof: str | None) -> 
     from onekernel.ops.tiling import Tiling
 
     cfg = get_config(model)
+    os.environ["ONEKERNEL_HOST_CACHE"] = "0"  # the phases as before the cache
     out, t = {}, time.perf_counter()
 
     def lap(name, fn):
@@ -81,6 +83,18 @@ def phases(model: str, batch: int, workers: int, ctx: int, prof: str | None) -> 
     lap("stream_records", lambda: (records(plan), remote_wait_list(plan)))
     out["stream_tasks"] = len(plan.graph.tasks)
     out["stream_total"] = round(out["stream_plan"] + out["stream_records"], 3)
+    from onekernel.exec import host_cache
+    from onekernel.exec.megakernel import host_products
+
+    os.environ["ONEKERNEL_HOST_CACHE"] = "1"
+    t = time.perf_counter()
+    lap("digest", lambda: host_cache.graph_digest(g))
+    for what in ("store", "hit"):
+        (_, _, ev2, sch2), hit = lap(f"triton_{what}", lambda: host_products(g, n_workers=workers))
+        assert hit == (what == "hit") and ev2 == ev and sch2 == sch
+        p2 = lap(f"stream_{what}", lambda: make_plan(step, workers))
+        assert p2.cache_hit == (what == "hit"), (what, p2.cache_hit)
+        assert p2.schedule == plan.schedule, what
     return out
 
 
@@ -91,6 +105,10 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--profile", default=None, help="cProfile this phase (stderr)")
     a = ap.parse_args()
+    import tempfile
+
+    os.environ["ONEKERNEL_CACHE"] = tempfile.mkdtemp(prefix="ok_host_times_")
+    os.environ["ONEKERNEL_HOST_CACHE"] = "0"
     for c in a.cases.split(","):
         m, b = c.split(":")
         r = phases(m, int(b), a.workers, a.ctx, a.profile)

@@ -14,7 +14,7 @@ options and onekernel's code, so they are kept, content-addressed, beside the ge
 * **Checked, never trusted**: a file is ``MAGIC + sha256(body) + body`` (body: an uncompressed ``np.savez``, no
   pickles). A truncated or corrupt file, or one that does not decode into what the caller expects, is logged as a
   warning, recomputed and rewritten; it never raises and never returns wrong products. Files are written to a
-  temporary name, then renamed (two processes filling the same key write the same bytes).
+  temporary name, then renamed (two processes filling the same key store equal products).
 * Only products that passed their checks (``validate``, ``check_cross_step``) are stored, so a hit skips them.
 * ``ONEKERNEL_HOST_CACHE=0`` turns the cache off (everything is recomputed, nothing written).
 """

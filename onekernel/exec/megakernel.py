@@ -71,6 +71,46 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
     return 0, 0
 
 
+def host_products(g, *, n_workers: int, policy: str = "critical_path", events: str = "tile", comm_workers: int = 0,
+                  schedule=None, check_options=lambda tp: None):
+    """((reduced deps, remote deps, events, validated schedule), cache hit) of graph ``g`` for the Triton
+    megakernel (module doc, steps 1-2): from ``exec.host_cache`` when an earlier process stored them for the same
+    graph, options and code, else computed (and stored). ``check_options(tp)`` raises for options a
+    tensor-parallel (or not) graph does not take; it runs before the events are derived, and after a hit. A
+    caller's ``schedule`` is validated every time and nothing is cached."""
+
+    def compute():
+        deps = transitive_reduction(derive_dependencies(g))
+        remote = derive_remote_dependencies(g)
+        tp = any(remote)
+        check_options(tp)
+        if tp:
+            ev = derive_events(g, deps, remote)
+            order = merged_dependencies(deps, remote)
+            try:
+                check_cross_step(g, deps, remote)
+            except ValueError as e:
+                raise ScheduleError(str(e)) from None
+        else:
+            ev = (derive_events if events == "tile" else derive_op_events)(g, deps)
+            order = deps
+        if comm_workers:  # the communication tasks: those waiting on other ranks (the all-reduce tiles)
+            sched = reserved_critical_path(g, order, n_workers, [bool(r) for r in remote], comm_workers)
+        else:
+            sched = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
+        validate(sched, g, order)
+        return deps, remote, ev, sched
+
+    if schedule is not None:
+        return compute(), False
+    products, hit = host_cache.cached("triton", g, compute, _encode_products,
+                                      lambda a: _decode_products(a, len(g.tasks)), n_workers=n_workers,
+                                      policy=policy, events=events, comm_workers=comm_workers)
+    if hit:
+        check_options(any(products[1]))
+    return products, hit
+
+
 def _encode_products(p) -> dict:
     deps, remote, ev, sched = p
     out = {**host_cache.encode_events(ev), **host_cache.encode_schedule(sched)}
@@ -273,36 +313,9 @@ class MegakernelRunner(PersistentRunner):
                     raise InputError(f"comm_workers={comm_workers} leaves none of the {n_workers} workers for the "
                                      f"other tasks")
 
-        def compute():
-            deps = transitive_reduction(derive_dependencies(g))
-            remote = derive_remote_dependencies(g)
-            tp = any(remote)
-            check_options(tp)
-            if tp:
-                ev = derive_events(g, deps, remote)
-                order = merged_dependencies(deps, remote)
-                try:
-                    check_cross_step(g, deps, remote)
-                except ValueError as e:
-                    raise ScheduleError(str(e)) from None
-            else:
-                ev = (derive_events if events == "tile" else derive_op_events)(g, deps)
-                order = deps
-            if comm_workers:  # the communication tasks: those waiting on other ranks (the all-reduce tiles)
-                sched = reserved_critical_path(g, order, n_workers, [bool(r) for r in remote], comm_workers)
-            else:
-                sched = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
-            validate(sched, g, order)
-            return deps, remote, ev, sched
-
-        if schedule is not None:  # a caller's schedule: checked every time, nothing cached
-            products, self.host_cache_hit = compute(), False
-        else:  # exec.host_cache: a warm start loads what passed these checks in an earlier process
-            products, self.host_cache_hit = host_cache.cached(
-                "triton", g, compute, _encode_products, lambda a: _decode_products(a, len(g.tasks)),
-                n_workers=n_workers, policy=policy, events=events, comm_workers=comm_workers)
-            if self.host_cache_hit:
-                check_options(any(products[1]))
+        products, self.host_cache_hit = host_products(g, n_workers=n_workers, policy=policy, events=events,
+                                                      comm_workers=comm_workers, schedule=schedule,
+                                                      check_options=check_options)
         self.deps, self.remote, self.events, self.schedule = products
         self.tp = any(self.remote)
         self._after = after
