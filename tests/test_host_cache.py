@@ -173,3 +173,17 @@ def test_warmup_fills_the_host_cache(capsys, tmp_path, private_cache):
                  "--interpret", "--max-seq-len", "16"]) == 0
     out = capsys.readouterr().out
     assert len(list(private_cache.glob("triton-*.okh"))) == 1 and str(private_cache) in out
+
+
+def test_region_fast_path_gives_the_same_regions():
+    from onekernel.graph.ir import Buffer, Region
+    from onekernel.ops.tiling import region
+
+    b = Buffer("x", (4, 8), torch.float32, "activation")
+    for box in (((0, 1), (2, 8)), ((np.int64(0), 1), (2, 8)), ([0, 1], (2, 8)), ((True, 2), (0, 8)),
+                ((torch.tensor(1).item(), 3),)):
+        r = region(b, *box)
+        assert r == Region("x", tuple((int(lo), int(hi)) for lo, hi in box))
+        assert all(type(p) is tuple and type(p[0]) is int and type(p[1]) is int for p in r.box)
+    with pytest.raises(ValueError):
+        region(b, (0, 1, 2))

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onekernel.graph.ir import gc_paused
+
 log = logging.getLogger("onekernel")
 MAGIC = b"OKHOST01"
 _DIGEST = 32
@@ -138,7 +140,8 @@ def cached(what: str, graph, compute, encode, decode, **options):
     arrays = load(what, k)
     if arrays is not None:
         try:
-            return decode(arrays), True
+            with gc_paused():  # ~10^5 new lists: the cyclic GC would rescan the graph's objects again and again
+                return decode(arrays), True
         except Exception as e:  # noqa: BLE001 - a file that does not fit is a miss
             log.warning("host cache: %s does not fit this graph (%s: %.100s); recomputing", path_of(what, k),
                         type(e).__name__, e)

@@ -46,6 +46,7 @@ from onekernel.exec.megakernel_src import run_task_source
 from onekernel.exec.queue import build_queue
 from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_op_events,
                                   derive_remote_dependencies, merged_dependencies, transitive_reduction)
+from onekernel.graph.ir import gc_paused
 from onekernel.graph.schedule import (critical_path_list, reserved_critical_path, residency_check, round_robin,
                                      validate)
 
@@ -71,6 +72,7 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
     return 0, 0
 
 
+@gc_paused()
 def host_products(g, *, n_workers: int, policy: str = "critical_path", events: str = "tile", comm_workers: int = 0,
                   schedule=None, check_options=lambda tp: None):
     """((reduced deps, remote deps, events, validated schedule), cache hit) of graph ``g`` for the Triton

@@ -45,7 +45,7 @@ from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_remote_dependencies,
                                   merged_dependencies, transitive_reduction)
-from onekernel.graph.ir import Graph, Op, Region, Task
+from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
 
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
@@ -244,8 +244,9 @@ def _units(kind: int, op: Op, rg: int) -> tuple[int, torch.Tensor, str]:
     return nu, rows, op.args["w"]
 
 
-def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: int, rg: int, idx: int):
-    """(reads, writes) of the GEMV task covering units [u0, u1) (weights left out: read-only)."""
+def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg: int, idx: int):
+    """(reads, writes) of the GEMV task covering units [u0, u1) (weights left out: read-only); ``rows``: the
+    unit rows of ``_units`` as a list of lists (``tolist()``: Python ints, no tensor indexing per unit)."""
     a, p = op.args, op.params
     B = g.buffers[a["x"]].shape[0]
     reads = [Region(a["x"], ((0, B), (0, g.buffers[a["x"]].shape[1])))]
@@ -255,8 +256,8 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: 
         reads += [g.buffers[a["seq_lens"]].full(), g.buffers[a["inv_freq"]].full()]
         writes = []
         for u in range(u0, u1):
-            h = int(rows[u, 0]) // hd
-            for half in (rows[u, : rg // 2], rows[u, rg // 2:]):
+            h = int(rows[u][0]) // hd
+            for half in (rows[u][: rg // 2], rows[u][rg // 2:]):
                 lo, hi = int(half[0]) - h * hd, int(half[-1]) - h * hd + 1
                 if h < hq:
                     writes.append(Region(a["q"], ((0, B), (h, h + 1), (lo, hi))))
@@ -276,6 +277,7 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: 
                    Region("stream.pidx", ((0, B), (idx, idx + 1)))]
 
 
+@gc_paused()
 def make_plan(step, n_workers: int) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
     doc). Call ``unsupported(step)`` first."""
@@ -301,11 +303,12 @@ def make_plan(step, n_workers: int) -> StreamPlan:
             gpu = 2 if kind == sd.K_GATEUP.value else 1   # chunk groups per unit
             nkb = -(-k // ck)
             tasks, bounds = [], [(w * nu) // n_workers for w in range(n_workers + 1)]
+            rows_l = rows.tolist() if kind == sd.K_QKV.value else None  # only qkv reads rows per unit
             for j in range(n_workers):
                 u0, u1 = bounds[j], bounds[j + 1]
                 if u1 == u0:
                     continue
-                reads, writes = _gemv_regions(kind, op, g, rows, u0, u1, rg, len(tasks))
+                reads, writes = _gemv_regions(kind, op, g, rows_l, u0, u1, rg, len(tasks))
                 nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
                 tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
                 units.append((u0, u1 - u0))
