@@ -2,7 +2,8 @@
 
 For each requested batch size and mode: build the decode step of a KV cache of ``--max-seq-len`` positions and
 run it once (a step compiles every kernel its mode launches; the megakernel compiles when its runner is
-built). One progress line per case on stderr; a summary on stdout. The kernels are specialised on the model,
+built, and its runner stores its dependencies, events, schedule and records in ``exec.host_cache``, so a later
+start loads them instead of recomputing seconds of Python). One progress line per case on stderr; a summary on stdout. The kernels are specialised on the model,
 dtype, batch size and cache length, so a later ``generate`` reuses them when those match: without
 ``--max-seq-len``, ``generate`` on a GPU sizes the cache to the same default for prompts + new tokens <= 512
 (``runtime.generate.default_cache_len``), and ``bench`` uses ``--context`` (default 512).
@@ -104,7 +105,7 @@ def run_warmup(args) -> int:
     triton_dir, gen_dir = cache_dirs()
     print(f"warmed up {name}: {n} case(s) (batch {','.join(map(str, batches))}; {', '.join(modes)}; cache length "
           f"{seq}), {total} kernel(s), {time.perf_counter() - t0:.1f} s; Triton cache: {triton_dir}; generated "
-          f"sources: {gen_dir}")
+          f"sources: {gen_dir}; megakernel schedules and tables: {os.path.join(gen_dir, 'host')}")
     sys.stdout.flush()
     return 0
 

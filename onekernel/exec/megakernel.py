@@ -39,13 +39,14 @@ from contextlib import contextmanager
 import torch
 
 from onekernel.errors import InputError, KernelTimeoutError, ScheduleError
-from onekernel.exec import mk_device
+from onekernel.exec import host_cache, mk_device
 from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 from onekernel.exec.codegen import load_source, variant_of
 from onekernel.exec.megakernel_src import run_task_source
 from onekernel.exec.queue import build_queue
 from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_op_events,
                                   derive_remote_dependencies, merged_dependencies, transitive_reduction)
+from onekernel.graph.ir import gc_paused
 from onekernel.graph.schedule import (critical_path_list, reserved_critical_path, residency_check, round_robin,
                                      validate)
 
@@ -69,6 +70,61 @@ def weight_span(graph, tensors, task) -> tuple[int, int]:
             hi += (b - 1) * t.stride(d)
         return t.data_ptr() + lo * t.element_size(), min((hi - lo + 1) * t.element_size(), PREFETCH_CAP)
     return 0, 0
+
+
+@gc_paused()
+def host_products(g, *, n_workers: int, policy: str = "critical_path", events: str = "tile", comm_workers: int = 0,
+                  schedule=None, check_options=lambda tp: None):
+    """((reduced deps, remote deps, events, validated schedule), cache hit) of graph ``g`` for the Triton
+    megakernel (module doc, steps 1-2): from ``exec.host_cache`` when an earlier process stored them for the same
+    graph, options and code, else computed (and stored). ``check_options(tp)`` raises for options a
+    tensor-parallel (or not) graph does not take; it runs before the events are derived, and after a hit. A
+    caller's ``schedule`` is validated every time and nothing is cached."""
+
+    def compute():
+        deps = transitive_reduction(derive_dependencies(g))
+        remote = derive_remote_dependencies(g)
+        tp = any(remote)
+        check_options(tp)
+        if tp:
+            ev = derive_events(g, deps, remote)
+            order = merged_dependencies(deps, remote)
+            try:
+                check_cross_step(g, deps, remote)
+            except ValueError as e:
+                raise ScheduleError(str(e)) from None
+        else:
+            ev = (derive_events if events == "tile" else derive_op_events)(g, deps)
+            order = deps
+        if comm_workers:  # the communication tasks: those waiting on other ranks (the all-reduce tiles)
+            sched = reserved_critical_path(g, order, n_workers, [bool(r) for r in remote], comm_workers)
+        else:
+            sched = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
+        validate(sched, g, order)
+        return deps, remote, ev, sched
+
+    if schedule is not None:
+        return compute(), False
+    products, hit = host_cache.cached("triton", g, compute, _encode_products,
+                                      lambda a: _decode_products(a, len(g.tasks)), n_workers=n_workers,
+                                      policy=policy, events=events, comm_workers=comm_workers)
+    if hit:
+        check_options(any(products[1]))
+    return products, hit
+
+
+def _encode_products(p) -> dict:
+    deps, remote, ev, sched = p
+    out = {**host_cache.encode_events(ev), **host_cache.encode_schedule(sched)}
+    out["deps.ptr"], out["deps.v"] = host_cache.pack_lists(deps)
+    out["remote.ptr"], out["remote.v"] = host_cache.pack_lists(remote, 2)
+    return out
+
+
+def _decode_products(a: dict, n: int):
+    deps = host_cache.unpack_lists(a["deps.ptr"], a["deps.v"], n)
+    remote = host_cache.unpack_lists(a["remote.ptr"], a["remote.v"].reshape(-1, 2), n, tuples=True)
+    return deps, remote, host_cache.decode_events(a, n), host_cache.decode_schedule(a, n)
 
 
 @contextmanager
@@ -236,43 +292,34 @@ class MegakernelRunner(PersistentRunner):
             raise InputError(f"num_warps must be 4, 8 or 16 (warps per worker), got {num_warps!r}")
         super().__init__(step, profile=profile)
         g = self.graph
-        self.deps = transitive_reduction(derive_dependencies(g))
-        self.remote = derive_remote_dependencies(g)
-        self.tp = any(self.remote)
-        if self.tp:
-            if counters is None:
-                raise InputError("this step reads other ranks' buffers (a tensor-parallel graph): the megakernel needs "
-                                 "every rank's event counters (counters=, rank=; onekernel.dist.tp_megakernel)")
-            if events != "tile":
-                raise InputError("events='op' is not built for tensor-parallel graphs; use events='tile'")
-            self.events = derive_events(g, self.deps, self.remote)
-            order = merged_dependencies(self.deps, self.remote)
-            try:
-                check_cross_step(g, self.deps, self.remote)
-            except ValueError as e:
-                raise ScheduleError(str(e)) from None
-        else:
-            self.events = (derive_events if events == "tile" else derive_op_events)(g, self.deps)
-            order = self.deps
         if not isinstance(comm_workers, int) or isinstance(comm_workers, bool) or comm_workers < 0:
             raise InputError(f"comm_workers must be an int >= 0 (workers reserved for the all-reduce), got "
                              f"{comm_workers!r}")
         self.comm_workers = comm_workers
-        if comm_workers:
-            if not self.tp:
-                raise InputError("comm_workers reserves workers for a tensor-parallel graph's all-reduce tasks; this "
-                                 "graph has none")
-            if policy != "critical_path" or schedule is not None:
-                raise InputError("comm_workers builds its own critical-path schedule (policy='critical_path', no "
-                                 "schedule=)")
-            if comm_workers >= n_workers:
-                raise InputError(f"comm_workers={comm_workers} leaves none of the {n_workers} workers for the "
-                                 f"other tasks")
-            # the communication tasks: those waiting on other ranks (the all-reduce tiles)
-            self.schedule = reserved_critical_path(g, order, n_workers, [bool(r) for r in self.remote], comm_workers)
-        else:
-            self.schedule = schedule if schedule is not None else POLICIES[policy](g, order, n_workers)
-        validate(self.schedule, g, order)
+
+        def check_options(tp: bool) -> None:  # the option checks that depend on the graph being tensor parallel
+            if tp:
+                if counters is None:
+                    raise InputError("this step reads other ranks' buffers (a tensor-parallel graph): the megakernel "
+                                     "needs every rank's event counters (counters=, rank=; onekernel.dist.tp_megakernel)")
+                if events != "tile":
+                    raise InputError("events='op' is not built for tensor-parallel graphs; use events='tile'")
+            if comm_workers:
+                if not tp:
+                    raise InputError("comm_workers reserves workers for a tensor-parallel graph's all-reduce tasks; "
+                                     "this graph has none")
+                if policy != "critical_path" or schedule is not None:
+                    raise InputError("comm_workers builds its own critical-path schedule (policy='critical_path', no "
+                                     "schedule=)")
+                if comm_workers >= n_workers:
+                    raise InputError(f"comm_workers={comm_workers} leaves none of the {n_workers} workers for the "
+                                     f"other tasks")
+
+        products, self.host_cache_hit = host_products(g, n_workers=n_workers, policy=policy, events=events,
+                                                      comm_workers=comm_workers, schedule=schedule,
+                                                      check_options=check_options)
+        self.deps, self.remote, self.events, self.schedule = products
+        self.tp = any(self.remote)
         self._after = after
         self.n_workers, self.prefetch, self.policy, self.event_mode = self.schedule.n_workers, prefetch, policy, events
         self.spin_limit = spin_limit or (1 << 16 if interpret else 1 << 26)

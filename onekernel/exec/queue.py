@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from onekernel.graph.ir import gc_paused
+
 REC = 16  # int64 slots per record: one 128-byte line
 
 
@@ -45,6 +47,7 @@ NARROW = ("task", "variant", "tile", "op", "signal", "first_event", "first_expec
 assert len(FIELDS) <= REC
 
 
+@gc_paused()
 def build_queue(graph, schedule, events, op_variant: list[int], prefetch_span, remote: bool = False):
     """The records of every queue position (worker queues concatenated, plus one zero row that the pipelined
     load of "the position after the last" reads) as int64 [n_tasks + 1, REC], and the wait list int32 [n, 2];

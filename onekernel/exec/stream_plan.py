@@ -35,13 +35,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import hashlib
+
+import numpy as np
 import torch
 
 from onekernel.errors import ScheduleError
+from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_remote_dependencies,
                                   merged_dependencies, transitive_reduction)
-from onekernel.graph.ir import Graph, Op, Region, Task
+from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
 
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
@@ -215,6 +219,8 @@ class StreamPlan:
     consts: dict = field(default_factory=dict)
     group_rows: dict = field(default_factory=dict)   # op index -> int64 [groups, RG] weight rows (N: zero row)
     weight_of: dict = field(default_factory=dict)    # op index -> weight buffer name
+    tables: dict = field(default_factory=dict)       # "qrec", "wl", "rwl": records(plan), remote_wait_list(plan)
+    cache_hit: bool = False                          # events, schedule and tables came from exec.host_cache
 
 
 def _units(kind: int, op: Op, rg: int) -> tuple[int, torch.Tensor, str]:
@@ -238,8 +244,9 @@ def _units(kind: int, op: Op, rg: int) -> tuple[int, torch.Tensor, str]:
     return nu, rows, op.args["w"]
 
 
-def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: int, rg: int, idx: int):
-    """(reads, writes) of the GEMV task covering units [u0, u1) (weights left out: read-only)."""
+def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg: int, idx: int):
+    """(reads, writes) of the GEMV task covering units [u0, u1) (weights left out: read-only); ``rows``: the
+    unit rows of ``_units`` as a list of lists (``tolist()``: Python ints, no tensor indexing per unit)."""
     a, p = op.args, op.params
     B = g.buffers[a["x"]].shape[0]
     reads = [Region(a["x"], ((0, B), (0, g.buffers[a["x"]].shape[1])))]
@@ -249,8 +256,8 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: 
         reads += [g.buffers[a["seq_lens"]].full(), g.buffers[a["inv_freq"]].full()]
         writes = []
         for u in range(u0, u1):
-            h = int(rows[u, 0]) // hd
-            for half in (rows[u, : rg // 2], rows[u, rg // 2:]):
+            h = int(rows[u][0]) // hd
+            for half in (rows[u][: rg // 2], rows[u][rg // 2:]):
                 lo, hi = int(half[0]) - h * hd, int(half[-1]) - h * hd + 1
                 if h < hq:
                     writes.append(Region(a["q"], ((0, B), (h, h + 1), (lo, hi))))
@@ -270,6 +277,7 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: torch.Tensor, u0: int, u1: 
                    Region("stream.pidx", ((0, B), (idx, idx + 1)))]
 
 
+@gc_paused()
 def make_plan(step, n_workers: int) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
     doc). Call ``unsupported(step)`` first."""
@@ -295,11 +303,12 @@ def make_plan(step, n_workers: int) -> StreamPlan:
             gpu = 2 if kind == sd.K_GATEUP.value else 1   # chunk groups per unit
             nkb = -(-k // ck)
             tasks, bounds = [], [(w * nu) // n_workers for w in range(n_workers + 1)]
+            rows_l = rows.tolist() if kind == sd.K_QKV.value else None  # only qkv reads rows per unit
             for j in range(n_workers):
                 u0, u1 = bounds[j], bounds[j + 1]
                 if u1 == u0:
                     continue
-                reads, writes = _gemv_regions(kind, op, g, rows, u0, u1, rg, len(tasks))
+                reads, writes = _gemv_regions(kind, op, g, rows_l, u0, u1, rg, len(tasks))
                 nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
                 tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
                 units.append((u0, u1 - u0))
@@ -317,37 +326,6 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                 units.append((0, 0))
         g.add_op(new, tasks)
         kinds.append(kind)
-    deps = transitive_reduction(derive_dependencies(g))
-    remote = derive_remote_dependencies(g)
-    if any(remote):  # tensor parallel: as exec.megakernel.MegakernelRunner
-        bad = [t for t, rs in enumerate(remote) if rs and kinds[g.tasks[t].op] != sd.K_ALLREDUCE.value]
-        if bad:
-            raise ScheduleError(f"streaming megakernel: only all-reduce tasks may read other ranks' buffers; task "
-                                f"{bad[0]} ({g.ops[g.tasks[bad[0]].op].name}) does")
-        events = derive_events(g, deps, remote)
-        sched_deps = merged_dependencies(deps, remote)
-        try:
-            check_cross_step(g, deps, remote)
-        except ValueError as e:
-            raise ScheduleError(str(e)) from None
-    else:
-        events = derive_events(g, deps)
-        sched_deps = deps
-    queues, load = [[] for _ in range(n_workers)], [0] * n_workers
-    gemv = set(GEMV_KINDS.values())
-    for op, kind in zip(g.ops, kinds):
-        order = []  # other ops: round r gives every worker its r-th task of the op, fewest bytes first
-        for j, t in enumerate(op.task_ids):
-            if kind in gemv:
-                w = j
-            else:
-                if j % n_workers == 0:
-                    order = sorted(range(n_workers), key=lambda i: (load[i], i))
-                w = order[j % n_workers]
-            queues[w].append(t)
-            load[w] += max(g.tasks[t].bytes, 1)
-    schedule = Schedule(queues, n_workers, "stream")
-    validate(schedule, g, sched_deps)
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
     merge = next(op for op in src.ops if op.kind.name == "attn_merge").params
     emb = next(op for op in src.ops if op.kind.name == "embed").params
@@ -360,7 +338,65 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]))
-    return StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
+
+    def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps
+        deps = transitive_reduction(derive_dependencies(g))
+        remote = derive_remote_dependencies(g)
+        if any(remote):  # tensor parallel: as exec.megakernel.MegakernelRunner
+            bad = [t for t, rs in enumerate(remote) if rs and kinds[g.tasks[t].op] != sd.K_ALLREDUCE.value]
+            if bad:
+                raise ScheduleError(f"streaming megakernel: only all-reduce tasks may read other ranks' buffers; task "
+                                    f"{bad[0]} ({g.ops[g.tasks[bad[0]].op].name}) does")
+            events = derive_events(g, deps, remote)
+            sched_deps = merged_dependencies(deps, remote)
+            try:
+                check_cross_step(g, deps, remote)
+            except ValueError as e:
+                raise ScheduleError(str(e)) from None
+        else:
+            events = derive_events(g, deps)
+            sched_deps = deps
+        queues, load = [[] for _ in range(n_workers)], [0] * n_workers
+        gemv = set(GEMV_KINDS.values())
+        for op, kind in zip(g.ops, kinds):
+            order = []  # other ops: round r gives every worker its r-th task of the op, fewest bytes first
+            for j, t in enumerate(op.task_ids):
+                if kind in gemv:
+                    w = j
+                else:
+                    if j % n_workers == 0:
+                        order = sorted(range(n_workers), key=lambda i: (load[i], i))
+                    w = order[j % n_workers]
+                queues[w].append(t)
+                load[w] += max(g.tasks[t].bytes, 1)
+        schedule = Schedule(queues, n_workers, "stream")
+        validate(schedule, g, sched_deps)
+        plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
+        return (events, schedule, *records(plan), remote_wait_list(plan))
+
+    n = len(g.tasks)
+    units_arr = np.asarray(units, dtype=np.int64).reshape(-1, 2)
+    (events, schedule, qrec, wl, rwl), hit = host_cache.cached(
+        "stream", g, compute, _encode_products, lambda a: _decode_products(a, n), n_workers=n_workers,
+        kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest())
+    plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
+    plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
+    plan.cache_hit = hit
+    return plan
+
+
+def _encode_products(p) -> dict:
+    events, schedule, qrec, wl, rwl = p
+    return {**host_cache.encode_events(events), **host_cache.encode_schedule(schedule), "qrec": qrec.numpy(),
+            "wl": wl.numpy(), "rwl": rwl.numpy()}
+
+
+def _decode_products(a: dict, n: int):
+    qrec, wl, rwl = (torch.from_numpy(np.array(a[k], dtype=np.int32)) for k in ("qrec", "wl", "rwl"))
+    if qrec.ndim != 2 or qrec.shape != (n + 1, sd.REC.value) or wl.ndim != 2 or wl.shape[1] != 2 or rwl.ndim != 2 \
+            or rwl.shape[1] != 3:
+        raise ValueError(f"records of shape {tuple(qrec.shape)}, {tuple(wl.shape)}, {tuple(rwl.shape)}")
+    return host_cache.decode_events(a, n), host_cache.decode_schedule(a, n), qrec, wl, rwl
 
 
 def _tp_consts(g: Graph, kinds: list[int], D: int) -> dict:

@@ -21,7 +21,7 @@ from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
 from onekernel.exec.megakernel import PersistentRunner
 from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
-    records, remote_wait_list, unsupported
+    unsupported
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
@@ -136,8 +136,8 @@ class StreamMegakernelRunner(PersistentRunner):
         g = self.plan.graph
         self.scratch = {n: torch.full(g.buffers[n].shape, -1, dtype=g.buffers[n].dtype, device=dev)
                         for n in ("stream.pmax", "stream.pidx")}
-        qrec, wl = records(self.plan)
-        self.qrec, self.wl = qrec.to(dev), wl.to(dev)
+        tab = self.plan.tables  # records(plan), remote_wait_list(plan): computed or from exec.host_cache
+        self.qrec, self.wl = tab["qrec"].to(dev), tab["wl"].to(dev)
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
         self.stream = shared_stream(self.plan, self.tensors)  # held: it lives as long as a runner uses it
         self.packed, self.chunk_off = self.stream.packed, self.stream.chunk_off
@@ -148,7 +148,7 @@ class StreamMegakernelRunner(PersistentRunner):
         i32 = dict(dtype=torch.int32, device=dev)
         self.tp = bool(self.plan.consts["TP"])
         self.rank, self._after = rank, after
-        self.rwl = remote_wait_list(self.plan).to(dev)
+        self.rwl = tab["rwl"].to(dev)
         if self.tp:
             if counters is None:
                 raise InputError("this step has all-reduce tasks reading other ranks' buffers (a tensor-parallel graph): "

@@ -8,10 +8,29 @@ Shapes are in elements; ``Region.box`` is one half-open ``[lo, hi)`` interval pe
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off inside the block (a decorator too), on again after if it was on.
+
+    Building a decode step makes ~10^5-10^6 small containers (tasks, regions, dependency lists) and no cycles;
+    each allocation burst triggers collections that rescan everything already built, which made most of the
+    host-side time at batch 16 (Llama-3.1-8B: the graph 1.6 s -> 0.3 s with it paused, on a slow core).
+    Reference counting still frees garbage at once; only the cycle search waits."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from onekernel.errors import InputError, UnsupportedModelError
-from onekernel.graph.ir import Graph
+from onekernel.graph.ir import Graph, gc_paused
 from onekernel.graph.step import BoundStep
 from onekernel.models.config import rope_inv_freq
 from onekernel.ops.allreduce import ALLREDUCE, MAX_RANKS, add_allreduce, add_peer_buffer
@@ -108,6 +108,7 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
 MMA_MIN_DIM = 2048  # default_gemv: the smallest hidden size that takes the tensor-core GEMVs by default
 
 
+@gc_paused()
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
                  tiling: Tiling = Tiling(), fuse_merge: bool = False,
                  residual: bool = True, gemv: str | None = None,

@@ -128,7 +128,10 @@ def region(buffer: Buffer, *box) -> Region:
     """The box ``((lo, hi), ...)`` of ``buffer`` as a Region (ints); no box means the whole buffer."""
     if not box:
         return buffer.full()
-    return Region(buffer.name, tuple((int(lo), int(hi)) for lo, hi in box))
+    for p in box:  # fast path (a decode graph makes ~10^5 regions): already (int, int) tuples, kept as they are
+        if type(p) is not tuple or len(p) != 2 or type(p[0]) is not int or type(p[1]) is not int:
+            return Region(buffer.name, tuple((int(lo), int(hi)) for lo, hi in box))
+    return Region(buffer.name, box)
 
 
 def gemv_cost(rows: int, k: int, batch: int, elem: int, extra_bytes: int = 0) -> tuple[int, int]:
