@@ -89,6 +89,10 @@ def start(args, mode: str, device: str, check=None):
     if args.tp < 1:
         raise InputError(f"--tp must be >= 1, got {args.tp}")
     if args.tp == 1:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if in_rank() and world > 1:  # torchrun started several processes: each would run the whole job
+            raise InputError(f"{world} processes were started (WORLD_SIZE={world}) but --tp is 1, so each would run "
+                             f"the whole job; pass --tp {world} (tensor parallel over them) or run one process")
         check_tp_options(args, None, device)
         return None
     return join_tp(args, mode, device) if in_rank() else launch_tp(args, mode, device, check)

@@ -84,13 +84,14 @@ def test_gemv_choice_refusals(tiny, capsys, monkeypatch):
     assert gemv_options(None, "reference") == {} and gemv_options("mma", "eager") == {"gemv": "mma"}
     with pytest.raises(InputError, match="one of fma, mma"):
         generate(tiny, ["a"], max_new_tokens=1, mode="eager", interpret=True, gemv="tensor")
-    with pytest.raises(InputError, match="reference mode runs PyTorch"):
+    with pytest.raises(InputError, match="runs PyTorch"):
         generate(tiny, ["a"], max_new_tokens=1, gemv="mma")
     with pytest.raises(InputError, match="applies at --tp 1"):
-        gemv_options("fma", "graph", parallel=object())
+        gemv_options("mma", "graph", parallel=object())
+    assert gemv_options("fma", "graph", parallel=object()) == {}  # what the ranks run anyway
     monkeypatch.setattr(load, "open_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
     _cli_fails(capsys, TINY + ["--prompt", "hi", "--mode", "reference", "--gemv", "mma"], "--gemv", "reference")
-    _cli_fails(capsys, TINY + ["--prompt", "hi", "--tp", "2", "--gemv", "fma"], "--gemv applies at --tp 1")
+    _cli_fails(capsys, TINY + ["--prompt", "hi", "--tp", "2", "--gemv", "mma"], "--gemv mma applies at --tp 1")
 
 
 def test_generate_gemv_reaches_the_step(tiny, monkeypatch):
@@ -112,3 +113,24 @@ def test_generate_gemv_reaches_the_step(tiny, monkeypatch):
     want = generate(tiny, ids, max_new_tokens=2).sequences[0].generated_ids
     got = generate(tiny, ids, max_new_tokens=2, mode="eager", interpret=True, gemv="mma").sequences[0].generated_ids
     assert seen == ["mma"] and got == want
+
+
+def test_kv_cache_device_and_size_errors(tiny):
+    """KVCache: a CUDA device without a GPU, or a cache larger than memory, is one DeviceError that says what to
+    do (not torch's raw assertion or allocator error)."""
+    import torch
+
+    from onekernel.runtime.kv_cache import KVCache
+
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="no CUDA GPU"):
+            KVCache(tiny.config, 1, 32, device="cuda")
+    with pytest.raises(DeviceError, match="GiB on cpu, more than is free"):
+        KVCache(tiny.config, 10 ** 6, 10 ** 6)
+
+
+def test_torchrun_without_tp_is_refused(capsys, monkeypatch):
+    """Several processes started by torchrun with --tp 1 would each run the whole job: refused, naming --tp N."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    _cli_fails(capsys, TINY + ["--prompt", "hi"], "WORLD_SIZE=2", "--tp 2")

@@ -52,3 +52,18 @@ def test_readme_serve_section_names_the_real_flags_and_defaults():
     assert f"{defaults['max_batch']} (1..16)" == rows["--max-batch"] and str(defaults["max_queue"]) == rows["--max-queue"]
     assert f"`{defaults['host']}`, `{defaults['port']}`" == rows["--host"] and "at most 4096" in rows["--max-seq-len"]
     assert rows["--mode"].startswith("`megakernel` on a GPU; on the CPU `reference`, or `eager` with `--interpret`")
+
+
+def test_port_zero_names_the_port_the_system_picked():
+    """--port 0: the server listens on the free port the operating system picks and names that one (the ready
+    line used to say :0)."""
+    import socket
+
+    from onekernel.serve.main import check_address
+
+    port = check_address("127.0.0.1", 0)
+    assert 0 < port <= 65535
+    with socket.socket() as s:  # it is free: the server can bind it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+    assert check_address("127.0.0.1", port) == port

@@ -42,8 +42,9 @@ def add_gemv_argument(p) -> None:
 
 def gemv_options(gemv, mode: str, parallel=None) -> dict:
     """The runner options of a ``gemv`` choice (None: the model's default path): {} or {"gemv": gemv}. Raises
-    InputError for a path that is not "fma" or "mma", for the reference mode (PyTorch, no GEMV kernels) and at
-    tensor-parallel size > 1 (``parallel`` given: those ranks run the CUDA-core path, the one checked on GPUs)."""
+    InputError for a path that is not "fma" or "mma", for "mma" at tensor-parallel size > 1 (``parallel`` given:
+    those ranks run the CUDA-core path, the one checked on GPUs, so "fma" there changes nothing) and for the
+    reference mode (PyTorch, no GEMV kernels)."""
     if gemv is None:
         return {}
     from onekernel.ops.tiling import GEMV_PATHS
@@ -51,9 +52,12 @@ def gemv_options(gemv, mode: str, parallel=None) -> dict:
     if gemv not in GEMV_PATHS:
         raise InputError(f"gemv (--gemv) must be one of {', '.join(GEMV_PATHS)}, got {gemv!r:.40}")
     if parallel is not None:
-        raise InputError("--gemv applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (the path checked "
-                         "on two GPUs)")
+        if gemv == "fma":
+            return {}
+        raise InputError("--gemv mma applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (fma, the path "
+                         "checked on two GPUs)")
     if mode == "reference":
-        raise InputError("--gemv selects the GEMV kernels of the Triton modes (eager, graph, pdl, megakernel); the "
-                         "reference mode runs PyTorch: drop --gemv or pick a Triton mode")
+        raise InputError("--gemv selects the GEMV kernels of the Triton modes; the reference mode (the default on a "
+                         "machine without a GPU) runs PyTorch: drop --gemv, or pick a Triton mode (--mode eager, "
+                         "graph, pdl or megakernel; on the CPU with --interpret)")
     return {"gemv": gemv}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from onekernel.errors import InputError
+from onekernel.errors import DeviceError, InputError
 from onekernel.models.config import ModelConfig
 from onekernel.models.load import as_device
 from onekernel.runtime.args import check_int
@@ -30,6 +30,8 @@ class KVCache:
         device: torch device for all tensors ("cpu", "cuda" or "cuda:N").
     Raises:
         InputError: an argument of the wrong kind, or batch or max_seq_len < 1.
+        DeviceError: a CUDA device without a CUDA GPU (or a torch built without CUDA), or a cache larger than the
+            device's free memory (the message gives its size).
     """
 
     def __init__(self, cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
@@ -55,8 +57,20 @@ class KVCache:
         self._allocate()
 
     def _allocate(self) -> None:
-        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise DeviceError(f"the KV cache was asked for on {self.device}, but no CUDA GPU is available (or this "
+                              f"torch was built without CUDA); use device='cpu'")
+        gib = 2 * torch.Size(self.shape).numel() * torch.empty((), dtype=self.dtype).element_size() / 2 ** 30
+        try:
+            self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if isinstance(e, torch.OutOfMemoryError) or "memory" in str(e):
+                self.k = self.v = None
+                raise DeviceError(f"a KV cache of {self.batch} sequences x {self.max_seq_len} positions needs "
+                                  f"{gib:.1f} GiB on {self.device}, more than is free; use a smaller batch or "
+                                  f"max_seq_len (--max-seq-len)") from None
+            raise
         self.seq_lens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
 
     def slots(self, start: int, stop: int) -> "KVCache":

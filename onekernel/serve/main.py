@@ -61,10 +61,11 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def check_address(host: str, port: int) -> None:
-    """InputError, before anything loads, when the server could not listen on host:port: a port outside
-    0..65535, a host that does not resolve, or an address already in use (tried with a socket that is closed
-    at once; uvicorn binds again after the warm-up)."""
+def check_address(host: str, port: int) -> int:
+    """The port to serve on: ``port``, or for 0 the free port the operating system picked (so the ready line
+    names a port that answers). InputError, before anything loads, when the server could not listen on
+    host:port: a port outside 0..65535, a host that does not resolve, or an address already in use (tried with a
+    socket that is closed at once; uvicorn binds again after the warm-up)."""
     import socket
 
     if not 0 <= port <= 65535:
@@ -81,6 +82,7 @@ def check_address(host: str, port: int) -> None:
         except OSError as e:
             raise InputError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or "
                              f"--host, or stop the process using it") from None
+        return sock.getsockname()[1]
 
 
 def run(args) -> int:
@@ -119,7 +121,7 @@ def run(args) -> int:
     files = open_model(args.model, random_weights=args.random_weights)  # a missing model, before the port
     ctx = context_limit(files.config.max_seq_len, args.max_seq_len) if args.max_seq_len else min(
         files.config.max_seq_len, DEFAULT_CONTEXT_CAP)
-    check_address(args.host, args.port)  # last: each bad option above gets its own error even when it is busy
+    args.port = check_address(args.host, args.port)  # last: each bad option above gets its own error even when busy
     say(f"onekernel serve: loading {args.model or 'the default model'} ({dtype}, {device})")
     model = files.load(random_weights=args.random_weights, dtype=dtype, device=device, seed=args.seed)
     engine = Engine(model, mode, args.max_batch, ctx, interpret=args.interpret, max_queue=args.max_queue, **gemv)
