@@ -202,7 +202,7 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
                                 for p, s in zip(prompts, res.sequences)],
                   "timings": {"prefill_ms": t.prefill_ms, "decode_ms_per_step": t.decode_ms_per_step,
                               "decode_steps": t.decode_steps, "total_ms": t.total_ms},
-                  "batch_bucket": res.bucket}
+                  "batch_bucket": res.bucket, "tp": args.tp}
         print(json.dumps(record))
         return
     if stream:
@@ -217,7 +217,8 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
         batch += f" (decode step at batch bucket {res.bucket})"
     if not args.quiet:  # a note: stdout carries only the text
         say(f"prompt tokens: {n_prompt}, generated tokens: {n_gen}{batch}, prefill {t.prefill_ms:.1f} ms, "
-            f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype})")
+            f"{t.decode_ms_per_step:.2f} ms/decode step ({res.mode}, {res.device}, {res.dtype}"
+            f"{f', tensor parallel over {args.tp} ranks' if args.tp > 1 else ''})")
 
 
 # name -> (help, add_arguments, run).

@@ -14,7 +14,7 @@ def test_json_record(capsys):
     assert len(seq["generated_ids"]) == 4
     assert seq["prompt_ids"] == list(b"hi")  # byte-level tokenizer of random-weight configs
     assert {"model", "mode", "device", "dtype", "timings"} <= set(rec)
-    assert rec["mode"] == "reference" and rec["timings"]["decode_steps"] == 3
+    assert rec["mode"] == "reference" and rec["timings"]["decode_steps"] == 3 and rec["tp"] == 1
 
 
 def test_streaming_ends_with_stats_line(capsys):
