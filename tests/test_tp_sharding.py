@@ -191,7 +191,7 @@ def test_random_shard_holds_one_full_tensor_at_a_time(monkeypatch):
 
 
 _RSS = r"""
-import dataclasses, json, resource, sys
+import dataclasses, json, sys
 import torch
 from onekernel.dist.sharding import load_shard, shard_config
 from onekernel.models.config import get_config
@@ -202,21 +202,28 @@ cfg = dataclasses.replace(get_config("llama-3.1-70b"), name="llama-3.1-70b", voc
                           head_dim=16, ffn_dim=3584, n_layers=20)
 files = open_model("llama-3.1-70b", random_weights=True)
 files.config = cfg
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-base = peak()
+def status(key):  # bytes; VmHWM: this process's peak RSS (ru_maxrss would carry the parent's over fork + exec)
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key + ":"))
+def reset():  # VmHWM := VmRSS (Linux >= 4.0); returns the baseline
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+base = reset()
 m = load_shard(files, shard_config(cfg, 8, 7), random_weights=True, dtype=torch.bfloat16, device="cpu", seed=0)
 shard = sum(w.numel() * w.element_size() for w in m.weights.values())
-after_shard = peak()
+shard_peak = status("VmHWM") - base
 del m
+base2 = reset()
 full = files.load(random_weights=True, dtype=torch.bfloat16, device="cpu", seed=0)
 full_bytes = sum(w.numel() * w.element_size() for w in full.weights.values())
-print(json.dumps({"base": base, "shard_peak": after_shard - base, "full_peak": peak() - base, "shard": shard,
+print(json.dumps({"base": base, "shard_peak": shard_peak, "full_peak": status("VmHWM") - base2, "shard": shard,
                   "full": full_bytes}))
 """
 
 
 def test_a_rank_never_holds_the_whole_model():
-    """Peak memory (the process's maximum RSS) of drawing rank 7's shard of a scaled-down Llama-3.1-70B (every
+    """Peak memory (the process's peak RSS, VmHWM, reset before each measurement) of drawing rank 7's shard of a scaled-down Llama-3.1-70B (every
     width / 8, 20 layers: 0.6 GB in bf16, its TP=8 shard 75 MB): within the shard + one full fp32 tensor + slack,
     under a third of the model; drawing the full model in the same process afterwards does take the model's size
     (so the measurement would see a rank that built the whole model)."""
