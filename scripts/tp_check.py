@@ -1,18 +1,20 @@
-"""Tensor parallel on two GPUs (issue 13): TP=2 logits and greedy tokens against TP=1, every TP mode.
+"""Tensor parallel on N GPUs (issues 13, 16): TP=N logits and greedy tokens against TP=1, every TP mode.
 
-    python scripts/tp_check.py [--out F] [--models llama-3.2-1b,llama-3.1-8b] [--batches 1,8] [--steps 32]
-                               [--modes reference,megakernel,...]
+    python scripts/tp_check.py [--tp 2] [--out F] [--models llama-3.2-1b,llama-3.1-8b] [--batches 1,8]
+                               [--steps 32] [--modes reference,megakernel,...] [--no-tp1]
 
-Starts itself under torchrun (2 processes, one per GPU) unless already in a rank. Per model (random bf16
-weights, seed 0; both ranks draw the same full weights and keep their shard, rank 0 also keeps the full model)
-and batch: one random decode state (K/V ~ N(0, 1), every sequence at position ``context - 40``, seeded tokens
-from the whole vocabulary; each rank's cache holds its KV heads of the same numbers), then
+Starts itself under torchrun (``--tp`` processes, one per GPU, default 2) unless already in a rank. Per model
+(random bf16 weights, seed 0: every rank draws the same full tensors one at a time and keeps its shard,
+``sharding.load_shard``; rank 0 also draws the full model for TP=1 unless ``--no-tp1``) and batch: one random
+decode state (K/V ~ N(0, 1), every sequence at position ``context - 40``, seeded tokens from the whole
+vocabulary; each rank's cache holds its KV heads of the same numbers), then
 
-1. TP=1 on GPU 0 (rank 1 waits at a gloo barrier with a 15-minute timeout, not in an NCCL collective): one
-   step and ``--steps`` greedy steps in reference, eager, graph, pdl, megakernel (the Triton megakernel:
+1. TP=1 on GPU 0 (the other ranks wait at a gloo barrier with a 15-minute timeout, not in an NCCL collective):
+   one step and ``--steps`` greedy steps in reference, eager, graph, pdl, megakernel (the Triton megakernel:
    backend "triton", the kernel the TP megakernel extends) and megakernel-gluon (the streaming Gluon kernel:
-   backend "gluon");
-2. TP=2 on both GPUs: the same in reference ("torch"), torch+graph, eager, graph, pdl with each all-reduce
+   backend "gluon"). ``--no-tp1`` skips it (a model that does not fit one GPU: Llama-3.1-70B); every TP mode is
+   then compared with the TP=N reference mode instead (records say ``compared_with``);
+2. TP=N on N GPUs: the same in reference ("torch"), torch+graph, eager, graph, pdl with each all-reduce
    (nccl, symm), megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``; backend "triton") and
    megakernel-gluon (the same tasks in the streaming Gluon kernel, backend "gluon"); rank 0 compares with
    TP=1: ``rel_err`` (relative L2 error of the whole logits) against the same
@@ -20,7 +22,7 @@ from the whole vocabulary; each rank's cache holds its KV heads of the same numb
    greedy: ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row) and the TP=1 top-2 margin there
    (relative to the logit range: a small margin means rounding, not a bug, decided the token);
 3. a forced timeout of the TP megakernel: rank 1 skips its first launch (``ONEKERNEL_TP_FAULT=1:skip:1``; its
-   collectives still run), both ranks with ``spin_limit`` 2**16 polls: rank 0's ``step``/``check`` must raise
+   collectives still run), every rank with ``spin_limit`` 2**16 polls: rank 0's ``step``/``check`` must raise
    KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" first (record
    ``mode: megakernel-timeout``, ``timeout_ok``; ``local_consequence``: a local wait gave up too, reported after
    it: the remote failure has its own error slot, ``exec.mk_device.ERR_RSLOT``); then (still rank 0's first record) the ranks go on.
@@ -54,6 +56,9 @@ MK_BACKEND = {"megakernel": "triton", "megakernel-gluon": "gluon"}
 
 def _args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tp", type=int, default=2, help="ranks (GPUs), 2..8")
+    ap.add_argument("--no-tp1", action="store_true", help="skip TP=1 (a model too large for one GPU); compare "
+                    "every TP mode with the TP=N reference mode")
     ap.add_argument("--out", default="tp_check.json")
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--batches", default="1,8")
@@ -134,10 +139,10 @@ def _compare(rec, got, want, ref):
 
 def _forced_timeout(name, b, group, model, cache, tokens, rank, kw, mode="megakernel") -> dict:
     """Section 3 of the module doc: rank 1 never launches its first step; rank 0's remote wait must give up and
-    name the task, op, event and peer rank 1."""
+    name the task, op, event and peer rank 1 (the other peers launch, so only the waits on rank 1 can fail)."""
     from onekernel.errors import KernelTimeoutError
 
-    rec = {"model": name, "batch": b, "tp": 2, "mode": f"{mode}-timeout", "allreduce": None}
+    rec = {"model": name, "batch": b, "tp": group.shard.tp, "mode": f"{mode}-timeout", "allreduce": None}
     limit = {"wait_ms": TIMEOUT_MS} if mode == "megakernel-gluon" else {"spin_limit": TIMEOUT_SPINS}
     os.environ["ONEKERNEL_TP_FAULT"] = "1:skip:1"
     try:
@@ -169,16 +174,17 @@ def main() -> int:
     import torch.distributed as dist
 
     from onekernel.dist.process import NO_MULTICAST, close_rank, init_rank
-    from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+    from onekernel.dist.sharding import ShardedModel, load_shard, shard_config, shard_part, shard_weights
     from onekernel.dist.tp_reference import TPGroup
     from onekernel.models.load import open_model
     from onekernel.runtime.runners import make_step_runner
 
     os.environ.update(NO_MULTICAST)
-    info = init_rank(2, "cpu" if a.cpu else "cuda")
+    n = a.tp
+    info = init_rank(n, "cpu" if a.cpu else "cuda")
     dtype = torch.float32 if a.cpu else torch.bfloat16
     kw = {"interpret": True} if a.cpu else {}
-    slow = dist.new_group(backend="gloo", timeout=timedelta(minutes=15))  # rank 1 waits here for TP=1's work
+    slow = dist.new_group(backend="gloo", timeout=timedelta(minutes=15))  # ranks > 0 wait here for TP=1's work
     dev, rank = info.device, info.rank
     out, records = Path(a.out), []
 
@@ -191,23 +197,35 @@ def main() -> int:
     want = None if a.modes is None else set(a.modes.split(",")) | {"reference"}
     tp1_modes = [m for m in TP1_MODES if want is None or m in want]
     tp2_modes = [(m, ar) for m, ar in TP2_MODES if want is None or m in want]
+    if a.no_tp1:
+        tp1_modes = []
     for name in a.models.split(","):
         files = open_model(name, random_weights=True)
         cfg = files.config
-        full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
-        shard = shard_config(cfg, 2, rank)
-        model = ShardedModel(shard.config, shard_weights(shard, full.weights), files.tokenizer, name, shard)
-        sums = torch.stack([w.float().sum() for w in (full.weights["tok_embeddings"], full.weights["layers.0.wq"])])
-        every = [torch.empty_like(sums) for _ in range(2)]
+        shard = shard_config(cfg, n, rank)
+        full = None
+        if rank == 0 and not a.no_tp1:  # rank 0 keeps the full model for TP=1 and takes its shard from it
+            full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
+            model = ShardedModel(shard.config, shard_weights(shard, full.weights), files.tokenizer, name, shard)
+        else:  # the others (and every rank with --no-tp1) draw only their shard: never the whole model
+            model = load_shard(files, shard, random_weights=True, dtype=dtype, device=dev, seed=0)
+        # every rank's shard is the slice of the same full weights: replicated norms equal, sliced sums as TP=1's
+        keys = ("norm", "tok_embeddings", "layers.0.wq", "layers.0.w_down")
+        sums = torch.stack([model.weights[k].float().sum() for k in keys])
+        every = [torch.empty_like(sums) for _ in range(n)]
         dist.all_gather(every, sums)
-        emit({"model": name, "weights_equal_across_ranks": bool(torch.equal(every[0], every[1]))})
-        if rank != 0:
-            full = None
+        rec = {"model": name, "tp": n, "norms_equal_across_ranks": all(bool(e[0] == every[0][0]) for e in every)}
+        if full is not None:
+            want = [torch.stack([shard_part(shard_config(cfg, n, r))(k, full.weights[k]).float().sum() for k in keys])
+                    for r in range(n)]
+            rec["shards_equal_tp1_slices"] = all(bool(torch.allclose(e, w, rtol=1e-5, atol=1e-3))
+                                                 for e, w in zip(every, want))
+        emit(rec)
         torch.cuda.empty_cache()
         group = TPGroup(shard)
         for b in (int(x) for x in a.batches.split(",")):
             full_cache, local, tokens = _state(cfg, shard, b, a.context, dev, dtype)
-            tp1 = {}
+            tp1, tpref = {}, None
             if rank == 0:  # 1. TP=1 on GPU 0
                 for mode in tp1_modes:
                     try:
@@ -221,8 +239,8 @@ def main() -> int:
                               "error": f"{type(e).__name__}: {e}"[:1000]})
                     torch.cuda.empty_cache()
             dist.barrier(group=slow)
-            for mode, ar in tp2_modes:  # 2. TP=2
-                rec = {"model": name, "batch": b, "tp": 2, "mode": mode, "allreduce": ar}
+            for mode, ar in tp2_modes:  # 2. TP=N
+                rec = {"model": name, "batch": b, "tp": n, "mode": mode, "allreduce": ar}
                 try:
                     if mode == "torch+graph":
                         from onekernel.bench.tp_graph import TPTorchGraphRunner
@@ -242,6 +260,12 @@ def main() -> int:
                     same = "reference" if mode in ("reference", "torch+graph") else mode
                     if rank == 0 and same in tp1 and "reference" in tp1:
                         _compare(rec, got, tp1[same], tp1["reference"])
+                    elif rank == 0 and a.no_tp1:  # the TP=N reference mode runs first: compare with it
+                        if mode == "reference":
+                            tpref = got
+                        elif tpref is not None:
+                            rec["compared_with"] = "tp reference"
+                            _compare(rec, got, tpref, tpref)
                 except Exception as e:  # noqa: BLE001 - the other modes still run
                     rec["error"] = f"{type(e).__name__}: {e}"[:1000]
                     traceback.print_exc()
@@ -250,7 +274,7 @@ def main() -> int:
             for mk in MK_BACKEND:
                 if (want is None or mk in want) and not (a.cpu and mk == "megakernel-gluon"):
                     emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw, mk))
-            del full_cache, local, tp1
+            del full_cache, local, tp1, tpref
         full = model = None
         torch.cuda.empty_cache()
     close_rank()
@@ -258,7 +282,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if "WORLD_SIZE" not in os.environ:  # start the two ranks (torchrun), each running this file
+    if "WORLD_SIZE" not in os.environ:  # start the --tp ranks (torchrun), each running this file
         from onekernel.dist.process import NO_MULTICAST
 
         os.environ.update(NO_MULTICAST)
@@ -268,6 +292,7 @@ if __name__ == "__main__":
         with socket.socket() as sock:  # a free port: two checks may run at once
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        nproc = _args().tp
+        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                                   "--master-addr", "127.0.0.1", "--master-port", str(port), __file__, *sys.argv[1:]])
     sys.exit(main())

@@ -1,6 +1,6 @@
-"""What the two-GPU scripts (tp_sm_study.py, tp_profile.py) share: starting the ranks under torchrun, and one
-rank's shard of a model with random bf16 weights (seed 0: every rank draws the same full weights, keeps its
-shard)."""
+"""What the multi-GPU scripts (tp_sm_study.py, tp_profile.py) share: starting the ranks under torchrun (``--tp``
+of their command line, default 2), and one rank's shard of a model with random bf16 weights (seed 0: every rank
+draws the same full tensors one at a time and keeps its shard: ``dist.sharding.load_shard``)."""
 from __future__ import annotations
 
 import os
@@ -8,11 +8,23 @@ import socket
 import sys
 
 
-def relaunch_under_torchrun(script: str, n: int = 2) -> None:
-    """Unless already in a rank (WORLD_SIZE set): exec ``torch.distributed.run`` with ``n`` processes running
-    ``script`` with this process's arguments, on a free port, NVLink multicast off. Returns only in a rank."""
+def add_tp_argument(ap) -> None:
+    ap.add_argument("--tp", type=int, default=2, help="ranks (one GPU each), 2..8")
+
+
+def relaunch_under_torchrun(script: str, n: int | None = None) -> None:
+    """Unless already in a rank (WORLD_SIZE set): exec ``torch.distributed.run`` with ``n`` processes (default: the
+    ``--tp N`` / ``--tp=N`` of this process's arguments, else 2) running ``script`` with this process's arguments,
+    on a free port, NVLink multicast off. Returns only in a rank."""
     if "WORLD_SIZE" in os.environ:
         return
+    if n is None:
+        n = 2
+        for i, arg in enumerate(sys.argv):
+            if arg == "--tp" and i + 1 < len(sys.argv):
+                n = int(sys.argv[i + 1])
+            elif arg.startswith("--tp="):
+                n = int(arg.split("=", 1)[1])
     from onekernel.dist.process import NO_MULTICAST
 
     os.environ.update(NO_MULTICAST)
@@ -26,16 +38,14 @@ def relaunch_under_torchrun(script: str, n: int = 2) -> None:
 
 def load_shard(name: str, n: int, rank: int, dev, dtype):
     """(the rank's ShardedModel, its TPGroup) of ``name`` with random weights."""
-    from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
+    import torch
+
+    from onekernel.dist.sharding import load_shard as load, shard_config
     from onekernel.dist.tp_reference import TPGroup
     from onekernel.models.load import open_model
 
     files = open_model(name, random_weights=True)
-    full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
     shard = shard_config(files.config, n, rank)
-    model = ShardedModel(shard.config, shard_weights(shard, full.weights), files.tokenizer, name, shard)
-    del full
-    import torch
-
+    model = load(files, shard, random_weights=True, dtype=dtype, device=dev, seed=0)
     torch.cuda.empty_cache()
     return model, TPGroup(shard)

@@ -1,9 +1,10 @@
-"""Compile the tensor-parallel megakernel (rank 0 of 2) for an H200 (sm_90a) on a machine WITHOUT a GPU.
+"""Compile the tensor-parallel megakernel (rank 0 of N) for an H200 (sm_90a) on a machine WITHOUT a GPU.
 
-    python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon]
-                                             # default llama-3.2-1b 1 triton (TP 2 must divide its heads)
+    python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon] [--tp N]
+                                             # default llama-3.2-1b 1 triton, N = 2 (N must divide its heads)
 
-Builds rank 0's shard and its TP graph (all-reduce tile tasks, ``models.decode_graph(tp=(0, 2))``), a
+Builds rank 0's shard (uninitialised weights of the shard's shapes: only shapes matter here, and a 70B shard
+is never drawn on the CPU) and its TP graph (all-reduce tile tasks, ``models.decode_graph(tp=(0, N))``), a
 MegakernelRunner over CPU stand-in pools (only the addresses' arithmetic matters for compiling), compiles the
 kernel with Triton's ptxas as scripts/compile_check.py does, and checks the PTX for what the cross-GPU
 protocol needs: ``ld.global.acquire.sys`` (remote waits), a system-scope release atomic (the signals other ranks
@@ -33,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from compile_check import PTXDIR, compile_sm90  # noqa: E402
-from onekernel.dist.sharding import shard_config, shard_weights  # noqa: E402
+from onekernel.dist.sharding import shard_config  # noqa: E402
 from onekernel.dist.tp_megakernel import pool_layout  # noqa: E402
 from onekernel.exec import mk_device  # noqa: E402
 from onekernel.exec.megakernel import MegakernelRunner  # noqa: E402
 from onekernel.models.decode_graph import build_decode_step  # noqa: E402
-from onekernel.models.load import load_model  # noqa: E402
+from onekernel.models.config import expected_shapes, get_config  # noqa: E402
 from onekernel.ops.tiling import Tiling  # noqa: E402
 from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 
@@ -52,18 +53,18 @@ GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"}
                 "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
 
 
-def main_gluon(name: str = "llama-3.2-1b", batch: int = 1) -> int:
+def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2) -> int:
     """The streaming kernel's compile check (module doc)."""
     import time
 
     from stream_compile_check import compile_stream, report
 
     rows = []
-    for tp in (None, (0, 2)):
+    for tp in (None, (0, n)):
         t0 = time.perf_counter()
-        k, plan, consts = compile_stream(name, batch, 132, 512, tp=tp, shard=(0, 2))
+        k, plan, consts = compile_stream(name, batch, 132, 512, tp=tp, shard=(0, n))
         rep = report(k)
-        label = f"{name}_B{batch}_stream_{'tp2' if tp else 'tp1shard'}"
+        label = f"{name}_B{batch}_stream_{f'tp{n}' if tp else f'tp1shard{n}'}"
         ptx = k.asm["ptx"]
         PTXDIR.mkdir(parents=True, exist_ok=True)
         (PTXDIR / f"{label}.ptx").write_text(ptx)
@@ -89,19 +90,21 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1) -> int:
     return 0 if ok else 1
 
 
-def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
-    full = load_model(name, random_weights=True, dtype=torch.bfloat16)
-    shard = shard_config(full.config, 2, 0)
-    weights = shard_weights(shard, full.weights)
+def main(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2) -> int:
+    cfg = get_config(name)
+    shard = shard_config(cfg, n, 0)
+    weights = {k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(shard.config).items()}
+    if cfg.tie_embeddings:
+        weights["lm_head"] = weights["tok_embeddings"]
     cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
     tiling = Tiling(132, "fit")
     rows = []
-    for tp in (None, (0, 2)):
+    for tp in (None, (0, n)):
         step = build_decode_step(shard.config, weights, cache, tiling=tiling, tp=tp)
         kw = {}
         if tp:
             nbytes, n_counters, offsets = pool_layout(step.graph)
-            pools = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(2)]
+            pools = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(n)]
             for nm, (p, src) in step.graph.meta["peers"].items():
                 b = step.graph.buffers[nm]
                 step.tensors[nm] = pools[p][offsets[src]:offsets[src] + b.nbytes].view(b.dtype).view(b.shape)
@@ -109,7 +112,7 @@ def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
         mk = MegakernelRunner(step, n_workers=132, **kw)
         k = {**mk._kw(), "ACQ_LOAD": True}
         k.pop("num_warps")
-        label = f"{name}_B{batch}_megakernel_{'tp2' if tp else 'tp1shard'}"
+        label = f"{name}_B{batch}_megakernel_{f'tp{n}' if tp else f'tp1shard{n}'}"
         rep = compile_sm90(mk_device.megakernel, list(mk._args()), k, mk.num_warps, label)
         ptx = (PTXDIR / f"{label}.ptx").read_text()
         found = {n: len(re.findall(p, ptx)) for n, p in NEEDED.items()}
@@ -133,7 +136,11 @@ def main(name: str = "llama-3.2-1b", batch: int = 1) -> int:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    backend = "triton"
+    backend, n = "triton", 2
+    if "--tp" in argv:
+        i = argv.index("--tp")
+        n = int(argv[i + 1])
+        del argv[i:i + 2]
     if "--backend" in argv:
         i = argv.index("--backend")
         backend = argv[i + 1]
@@ -141,4 +148,4 @@ if __name__ == "__main__":
     if backend not in ("triton", "gluon"):
         sys.exit(f"--backend must be triton or gluon, got {backend!r}")
     fn = main_gluon if backend == "gluon" else main
-    sys.exit(fn(*(argv[0:1] or []), *(int(x) for x in argv[1:2])))
+    sys.exit(fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=n))

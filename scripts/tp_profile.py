@@ -1,15 +1,16 @@
-"""Two-GPU profile of the TP megakernel (issue 13 must-show): both GPUs' SM timelines in one PNG and a breakdown.
+"""Multi-GPU profile of the TP megakernel (issues 13, 16 must-show): every GPU's SM timeline in one PNG and a
+breakdown.
 
-    python scripts/tp_profile.py [--model llama-3.2-1b] [--batch 1] [--steps 5] [--comm-workers 0]
+    python scripts/tp_profile.py [--tp 2] [--model llama-3.2-1b] [--batch 1] [--steps 5] [--comm-workers 0]
                                  [--ar-tiles N] [--out DIR]
 
-Starts itself under torchrun (2 ranks, one GPU each) unless already in a rank. Each rank builds its TP megakernel
+Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. Each rank builds its TP megakernel
 with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done, end, SM id), runs 3
 warm-up steps and ``--steps`` profiled steps (the bench's random state), reads its stamps after each step and
-keeps the step whose span is the median; rank 0 gathers both ranks' stamps (all_gather: the graphs, hence the
+keeps the step whose span is the median; rank 0 gathers every rank's stamps (all_gather: the graphs, hence the
 shapes, are the same) and writes, under DIR:
 
-* ``tp-profile-MODEL-bB.png``: one panel per rank, rows = SMs, tasks as bars by op kind, the all-reduce tiles in
+* ``tp-profile-MODEL-bB.png`` (``-tpN`` before ``-bB`` when N != 2): one panel per rank, rows = SMs, tasks as bars by op kind, the all-reduce tiles in
   red, local waits grey, waits on the peer light red. globaltimer is per GPU and the clocks are not
   synchronised: each rank's stamps are aligned to its own step start (``profile.tp_trace``);
 * ``tp-profile-MODEL-bB.json``: per rank ``profile.tp_trace.rank_breakdown`` (span, all-reduce task time, time
@@ -28,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tp_common import add_tp_argument  # noqa: E402
+
 
 def _args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -37,6 +40,7 @@ def _args():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--comm-workers", type=int, default=0, help="workers reserved for the all-reduce (0: mixed)")
     ap.add_argument("--ar-tiles", type=int, default=None, help="tiles per all-reduce op (default: the fit rule)")
+    add_tp_argument(ap)
     ap.add_argument("--out", default="benchmarks/results/tp-profile")
     return ap.parse_args()
 
@@ -52,9 +56,9 @@ def main() -> int:
     from onekernel.profile.tp_trace import rank_breakdown, tp_timeline_png
     from tp_common import load_shard
 
-    info = init_rank(2, "cuda")
+    info = init_rank(a.tp, "cuda")
     dev, rank = info.device, info.rank
-    model, group = load_shard(a.model, 2, rank, dev, torch.bfloat16)
+    model, group = load_shard(a.model, a.tp, rank, dev, torch.bfloat16)
     cache, _ = random_decode_state(model, a.batch, a.context)
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, group.config.vocab_size, (a.batch,), device=dev, dtype=torch.int32, generator=g)
@@ -74,21 +78,21 @@ def main() -> int:
         spans.append(float(p[:, 2].max() - p[:, 0].min()) / 1e3)
     r.check()
     keep = stamps[sorted(range(len(spans)), key=spans.__getitem__)[len(spans) // 2]]
-    every = [torch.empty_like(keep) for _ in range(2)]
+    every = [torch.empty_like(keep) for _ in range(a.tp)]
     group.dist.all_gather(every, keep)
-    every_spans = [torch.zeros(len(spans), dtype=torch.float64, device=dev) for _ in range(2)]
+    every_spans = [torch.zeros(len(spans), dtype=torch.float64, device=dev) for _ in range(a.tp)]
     group.dist.all_gather(every_spans, torch.tensor(spans, dtype=torch.float64, device=dev))
     if rank == 0:
         graph = mk.graph
         rtasks = {t for t, rw in enumerate(mk.events.remote_waits) if rw}
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"tp-profile-{a.model}-b{a.batch}" + (f"-k{a.comm_workers}" if a.comm_workers else "") + (
+        stem = f"tp-profile-{a.model}" + (f"-tp{a.tp}" if a.tp != 2 else "") + f"-b{a.batch}" + (f"-k{a.comm_workers}" if a.comm_workers else "") + (
             f"-ar{a.ar_tiles}" if a.ar_tiles else "")
         commit = commit_id()
         profs = [p.cpu() for p in every]
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
-        rep = {"model": a.model, "batch": a.batch, "context": a.context, "tp": 2, "commit": commit,
+        rep = {"model": a.model, "batch": a.batch, "context": a.context, "tp": a.tp, "commit": commit,
                "comm_workers": a.comm_workers, "ar_tiles_per_op": next(op.n_tiles for op in graph.ops
                                                                       if op.kind.name == "allreduce"),
                "n_workers": mk.n_workers, "tasks": len(graph.tasks), "tasks_with_remote_waits": len(rtasks),
@@ -102,7 +106,7 @@ def main() -> int:
             b["median_span_us"] = statistics.median(s)
             rep["ranks"].append(b)
         (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
-        title = (f"{a.model} TP=2 megakernel, batch {a.batch}, commit {commit}: rank spans "
+        title = (f"{a.model} TP={a.tp} megakernel, batch {a.batch}, commit {commit}: rank spans "
                  + ", ".join(f"{x['span_us']:.0f} us" for x in rep["ranks"]))
         tp_timeline_png(graph, profs, rtasks, out / f"{stem}.png", title=title)
         for k, b in enumerate(rep["ranks"]):

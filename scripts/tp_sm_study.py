@@ -1,10 +1,10 @@
 """SM-reservation study of the TP megakernel (issue 13 item 6): does giving the all-reduce tiles their own workers
 help, and how many tiles should an all-reduce have?
 
-    python scripts/tp_sm_study.py [--model llama-3.2-1b] [--batches 1,8] [--ks 0,2,4,8,16]
+    python scripts/tp_sm_study.py [--tp 2] [--model llama-3.2-1b] [--batches 1,8] [--ks 0,2,4,8,16]
                                   [--ar-tiles fit,8,16,32] [--steps 200] [--out DIR]
 
-Starts itself under torchrun (2 ranks, one GPU each) unless already in a rank. For each batch (the bench's state:
+Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. For each batch (the bench's state:
 random K/V, every sequence at position context - 1, seeded tokens from the whole vocabulary) and each
 (k, ar_tiles): the rank's TP megakernel with ``comm_workers=k`` (k = 0: today's mixed critical-path schedule;
 k > 0: the all-reduce tiles only on the last k workers, every other task on the others:
@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tp_common import add_tp_argument  # noqa: E402
+
 
 def _args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -42,6 +44,7 @@ def _args():
                     help="tiles per all-reduce op: 'fit' (the default rule) or counts (powers of two)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--context", type=int, default=512)
+    add_tp_argument(ap)
     ap.add_argument("--out", default="benchmarks/results/tp-sm-study")
     return ap.parse_args()
 
@@ -70,12 +73,13 @@ def main() -> int:
     from onekernel.dist.process import close_rank, init_rank
     from tp_common import load_shard
 
-    info = init_rank(2, "cuda")
+    info = init_rank(a.tp, "cuda")
     dev, rank = info.device, info.rank
-    model, group = load_shard(a.model, 2, rank, dev, torch.bfloat16)
+    model, group = load_shard(a.model, a.tp, rank, dev, torch.bfloat16)
     commit = commit_id()
     out_dir = Path(a.out)
-    stem = f"tp-sm-study-{datetime.date.today().isoformat()}-{a.model}-{commit or 'nocommit'}"
+    tp = "" if a.tp == 2 else f"tp{a.tp}-"
+    stem = f"tp-sm-study-{tp}{datetime.date.today().isoformat()}-{a.model}-{commit or 'nocommit'}"
     records: list[dict] = []
 
     def emit(rec):
@@ -94,7 +98,7 @@ def main() -> int:
         base_ms, base_logits = None, None
         for ar in tiles:
             for k in ks:
-                rec = {"model": a.model, "batch": b, "context": a.context, "k": k, "ar_tiles": ar or "fit",
+                rec = {"model": a.model, "tp": a.tp, "batch": b, "context": a.context, "k": k, "ar_tiles": ar or "fit",
                        "ms_per_step": None, "commit": commit}
                 try:
                     r = group.step_runner("megakernel", model, cache, comm_workers=k, ar_tiles=ar)
@@ -123,7 +127,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
         del cache
     if rank == 0:
-        (out_dir / f"{stem}.md").write_text(f"# TP=2 megakernel SM reservation, {a.model}, commit {commit}\n\n"
+        (out_dir / f"{stem}.md").write_text(f"# TP={a.tp} megakernel SM reservation, {a.model}, commit {commit}\n\n"
                                             + table(records) + "\n")
         print(table(records))
     close_rank()

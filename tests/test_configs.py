@@ -10,7 +10,7 @@ from onekernel.models.config import (CONFIG_NAMES, config_from_hf, expected_shap
 from onekernel.models.random_init import random_weights
 
 REQUIRED = ["tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b",
-            "llama-3.1-8b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"]
+            "llama-3.1-8b", "llama-3.1-70b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"]
 
 
 def _hf_config(cfg):

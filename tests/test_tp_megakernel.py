@@ -24,7 +24,8 @@ from onekernel.ops.tiling import Tiling
 
 # -- the all-reduce op ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n, res, dt", [(2, True, torch.float32), (3, False, torch.float32),
-                                        (3, True, torch.bfloat16)])
+                                        (3, True, torch.bfloat16), (4, True, torch.bfloat16),
+                                        (8, True, torch.float32), (8, False, torch.bfloat16)])
 def test_allreduce_op_matches_reference(n, res, dt, seed):
     """N ranks' partials simulated with plain buffers (rank 1's view: rank 0 and 2 are peers); every element of
     the kernel's output equals the reference and the plain formula round(res + p_0 + ... + p_{n-1}) (fp32, in
@@ -182,7 +183,7 @@ def _simulate(graphs, deps, remote, sched, rnd) -> bool:
     return True
 
 
-@pytest.mark.parametrize("n_ranks", [2, 3])
+@pytest.mark.parametrize("n_ranks", [2, 3, 4, 8])
 def test_random_cross_rank_graphs_schedule_and_run(n_ranks, seed):
     """Random graphs with cross-rank reads: the schedules built on the merged dependencies validate, and
     simulated ranks running them (remote waits on the peers' tasks) always finish; the ranks' events agree."""
@@ -215,8 +216,8 @@ def _spawn(args: dict, timeout: float = 300) -> None:
     from onekernel.dist.tp_megakernel import shared_pools
     from tp_mk_worker import run
 
-    pools = shared_pools(2, 1 << 20)
-    ctx = mp.start_processes(run, args=({**args, "port": _free_port()}, pools), nprocs=2, join=False,
+    pools = shared_pools(args["tp"], 1 << 20)
+    ctx = mp.start_processes(run, args=({**args, "port": _free_port()}, pools), nprocs=args["tp"], join=False,
                              start_method="spawn")
     deadline = time.monotonic() + timeout
     try:
@@ -346,7 +347,7 @@ def test_a_remote_timeout_alone_stops_the_local_spins():
     assert r.err.tolist()[0] == 6
 
 
-@pytest.mark.parametrize("n_ranks", [2, 3])
+@pytest.mark.parametrize("n_ranks", [2, 3, 4, 8])
 def test_reserved_workers_schedule(n_ranks, seed):
     """SM reservation (``comm_workers``): on random cross-rank graphs and on tiny's TP graph, the tasks with
     remote waits run only on the last k workers and every other task on the others; the schedules validate on

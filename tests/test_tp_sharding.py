@@ -104,3 +104,141 @@ def test_more_ranks_than_gpus(monkeypatch):
 def test_rank_outside_the_group(rank):
     with pytest.raises(InputError, match=r"rank must be an integer in \[0, 2\)"):
         shard_config(get_config("tiny"), 2, rank)
+
+
+# -- Llama-3.1-70B and drawing only a rank's shard (issue 16) ---------------------------------------------------
+def _nbytes(shapes, elem=2):
+    import math as m
+    return sum(m.prod(s) for s in shapes.values()) * elem
+
+
+def test_llama_70b_config_sizes():
+    """Llama-3.1-70B: ~70.6e9 parameters, ~141 GB of bf16 weights (the issue's floor: 141 GB / (8 x 4.25 TB/s) =
+    4.1 ms per step at TP=8), ~17.6 GB per rank at TP=8; every TP size of the issue divides its heads and FFN."""
+    cfg = get_config("llama-3.1-70b")
+    l8 = get_config("llama-3.1-8b")
+    assert (cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim) == (
+        128256, 8192, 80, 64, 8, 128, 28672)
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.max_seq_len, cfg.tie_embeddings, cfg.qk_norm) == (
+        500000.0, l8.rope_scaling, l8.max_seq_len, False, False)
+    shapes = expected_shapes(cfg)
+    params = _nbytes(shapes, 1)
+    assert abs(params - 70.6e9) < 0.1e9, params  # 70,553,706,496
+    assert abs(_nbytes(shapes) - 141.1e9) < 0.2e9
+    assert 4.1 < _nbytes(shapes) / (8 * 4.25e12) * 1e3 < 4.2  # ms
+    assert {1, 2, 4, 8} <= set(valid_tp_sizes(cfg))
+    per_rank = [_nbytes(expected_shapes(shard_config(cfg, 8, r).config)) for r in range(8)]
+    assert all(abs(b - 17.6e9) < 0.1e9 for b in per_rank), per_rank
+
+
+@pytest.mark.parametrize("name, tp, dtype", [("tiny-tp8", 4, torch.float32), ("tiny-tp8", 8, torch.bfloat16),
+                                             ("tiny-qwen3", 2, torch.bfloat16)])
+def test_random_shard_is_the_slice_of_the_full_weights(name, tp, dtype, seed):
+    """``load_shard(random_weights=True)`` draws only the rank's shard, and it is bitwise the slice of the full
+    weights (what TP=1 runs) for every rank; a tied LM head stays the embedding shard; no kept tensor is a view
+    into a full tensor (its storage is its own size)."""
+    from onekernel.dist.sharding import load_shard
+    from onekernel.models.load import open_model
+
+    cfg = get_config(name)
+    files = open_model(name, random_weights=True)
+    full = random_weights(cfg, dtype, "cpu", seed)
+    for r in range(tp):
+        shard = shard_config(cfg, tp, r)
+        got = load_shard(files, shard, random_weights=True, dtype=dtype, device="cpu", seed=seed)
+        want = shard_weights(shard, full)
+        assert got.config == shard.config and set(got.weights) == set(want)
+        for n, w in want.items():
+            assert got.weights[n].dtype == dtype and torch.equal(got.weights[n], w), n
+            assert got.weights[n].untyped_storage().nbytes() == w.numel() * w.element_size(), n
+        assert (got.weights["lm_head"] is got.weights["tok_embeddings"]) == cfg.tie_embeddings
+
+
+def test_random_shard_holds_one_full_tensor_at_a_time(monkeypatch):
+    """Every full tensor ``random_weights`` draws is freed before the next is drawn when a rank keeps its shard
+    (``keep=``): at each allocation no earlier full tensor is alive (weak references), so a rank's peak is its
+    shard plus one full tensor, never the whole model."""
+    import weakref
+
+    import onekernel.models.random_init as ri
+    from onekernel.dist.sharding import shard_part
+
+    cfg = get_config("tiny-tp8")
+    made, alive_at_alloc = [], []
+    real_empty = torch.empty
+
+    def empty(*a, **k):
+        alive_at_alloc.append(sum(r() is not None for r in made))
+        t = real_empty(*a, **k)
+        made.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(ri.torch, "empty", empty)
+    try:
+        w = ri.random_weights(cfg, torch.bfloat16, "cpu", 0, keep=shard_part(shard_config(cfg, 8, 3)))
+    finally:
+        monkeypatch.setattr(ri.torch, "empty", real_empty)
+    assert len(made) == len(expected_shapes(cfg)) and max(alive_at_alloc) == 0
+    made, alive_at_alloc = [], []
+    monkeypatch.setattr(ri.torch, "empty", empty)
+    try:
+        full = ri.random_weights(cfg, torch.float32, "cpu", 0)  # without keep (and in fp32) the tensors stay
+    finally:
+        monkeypatch.setattr(ri.torch, "empty", real_empty)
+    assert max(alive_at_alloc) == len(made) - 1  # the check can fail: here every earlier tensor is still alive
+    assert {n: tuple(x.shape) for n, x in w.items()} == expected_shapes(shard_config(cfg, 8, 3).config)
+    del full
+
+
+_RSS = r"""
+import dataclasses, json, sys
+import torch
+from onekernel.dist.sharding import load_shard, shard_config
+from onekernel.models.config import get_config
+from onekernel.models.load import open_model
+torch.set_num_threads(1)
+# Llama-3.1-70B with every width / 8 and 20 of its 80 layers: 299M parameters, 0.6 GB in bf16
+cfg = dataclasses.replace(get_config("llama-3.1-70b"), name="llama-3.1-70b", vocab_size=16032, dim=1024,
+                          head_dim=16, ffn_dim=3584, n_layers=20)
+files = open_model("llama-3.1-70b", random_weights=True)
+files.config = cfg
+def status(key):  # bytes; VmHWM: this process's peak RSS (ru_maxrss would carry the parent's over fork + exec)
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key + ":"))
+def reset():  # VmHWM := VmRSS (Linux >= 4.0); returns the baseline
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+base = reset()
+m = load_shard(files, shard_config(cfg, 8, 7), random_weights=True, dtype=torch.bfloat16, device="cpu", seed=0)
+shard = sum(w.numel() * w.element_size() for w in m.weights.values())
+shard_peak = status("VmHWM") - base
+del m
+base2 = reset()
+full = files.load(random_weights=True, dtype=torch.bfloat16, device="cpu", seed=0)
+full_bytes = sum(w.numel() * w.element_size() for w in full.weights.values())
+print(json.dumps({"base": base, "shard_peak": shard_peak, "full_peak": status("VmHWM") - base2, "shard": shard,
+                  "full": full_bytes}))
+"""
+
+
+def test_a_rank_never_holds_the_whole_model():
+    """Peak memory (the process's peak RSS, VmHWM, reset before each measurement) of drawing rank 7's shard of a scaled-down Llama-3.1-70B (every
+    width / 8, 20 layers: 0.6 GB in bf16, its TP=8 shard 75 MB): within the shard + one full fp32 tensor + slack,
+    under a third of the model; drawing the full model in the same process afterwards does take the model's size
+    (so the measurement would see a rank that built the whole model)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", _RSS], cwd=root, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    print(r)
+    assert 70e6 < r["shard"] < 80e6 and 590e6 < r["full"] < 610e6
+    assert r["shard_peak"] < r["full"] / 3, r  # shard (75 MB) + the 66 MB fp32 embedding + allocator slack
+    assert r["full_peak"] > 0.9 * r["full"], r

@@ -1,9 +1,9 @@
-"""One rank of the tensor-parallel megakernel tests (tests/test_tp_megakernel.py starts two with
-torch.multiprocessing's spawn, handing both the same shared-memory pools: ``dist.tp_megakernel.shared_pools``).
+"""One rank of the tensor-parallel megakernel tests (tests/test_tp_megakernel.py starts ``tp`` of
+them with torch.multiprocessing's spawn, handing them all the same shared-memory pools: ``dist.tp_megakernel.shared_pools``).
 
 ``run(rank, a, pools)``: joins a gloo group of ``a["tp"]`` ranks on ``a["port"]``, builds the rank's shard of the
-``tiny`` model (random fp32 weights of ``a["seed"]``, vocabulary ``a["vocab"]``) and its TPMegakernelRunner in the
-Triton interpreter (one worker), then prefill and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the
+``a["model"]`` config (default ``tiny``; random fp32 weights of ``a["seed"]``, vocabulary ``a["vocab"]``) and its
+TPMegakernelRunner in the Triton interpreter (one worker), then prefill and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the
 gathered logits and tokens, its KV cache and every reduced buffer (``*.ar.out``) after the last step; with
 ``a["fault"]`` (ONEKERNEL_TP_FAULT) rank 0 saves the KernelTimeoutError's message of its first step instead.
 """
@@ -30,7 +30,7 @@ def run(rank: int, a: dict, pools: list) -> None:
     from onekernel.runtime.kv_cache import KVCache
 
     info = init_rank(a["tp"], "cpu")
-    cfg = dataclasses.replace(get_config("tiny"), vocab_size=a["vocab"])
+    cfg = dataclasses.replace(get_config(a.get("model", "tiny")), vocab_size=a["vocab"])
     shard = shard_config(cfg, a["tp"], info.rank)
     model = ShardedModel(shard.config, shard_weights(shard, random_weights(cfg, torch.float32, "cpu", a["seed"])),
                          Tokenizer.byte_level(), cfg.name, shard)

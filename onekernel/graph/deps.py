@@ -269,20 +269,28 @@ def check_cross_step(graph: Graph, deps: list[list[int]], remote: list[list[tupl
             r |= reach[p]
         reach.append(r)
     waits_on: dict[int, int] = {}  # peer -> bitset of the tasks with a remote wait on it
+    remote_deps: dict[int, set[int]] = {}  # peer -> the task ids some task depends on remotely on that peer
     for c, rs in enumerate(remote):
-        for p, _ in rs:
+        for p, d in rs:
             waits_on[p] = waits_on.get(p, 0) | (1 << c)
-    for src in sorted({s for _, s in peers.values()}):
-        writers = [t.id for t in graph.tasks if any(r.buffer == src for r in t.writes)]
+            remote_deps.setdefault(p, set()).add(d)
+    # one pass over the tasks (not one per buffer and peer: Llama-3.1-70B at TP=8 has 58,012 tasks x 161 x 7)
+    sources = {s for _, s in peers.values()}
+    writers_of: dict[str, list[int]] = {s: [] for s in sources}
+    readers_of: dict[str, int] = {nm: 0 for nm in peers}  # peer buffer -> bitset of the tasks reading it
+    for t in graph.tasks:
+        for b in {r.buffer for r in t.writes} & sources:
+            writers_of[b].append(t.id)
+        for b in {r.buffer for r in t.reads if r.buffer in readers_of}:
+            readers_of[b] |= 1 << t.id
+    for src in sorted(sources):
+        writers = writers_of[src]
         for peer in sorted({p for p, s in peers.values() if s == src}):
             name = next(nm for nm, (p, s) in peers.items() if (p, s) == (peer, src))
-            readers = 0
-            for t in graph.tasks:
-                if any(r.buffer == name for r in t.reads):
-                    readers |= 1 << t.id
+            readers = readers_of[name]
             if all(reach[w] & waits_on.get(peer, 0) for w in writers):
                 continue  # (a)
-            if any(readers & ~reach[d] == 0 for rs in remote for p, d in rs if p == peer):
+            if any(readers & ~reach[d] == 0 for d in sorted(remote_deps.get(peer, ()))):
                 continue  # (b)
             raise ValueError(f"buffer {src!r}: rank {peer} may still read it in step t when this rank overwrites it "
                              f"in step t+1 (no remote wait orders its writers after rank {peer}'s readers); add a "

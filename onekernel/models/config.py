@@ -77,12 +77,16 @@ def _c(name, arch, V, D, L, H, KV, hd, F, eps, theta, seq, tie, scaling=None) ->
 _CONFIGS = {c.name: c for c in [
     _c("tiny", "llama", 256, 64, 2, 4, 2, 16, 128, 1e-5, 10000.0, 256, False),
     _c("tiny-qwen3", "qwen3", 256, 64, 2, 4, 2, 32, 128, 1e-6, 10000.0, 256, True),
+    # tests only: head counts and FFN rows that TP 2, 4 and 8 divide (tiny's 4 heads / 2 KV heads stop at TP 2)
+    _c("tiny-tp8", "llama", 256, 64, 2, 16, 8, 16, 256, 1e-5, 10000.0, 256, False),
     _c("smollm2-135m", "llama", 49152, 576, 30, 9, 3, 64, 1536, 1e-5, 100000.0, 8192, True),
     _c("smollm2-360m", "llama", 49152, 960, 32, 15, 5, 64, 2560, 1e-5, 100000.0, 8192, True),
     _c("smollm2-1.7b", "llama", 49152, 2048, 24, 32, 32, 64, 8192, 1e-5, 130000.0, 8192, True),
     _c("llama-3.2-1b", "llama", 128256, 2048, 16, 32, 8, 64, 8192, 1e-5, 500000.0, 131072, True, _llama3(32.0)),
     _c("llama-3.2-3b", "llama", 128256, 3072, 28, 24, 8, 128, 8192, 1e-5, 500000.0, 131072, True, _llama3(32.0)),
     _c("llama-3.1-8b", "llama", 128256, 4096, 32, 32, 8, 128, 14336, 1e-5, 500000.0, 131072, False, _llama3(8.0)),
+    # Llama-3.1-70B (meta-llama/Llama-3.1-70B config.json): random weights only, for TP=8 (issue 16)
+    _c("llama-3.1-70b", "llama", 128256, 8192, 80, 64, 8, 128, 28672, 1e-5, 500000.0, 131072, False, _llama3(8.0)),
     _c("qwen3-0.6b", "qwen3", 151936, 1024, 28, 16, 8, 128, 3072, 1e-6, 1000000.0, 40960, True),
     _c("qwen3-1.7b", "qwen3", 151936, 2048, 28, 16, 8, 128, 6144, 1e-6, 1000000.0, 40960, True),
     _c("qwen3-8b", "qwen3", 151936, 4096, 36, 32, 8, 128, 12288, 1e-6, 1000000.0, 40960, False),

@@ -84,7 +84,8 @@ def tp_timeline_png(graph: Graph, profs: list[torch.Tensor], remote_tasks: set[i
     colour = {k: cmap(i % 10) for i, k in enumerate(k for k in kinds)}
     colour[COMM_KIND] = (0.85, 0.05, 0.05, 1.0)
     shade = {"wait": "0.85", "remote": (1.0, 0.75, 0.75, 1.0)}
-    fig, axes = plt.subplots(len(profs), 1, figsize=(16, 5 * len(profs)), dpi=120, sharex=True, squeeze=False)
+    h = 5 if len(profs) <= 2 else 3  # TP=8: 8 panels of 3 inches
+    fig, axes = plt.subplots(len(profs), 1, figsize=(16, h * len(profs)), dpi=120, sharex=True, squeeze=False)
     for rank, (ax, prof) in enumerate(zip(axes[:, 0], profs)):
         rows = _rows(prof)
         bars = defaultdict(list)
