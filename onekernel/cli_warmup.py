@@ -89,7 +89,8 @@ def run_warmup(args) -> int:
     say(f"onekernel warmup: {name}, {n} case(s), cache length {seq}, dtype {str(dtype).removeprefix('torch.')}")
     total = 0
     for i, (b, mode) in enumerate([(b, m) for b in batches for m in modes], 1):
-        say(f"onekernel warmup: [{i}/{n}] batch {b}, {mode}: compiling...")
+        say(f"onekernel warmup: [{i}/{n}] batch {b}, {mode}: "
+            f"{'running one step in the Triton interpreter...' if args.interpret else 'compiling...'}")
         t = time.perf_counter()
         with CompileWatch() as watch:
             cache = KVCache(cfg, b, seq, dtype, device)
