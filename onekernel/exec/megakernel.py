@@ -38,14 +38,14 @@ from contextlib import contextmanager
 
 import torch
 
-from onekernel.errors import InputError, KernelTimeoutError, ScheduleError
+from onekernel.errors import InputError, KernelTimeoutError
 from onekernel.exec import host_cache, mk_device
 from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 from onekernel.exec.codegen import load_source, variant_of
 from onekernel.exec.megakernel_src import run_task_source
 from onekernel.exec.queue import build_queue
-from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_op_events,
-                                  derive_remote_dependencies, merged_dependencies, transitive_reduction)
+from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
+                                  transitive_reduction)
 from onekernel.graph.ir import gc_paused
 from onekernel.graph.schedule import (critical_path_list, reserved_critical_path, residency_check, round_robin,
                                      validate)
@@ -86,16 +86,7 @@ def host_products(g, *, n_workers: int, policy: str = "critical_path", events: s
         remote = derive_remote_dependencies(g)
         tp = any(remote)
         check_options(tp)
-        if tp:
-            ev = derive_events(g, deps, remote)
-            order = merged_dependencies(deps, remote)
-            try:
-                check_cross_step(g, deps, remote)
-            except ValueError as e:
-                raise ScheduleError(str(e)) from None
-        else:
-            ev = (derive_events if events == "tile" else derive_op_events)(g, deps)
-            order = deps
+        ev, order = events_and_order(g, deps, remote, events)
         if comm_workers:  # the communication tasks: those waiting on other ranks (the all-reduce tiles)
             sched = reserved_critical_path(g, order, n_workers, [bool(r) for r in remote], comm_workers)
         else:

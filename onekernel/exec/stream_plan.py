@@ -43,8 +43,8 @@ import torch
 from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
-from onekernel.graph.deps import (check_cross_step, derive_dependencies, derive_events, derive_remote_dependencies,
-                                  merged_dependencies, transitive_reduction)
+from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
+                                  transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
 
@@ -347,15 +347,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
             if bad:
                 raise ScheduleError(f"streaming megakernel: only all-reduce tasks may read other ranks' buffers; task "
                                     f"{bad[0]} ({g.ops[g.tasks[bad[0]].op].name}) does")
-            events = derive_events(g, deps, remote)
-            sched_deps = merged_dependencies(deps, remote)
-            try:
-                check_cross_step(g, deps, remote)
-            except ValueError as e:
-                raise ScheduleError(str(e)) from None
-        else:
-            events = derive_events(g, deps)
-            sched_deps = deps
+        events, sched_deps = events_and_order(g, deps, remote)
         queues, load = [[] for _ in range(n_workers)], [0] * n_workers
         gemv = set(GEMV_KINDS.values())
         for op, kind in zip(g.ops, kinds):

@@ -297,6 +297,24 @@ def check_cross_step(graph: Graph, deps: list[list[int]], remote: list[list[tupl
                              f"dependency of its writers on a task that waits on rank {peer}")
 
 
+def events_and_order(graph: Graph, deps: list[list[int]], remote: list[list[tuple[int, int]]],
+                     events: str = "tile") -> tuple[EventTable, list[list[int]]]:
+    """(events, the dependencies a schedule must respect) of a graph whose reduced dependencies are ``deps`` and
+    remote ones ``remote`` (``derive_remote_dependencies``): what both megakernels build their queues from.
+    Tensor parallel (any remote dependency): tile events with the remote waits, the order ``merged_dependencies``,
+    and ``check_cross_step`` (ScheduleError when a buffer a peer reads could be overwritten first); else tile
+    events (``events="tile"``) or one per op (``"op"``) over ``deps``."""
+    from onekernel.errors import ScheduleError
+
+    if any(remote):
+        try:
+            check_cross_step(graph, deps, remote)
+        except ValueError as e:
+            raise ScheduleError(str(e)) from None
+        return derive_events(graph, deps, remote), merged_dependencies(deps, remote)
+    return (derive_events if events == "tile" else derive_op_events)(graph, deps), deps
+
+
 def derive_op_events(graph: Graph, deps: list[list[int]]) -> EventTable:
     """Coarse events: all tiles of a producer op signal one event; a consumer waits on every op it depends on.
 
