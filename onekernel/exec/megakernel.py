@@ -118,6 +118,28 @@ def _decode_products(a: dict, n: int):
     return deps, remote, host_cache.decode_events(a, n), host_cache.decode_schedule(a, n)
 
 
+def peer_counters(counters, rank: int, n_events: int, dev, peers=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's), for
+    a tensor-parallel megakernel of either backend. ``peers``: the ranks the graph reads (checked when given).
+    Raises InputError for a rank out of range, counters too small, misaligned or on another device, or peers
+    without counters."""
+    n = max(n_events, 1)
+    if not isinstance(rank, int) or not 0 <= rank < len(counters):
+        raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
+    for p, c in enumerate(counters):
+        if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
+            raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
+                             f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
+    if peers is not None and not set(peers) <= set(range(len(counters))) - {rank}:
+        raise InputError(f"the graph reads ranks {sorted(peers)}; counters were given for {len(counters)} ranks "
+                         f"and this is rank {rank}")
+    own = counters[rank]
+    if own.device != torch.device(dev):
+        raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
+    off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
+    return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
+
+
 @contextmanager
 def jit_hooks_off():
     """Run the block with Triton's JIT hooks (``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook``)
@@ -328,7 +350,8 @@ class MegakernelRunner(PersistentRunner):
         self.qoff = self.schedule.arrays(dev)["queue_ptr"]
         self.qrec = self.wl = self.rwl = None
         if self.tp:
-            self.ev_cnt, self.peer_off = self._peer_counters(counters, rank, dev)
+            self.ev_cnt, self.peer_off = peer_counters(counters, rank, self.events.n_events, dev,
+                                                       {p for rs in self.remote for p, _ in rs})
             self._counters = list(counters)  # the kernel addresses the peers' counters by offset: keep them alive
         else:
             self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
@@ -352,25 +375,6 @@ class MegakernelRunner(PersistentRunner):
         self.compiled = None
         if dev.type == "cuda" and not interpret:
             self._check_residency()
-
-    def _peer_counters(self, counters, rank: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's)."""
-        n = max(self.events.n_events, 1)
-        if not isinstance(rank, int) or not 0 <= rank < len(counters):
-            raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
-        for p, c in enumerate(counters):
-            if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
-                raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
-                                 f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
-        peers = {p for rs in self.remote for p, _ in rs}
-        if not peers <= set(range(len(counters))) - {rank}:
-            raise InputError(f"the graph reads ranks {sorted(peers)}; counters were given for {len(counters)} ranks "
-                             f"and this is rank {rank}")
-        own = counters[rank]
-        if own.device != dev:
-            raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
-        off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
-        return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
 
     def fingerprint(self) -> int:
         """A 63-bit hash of what every rank must share to wait on each other's counters: the variants, the

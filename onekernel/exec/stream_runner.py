@@ -19,7 +19,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
-from onekernel.exec.megakernel import PersistentRunner
+from onekernel.exec.megakernel import PersistentRunner, peer_counters
 from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
     unsupported
 from onekernel.graph.schedule import residency_check
@@ -81,23 +81,6 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
                                f"exceed the GPU's {smem_limit}")
         consts["SLOTS"] -= 1
         consts["BARS"] -= CHUNK_ELEMS * 2  # the ring comes first: the barriers move down by one slot
-
-
-def peer_counters(counters, rank: int, n_events: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
-    """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's).
-    Raises InputError for a rank out of range or counters too small, misaligned or on another device."""
-    n = max(n_events, 1)
-    if not isinstance(rank, int) or not 0 <= rank < len(counters):
-        raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
-    for p, c in enumerate(counters):
-        if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
-            raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
-                             f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
-    own = counters[rank]
-    if own.device != torch.device(dev):
-        raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
-    off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
-    return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
 
 
 class StreamMegakernelRunner(PersistentRunner):
