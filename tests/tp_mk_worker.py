@@ -7,7 +7,6 @@ TPMegakernelRunner in the Triton interpreter (one worker), then prefill and ``a[
 gathered logits and tokens, its KV cache and every reduced buffer (``*.ar.out``) after the last step; with
 ``a["fault"]`` (ONEKERNEL_TP_FAULT) rank 0 saves the KernelTimeoutError's message of its first step instead.
 """
-import dataclasses
 import os
 
 import torch
@@ -19,24 +18,14 @@ def run(rank: int, a: dict, pools: list) -> None:
     if a.get("fault"):
         os.environ["ONEKERNEL_TP_FAULT"] = a["fault"]
     torch.set_num_threads(1)
-    from onekernel.dist.process import close_rank, init_rank
-    from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
-    from onekernel.dist.tp_megakernel import TPMegakernelRunner
-    from onekernel.dist.tp_reference import TPGroup
-    from onekernel.errors import KernelTimeoutError
-    from onekernel.models.config import get_config
-    from onekernel.models.random_init import random_weights
-    from onekernel.models.tokenizer import Tokenizer
-    from onekernel.runtime.kv_cache import KVCache
+    from tp_worker import rank_state
 
-    info = init_rank(a["tp"], "cpu")
-    cfg = dataclasses.replace(get_config(a.get("model", "tiny")), vocab_size=a["vocab"])
-    shard = shard_config(cfg, a["tp"], info.rank)
-    model = ShardedModel(shard.config, shard_weights(shard, random_weights(cfg, torch.float32, "cpu", a["seed"])),
-                         Tokenizer.byte_level(), cfg.name, shard)
-    group = TPGroup(shard)
+    from onekernel.dist.process import close_rank
+    from onekernel.dist.tp_megakernel import TPMegakernelRunner
+    from onekernel.errors import KernelTimeoutError
+
+    info, model, group, cache = rank_state(a)
     prompts = a["prompts"]
-    cache = KVCache(shard.config, len(prompts), max(map(len, prompts)) + a["steps"], torch.float32, "cpu")
     runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools,
                                 **({"spin_limit": a["spin_limit"]} if a.get("spin_limit") else {}))
     out = f"{a['out']}.rank{info.rank}.pt"

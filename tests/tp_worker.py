@@ -21,17 +21,24 @@ from onekernel.models.tokenizer import Tokenizer
 from onekernel.runtime.kv_cache import KVCache
 
 
-def main(a: dict) -> None:
+def rank_state(a: dict):
+    """(RankInfo, the rank's ShardedModel, its TPGroup, its fp32 CPU KVCache for ``a["prompts"]`` + ``a["steps"]``)
+    after joining the gloo group: the setup every TP test rank shares (``a``: the module doc's keys)."""
     info = init_rank(a["tp"], "cpu")
-    cfg = get_config(a["model"])
-    if a["vocab"]:
+    cfg = get_config(a.get("model") or "tiny")
+    if a.get("vocab"):
         cfg = dataclasses.replace(cfg, vocab_size=a["vocab"])
     shard = shard_config(cfg, a["tp"], info.rank)
     model = ShardedModel(shard.config, shard_weights(shard, random_weights(cfg, torch.float32, "cpu", a["seed"])),
                          Tokenizer.byte_level(), cfg.name, shard)
-    group = TPGroup(shard)
     prompts = a["prompts"]
     cache = KVCache(shard.config, len(prompts), max(map(len, prompts)) + a["steps"], torch.float32, "cpu")
+    return info, model, TPGroup(shard), cache
+
+
+def main(a: dict) -> None:
+    info, model, group, cache = rank_state(a)
+    prompts = a["prompts"]
     mode = a.get("mode", "reference")
     runner = group.step_runner(mode, model, cache, **({"interpret": True} if mode != "reference" else {}))
     logits = [runner.prefill(prompts)]
