@@ -65,6 +65,24 @@ def test_packed_stream_reproduces_every_gemv(batch, seed):
     c = plan.consts
     rg, ck = c["RG"], c["CK"]
     assert rg * ck == CHUNK_ELEMS and ck == chunk_cols([128, 256, 384]) == 256
+
+    def decode(o, t, op, kind):  # chunk kb of a group: its rows x columns kb*CK.., row-major
+        u0, nu = plan.units[t]
+        nkb, groups = op.params["NKB"], []
+        for u in range(u0, u0 + nu):
+            for rows in _device_rows(kind, u, op.params, rg):
+                groups.append((rows, packed[o:o + nkb].double().transpose(0, 1).reshape(rg, nkb * ck)))
+                o += nkb
+        return o, groups
+
+    _check_stream(plan, step, off, seed, decode)
+
+
+def _check_stream(plan, step, off, seed, decode):
+    """Walk every worker's GEMV tasks in queue order: ``decode(o, task, op, kind)`` -> (the offset after the
+    task's chunks, [(weight rows, their chunks as [RG, NKB * CK] float64)]); then every output row of every GEMV
+    op is made exactly once, the padding past K and the rows past N stream as zeros, each worker consumes exactly
+    its own chunks, and y == W @ x for a seeded x (float64, 1e-12)."""
     g = torch.Generator().manual_seed(seed)
     outs, seen = {}, {}
     for w, queue in enumerate(plan.schedule.queues):
@@ -74,31 +92,26 @@ def test_packed_stream_reproduces_every_gemv(batch, seed):
             kind = plan.kinds[op.index]
             if kind not in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value, sd.K_LMHEAD.value):
                 continue
-            wt = step.tensors[plan.weight_of[op.index]].double()
-            n, k = wt.shape
+            n, k = step.tensors[plan.weight_of[op.index]].shape
             if op.index not in outs:
-                x = torch.randn(k, generator=g, dtype=torch.float64)
-                outs[op.index] = (x, torch.full((n,), float("nan"), dtype=torch.float64))
+                outs[op.index] = (torch.randn(k, generator=g, dtype=torch.float64),
+                                  torch.full((n,), float("nan"), dtype=torch.float64))
                 seen[op.index] = torch.zeros(n, dtype=torch.long)
             x, y = outs[op.index]
-            u0, nu = plan.units[t]
-            nkb = op.params["NKB"]
-            for u in range(u0, u0 + nu):
-                for rows in _device_rows(kind, u, op.params, rg):
-                    chunks = packed[o:o + nkb].double()  # [nkb, RG, CK]
-                    o += nkb
-                    wg = chunks.transpose(0, 1).reshape(rg, nkb * ck)
-                    assert not wg[:, k:].any(), f"{op.name}: the padding past K={k} is not zero"
-                    live = rows < n
-                    y[rows[live]] = wg[live, :k] @ x
-                    seen[op.index][rows[live]] += 1
-                    assert not wg[~live].any(), f"{op.name}: rows past N={n} must stream as zeros"
+            o, groups = decode(o, t, op, kind)
+            for rows, m in groups:
+                assert not m.isnan().any()
+                assert not m[:, k:].any(), f"{op.name}: the padding past K={k} is not zero"
+                live = rows < n
+                y[rows[live]] = m[live, :k] @ x
+                seen[op.index][rows[live]] += 1
+                assert not m[~live].any(), f"{op.name}: rows past N={n} must stream as zeros"
         assert o == int(off[w + 1]), f"worker {w} consumed {o - int(off[w])} chunks, streams {int(off[w + 1] - off[w])}"
     for oi, (x, y) in outs.items():
         name = plan.graph.ops[oi].name
         assert (seen[oi] == 1).all(), f"{name}: rows covered {seen[oi].min()}..{seen[oi].max()} times, want once"
-        ref = step.tensors[plan.weight_of[oi]].double() @ x
-        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12, msg=name)
+        torch.testing.assert_close(y, step.tensors[plan.weight_of[oi]].double() @ x, rtol=1e-12, atol=1e-12,
+                                   msg=name)
 
 
 def _slot_coords(bases, n):
@@ -127,46 +140,22 @@ def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
     co = _slot_coords(mma_weight_bases(ck, rg), CHUNK_ELEMS)
     assert torch.unique(co[:, 2] * ck + co[:, 0] * ks + co[:, 1]).numel() == CHUNK_ELEMS  # a bijection
     rows_of, cols_of = co[:, 2], co[:, 0] * ks + co[:, 1]
-    g = torch.Generator().manual_seed(seed)
-    outs, seen = {}, {}
-    for w, queue in enumerate(plan.schedule.queues):
-        o = int(off[w])
-        for t in queue:
-            op = plan.graph.ops[plan.graph.tasks[t].op]
-            kind = plan.kinds[op.index]
-            if kind not in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value, sd.K_LMHEAD.value):
-                continue
-            wt = step.tensors[plan.weight_of[op.index]].double()
-            n, k = wt.shape
-            if op.index not in outs:
-                outs[op.index] = (torch.randn(k, generator=g, dtype=torch.float64),
-                                  torch.full((n,), float("nan"), dtype=torch.float64))
-                seen[op.index] = torch.zeros(n, dtype=torch.long)
-            x, y = outs[op.index]
-            u0, nu = plan.units[t]
-            nkb = op.params["NKB"]
-            ub_n = gb // (2 if kind == sd.K_GATEUP.value else 1)
-            for ub in range(u0, u0 + nu, ub_n):
-                groups = [rows for u in range(ub, min(ub + ub_n, u0 + nu))
-                          for rows in _device_rows(kind, u, op.params, rg)]
-                wg = [torch.full((rg, nkb * ck), float("nan"), dtype=torch.float64) for _ in groups]
-                for kb in range(nkb):
-                    for j in range(len(groups)):
-                        wg[j][rows_of, kb * ck + cols_of] = packed[o].reshape(-1).double()
-                        o += 1
-                for rows, m in zip(groups, wg):
-                    assert not m.isnan().any()
-                    assert not m[:, k:].any(), f"{op.name}: the padding past K={k} is not zero"
-                    live = rows < n
-                    y[rows[live]] = m[live, :k] @ x
-                    seen[op.index][rows[live]] += 1
-                    assert not m[~live].any(), f"{op.name}: rows past N={n} must stream as zeros"
-        assert o == int(off[w + 1]), f"worker {w} consumed {o - int(off[w])} chunks, streams {int(off[w + 1] - off[w])}"
-    for oi, (x, y) in outs.items():
-        name = plan.graph.ops[oi].name
-        assert (seen[oi] == 1).all(), f"{name}: rows covered {seen[oi].min()}..{seen[oi].max()} times, want once"
-        torch.testing.assert_close(y, step.tensors[plan.weight_of[oi]].double() @ x, rtol=1e-12, atol=1e-12,
-                                   msg=name)
+
+    def decode(o, t, op, kind):  # k-major blocks of groups, each chunk read through the kernel's shared layout
+        u0, nu = plan.units[t]
+        nkb, out = op.params["NKB"], []
+        ub_n = gb // (2 if kind == sd.K_GATEUP.value else 1)
+        for ub in range(u0, u0 + nu, ub_n):
+            groups = [rows for u in range(ub, min(ub + ub_n, u0 + nu)) for rows in _device_rows(kind, u, op.params, rg)]
+            wg = [torch.full((rg, nkb * ck), float("nan"), dtype=torch.float64) for _ in groups]
+            for kb in range(nkb):
+                for j in range(len(groups)):
+                    wg[j][rows_of, kb * ck + cols_of] = packed[o].reshape(-1).double()
+                    o += 1
+            out += zip(groups, wg)
+        return o, out
+
+    _check_stream(plan, step, off, seed, decode)
 
 
 @pytest.mark.parametrize("ck,rg", [(1024, 8), (256, 32), (512, 16)])
