@@ -25,7 +25,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -50,17 +49,14 @@ def _args():
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| model | batch | k (reserved workers) | all-reduce tiles | ms/step | p10 | p90 | vs k=0 | logits = k=0 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        if r.get("ms_per_step") is None:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['k']} | {r['ar_tiles']} | error: "
-                         f"{str(r.get('error'))[:80]} | | | | |")
-            continue
-        ratio = f"{r['ratio_to_k0']:.3f}" if r.get("ratio_to_k0") else "-"
-        lines.append(f"| {r['model']} | {r['batch']} | {r['k']} | {r['ar_tiles']} | {r['ms_per_step']:.3f} | "
-                     f"{r['p10_ms']:.3f} | {r['p90_ms']:.3f} | {ratio} | {r.get('logits_equal_k0')} |")
-    return "\n".join(lines)
+    from onekernel.bench.report import md_table
+
+    def cells(r):
+        return (f"{r['ms_per_step']:.3f}", f"{r['p10_ms']:.3f}", f"{r['p90_ms']:.3f}",
+                f"{r['ratio_to_k0']:.3f}" if r.get("ratio_to_k0") else "-", r.get("logits_equal_k0"))
+
+    return md_table(["model", "batch", "k (reserved workers)", "all-reduce tiles", "ms/step", "p10", "p90", "vs k=0",
+                     "logits = k=0"], records, lambda r: (r["model"], r["batch"], r["k"], r["ar_tiles"]), cells)
 
 
 def main() -> int:

@@ -28,20 +28,30 @@ def _f(x, fmt=".3f", none="-"):
     return none if x is None else format(x, fmt)
 
 
+def md_table(headers: list[str], records: list[dict], lead, cells) -> str:
+    """A markdown table: ``headers``, then per record ``lead(r)`` (the cells that name the case) and ``cells(r)``
+    (the measured ones), or, for a record without ``ms_per_step`` (a case that failed), "error: ..." and empty
+    cells. The one table layout of the bench, TP-bench and study reports."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in records:
+        name = [str(c) for c in lead(r)]
+        if r.get("ms_per_step") is None:
+            rest = [f"error: {str(r.get('error', '?'))[:80].replace('|', '/')}"] + [""] * (len(headers) - len(name) - 1)
+        else:
+            rest = [str(c) for c in cells(r)]
+        lines.append("| " + " | ".join(name + rest) + " |")
+    return "\n".join(lines)
+
+
 def bench_table(records: list[dict]) -> str:
     """Markdown table: one row per record (failed modes show their error)."""
-    lines = ["| model | batch | mode | ms/step | tokens/s | floor ms | % of floor | vs torch+graph |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        if r.get("ms_per_step") is None:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['mode']} | error: "
-                         f"{str(r.get('error', '?'))[:80].replace('|', '/')} | | | | |")
-            continue
+    def cells(r):
         ratio = r.get("ratio_to_torch_graph")
-        lines.append(f"| {r['model']} | {r['batch']} | {r['mode']} | {r['ms_per_step']:.3f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['floor_ms']:.3f} | {r['pct_of_floor']:.1f} | "
-                     f"{_f(ratio, '.2f')}{'x' if ratio is not None else ''} |")
-    return "\n".join(lines)
+        return (f"{r['ms_per_step']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['floor_ms']:.3f}",
+                f"{r['pct_of_floor']:.1f}", f"{_f(ratio, '.2f')}{'x' if ratio is not None else ''}")
+
+    return md_table(["model", "batch", "mode", "ms/step", "tokens/s", "floor ms", "% of floor", "vs torch+graph"],
+                    records, lambda r: (r["model"], r["batch"], r["mode"]), cells)
 
 
 def _diff_us(ms: dict, a: str, b: str):

@@ -22,7 +22,7 @@ import gc
 import torch
 
 from onekernel.bench.modes import random_decode_state
-from onekernel.bench.report import fill_ratios
+from onekernel.bench.report import fill_ratios, md_table
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
 TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel", "megakernel-triton")
@@ -96,15 +96,14 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
 
 def tp_table(records: list[dict]) -> str:
     """Markdown table of ``bench_tp``'s records."""
-    lines = ["| model | tp | batch | mode | allreduce | ms/step | tokens/s | % of floor | vs torch+graph | "
-             "rel. err | argmax |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        if r.get("ms_per_step") is None:
-            lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']}{' (' + r['backend'] + ')' if r.get('backend') else ''} | {r.get('allreduce') or '-'} | "
-                         f"error: {str(r.get('error'))[:80]} | | | | | |")
-            continue
+    def lead(r):
+        return (r["model"], r["tp"], r["batch"], r["mode"] + (f" ({r['backend']})" if r.get("backend") else ""),
+                r.get("allreduce") or "-")
+
+    def cells(r):
         ratio = f"{r['ratio_to_torch_graph']:.2f}x" if r.get("ratio_to_torch_graph") else "-"
-        lines.append(f"| {r['model']} | {r['tp']} | {r['batch']} | {r['mode']}{' (' + r['backend'] + ')' if r.get('backend') else ''} | {r.get('allreduce') or '-'} | "
-                     f"{r['ms_per_step']:.3f} | {r['tokens_per_s']:,.0f} | {r['pct_of_floor']:.0f}% | {ratio} | "
-                     f"{r.get('rel_err_vs_torch', float('nan')):.1e} | {r.get('argmax_agree', '-')} |")
-    return "\n".join(lines)
+        return (f"{r['ms_per_step']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['pct_of_floor']:.0f}%", ratio,
+                f"{r.get('rel_err_vs_torch', float('nan')):.1e}", r.get("argmax_agree", "-"))
+
+    return md_table(["model", "tp", "batch", "mode", "allreduce", "ms/step", "tokens/s", "% of floor",
+                     "vs torch+graph", "rel. err", "argmax"], records, lead, cells)
