@@ -281,7 +281,7 @@ def test_jit_hooks_are_off_inside_and_restored_after():
     a JITFunction: TypeError on the H200), and the caller's hooks come back afterwards, even after an error."""
     from triton import knobs
 
-    from onekernel.exec.megakernel import jit_hooks_off
+    from onekernel.exec.persistent import jit_hooks_off
 
     def hook(*a, **k):
         return False

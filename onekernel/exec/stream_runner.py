@@ -19,7 +19,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
-from onekernel.exec.megakernel import PersistentRunner, peer_counters
+from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
     unsupported
 from onekernel.graph.schedule import residency_check

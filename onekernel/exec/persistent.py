@@ -1,0 +1,160 @@
+"""What both persistent megakernels share (the Triton one, ``exec.megakernel``; the streaming Gluon one,
+``exec.stream_runner``): ``PersistentRunner`` (the launch or CUDA-graph replay of one persistent kernel, its
+monotonic counters, the error word that ``check()`` / ``poll()`` turn into ``KernelTimeoutError``),
+``peer_counters`` (a tensor-parallel rank's view of every rank's event counters) and ``jit_hooks_off``."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from onekernel.errors import InputError, KernelTimeoutError
+from onekernel.exec import mk_device
+from onekernel.exec.base import StepRunner, cuda_graphs_enabled
+
+RSLOT = int(mk_device.ERR_RSLOT)  # the error word's remote slot (TP > 1)
+
+
+def peer_counters(counters, rank: int, n_events: int, dev, peers=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's counters [n_events], peer_off int64 [n_ranks]: int32 elements from them to each rank's), for
+    a tensor-parallel megakernel of either backend. ``peers``: the ranks the graph reads (checked when given).
+    Raises InputError for a rank out of range, counters too small, misaligned or on another device, or peers
+    without counters."""
+    n = max(n_events, 1)
+    if not isinstance(rank, int) or not 0 <= rank < len(counters):
+        raise InputError(f"rank {rank!r} is not one of the {len(counters)} ranks whose counters were given")
+    for p, c in enumerate(counters):
+        if c.dtype != torch.int32 or c.numel() < n or not c.is_contiguous() or c.data_ptr() % 16:
+            raise InputError(f"rank {p}'s event counters must be a contiguous, 16-byte aligned int32 tensor of at "
+                             f"least {n} entries, got {tuple(c.shape)} {c.dtype}")
+    if peers is not None and not set(peers) <= set(range(len(counters))) - {rank}:
+        raise InputError(f"the graph reads ranks {sorted(peers)}; counters were given for {len(counters)} ranks "
+                         f"and this is rank {rank}")
+    own = counters[rank]
+    if own.device != torch.device(dev):
+        raise InputError(f"rank {rank}'s counters are on {own.device}, the step on {dev}")
+    off = [(c.data_ptr() - own.data_ptr()) // 4 for c in counters]
+    return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
+
+
+@contextmanager
+def jit_hooks_off():
+    """Run the block with Triton's JIT hooks (``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook``)
+    unset, then put them back. Triton JSON-serialises every constexpr of a kernel before calling a hook, and the
+    megakernel's ``RUN_TASK`` is a JITFunction, which json cannot encode: with a hook set (a profiler's, or the
+    CLI's first compile watch, since rewritten without hooks) its launch raised ``TypeError: Object of type
+    JITFunction is not JSON serializable`` (H200, session 6). So the hooks never see this kernel."""
+    from triton import knobs
+
+    rt = knobs.runtime
+    saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    rt.jit_cache_hook = rt.jit_post_compile_hook = None
+    try:
+        yield
+    finally:
+        rt.jit_cache_hook, rt.jit_post_compile_hook = saved
+
+
+class PersistentRunner(StepRunner):
+    """What both megakernels (Triton: ``MegakernelRunner``; Gluon streaming: ``exec.stream_runner``) share:
+    the launch / CUDA-graph replay of one persistent kernel, monotonic counters, and the error word
+    err int32 [5] = (code, task, a, b, c) that ``check()`` / ``poll()`` read (code 1: a dependency wait gave
+    up: a = event, b = seen, c = expected; other codes: ``wait_errors``). The Triton megakernel at TP > 1 has
+    err int32 [RSLOT + 6]: its remote slot err[RSLOT:] = (5, task, event, seen, expected, peer rank) is written
+    by the first remote wait that gave up, whatever err[0] holds (a local failure never blocks it; err[0] = 6
+    then only stops the local spins: ``mk_device.ERR_RSLOT``); ``check()`` reports the remote failure first and
+    a local one as its consequence. ``self._after``: a callable run right after
+    each launch, inside the CUDA graph when one is captured (the tensor-parallel runner's logits gather). Subclasses set ``self.err``,
+    ``self._side``, ``self._err_host``, ``self.use_cuda_graph``, ``self.check_every``, ``self.wait_limit``
+    (words) and implement ``launch()``, ``_write_addresses()``, ``task_graph`` and ``events``."""
+
+    mode = "megakernel"
+    wait_errors: dict = {}
+    _after = None
+
+    def _init_run_state(self, on_gpu: bool, use_cuda_graph: bool | None, check_every: int) -> None:
+        dev = self.bound.device
+        self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and on_gpu
+        self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
+        self._err_host = torch.zeros(self.err.numel(), dtype=torch.int32, pin_memory=on_gpu)
+        self._cuda_graph = None
+        self.check_every, self._steps, self._failed = check_every, 0, None
+
+    def _run(self, moved: bool) -> None:
+        if self._failed:
+            raise KernelTimeoutError(f"{self._failed}; this runner's counters are inconsistent after the timeout: "
+                                     "build a new runner")
+        if moved:
+            self._write_addresses()  # the kernel reads addresses from its tables at run time: graphs stay valid
+        if not self.use_cuda_graph:
+            self._launch_and_after()
+        else:
+            if self._cuda_graph is None:
+                self._launch_and_after()
+                torch.cuda.synchronize()
+                self.check()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self._launch_and_after()
+                self._cuda_graph = g
+            self._cuda_graph.replay()
+        self._steps += 1
+        if self.check_every and self._steps % self.check_every == 0:
+            self.check()
+
+    def _launch_and_after(self) -> None:
+        self.launch()
+        if self._after is not None:
+            self._after()
+
+    def check(self) -> None:
+        """Raise KernelTimeoutError if a bounded wait gave up (reads the error word from the device: a sync)."""
+        self._raise_if(self.err.tolist())
+
+    def poll(self) -> None:
+        """Raise KernelTimeoutError if a finished step's wait gave up: copies the error word on a side stream,
+        so it waits for that copy only, not for the steps queued on the main stream."""
+        if self._side is None:
+            return self.check()
+        with torch.cuda.stream(self._side):
+            self._err_host.copy_(self.err, non_blocking=True)
+        self._side.synchronize()
+        self._raise_if(self._err_host.tolist())
+
+    def _raise_if(self, err: list[int]) -> None:
+        remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False
+        if not err[0] and not remote:
+            return
+        g = self.task_graph
+
+        def where(t: int) -> str:
+            if 0 <= t < len(g.tasks):
+                task = g.tasks[t]
+                op = g.ops[task.op]
+                return f"task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile})"
+            return "a worker's ring"
+
+        def producers(e: int) -> list[str]:
+            return [g.ops[g.tasks[p].op].name for p in self.events.producers[e][:3]]
+
+        code, t, a, b, c = err[:5]
+        local = ""
+        if code == 1:
+            local = (f"{where(t)} waited on event {a} (producers: {producers(a)}...) and saw count {b} < expected {c} "
+                     f"after {self.wait_limit}")
+        if remote:  # the cause: reported first, the local wait that gave up (if any) as its consequence
+            _, t, a, b, c, peer = err[RSLOT:RSLOT + 6]
+            self._failed = (
+                f"megakernel: {where(t)} waited on event {a} (producers: {producers(a)}...) of peer rank {peer} and "
+                f"saw count {b} < expected {c} after {self.wait_limit}; rank {peer} did not run that part of its step "
+                f"(it failed, hung, was not launched, or ran another number of steps)")
+            if local:
+                self._failed += f". A local wait gave up too (a consequence of the remote one): {local}"
+        elif code == 1:
+            self._failed = (f"megakernel: {local}; the schedule, the events or a producer is wrong (or workers were "
+                            f"not co-resident)")
+        else:
+            what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
+            detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))
+            self._failed = f"megakernel: {where(t)}: {what} failed ({detail}) after {self.wait_limit}"
+        raise KernelTimeoutError(self._failed)
