@@ -38,7 +38,36 @@ from onekernel.runtime.runners import check_mode
 KERNEL_MODES = ("eager", "graph", "pdl")
 
 
-class TPKernelRunner:
+class TPRankRunner:
+    """What a rank's kernel and megakernel runners share (they set ``model``, ``cache``, ``group``, ``runner``,
+    ``logits``, ``next_tokens``, ``steps``): the PyTorch prefill with the group's collectives, the step count
+    and fault point, the rank-local token ids, and ``check`` / ``poll`` of the inner runner."""
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        self.group.where = "prefill"
+        return self.group.gather_logits(prefill(self.model, self.cache, prompts, tp=self.group))
+
+    def _begin_step(self) -> None:
+        self.steps += 1
+        self.group.where = f"decode step {self.steps}"
+        fault_point(self.group.shard.rank, self.steps)
+
+    def local_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens int32 [B] (global ids) -> the rank's ids, ``tokens - vocab_start`` (outside [0, V_local) embed
+        0), into one buffer kept across steps (no allocation per step)."""
+        buf = getattr(self, "_local", None)
+        if buf is None or buf.shape != tokens.shape or buf.device != tokens.device:
+            buf = self._local = torch.empty_like(tokens)
+        return torch.sub(tokens, self.group.shard.vocab_start, out=buf)
+
+    def check(self) -> None:
+        self.runner.check()
+
+    def poll(self) -> None:
+        self.runner.poll()
+
+
+class TPKernelRunner(TPRankRunner):
     """One rank's runner of ``mode`` (eager | graph | pdl) over ``model`` (its ShardedModel) and ``cache`` (a
     KVCache of its local config), with the collectives of ``group`` (a TPGroup).
 
@@ -87,19 +116,8 @@ class TPKernelRunner:
         self.runner = make_runner(mode, bound, interpret=interpret, after=after, **options)
         self.steps = 0
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        self.group.where = "prefill"
-        return self.group.gather_logits(prefill(self.model, self.cache, prompts, tp=self.group))
-
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.steps += 1
-        self.group.where = f"decode step {self.steps}"
-        fault_point(self.group.shard.rank, self.steps)
-        self.runner.step(tokens - self.group.shard.vocab_start)  # rank-local ids: outside [0, V_local) embed 0
+        self._begin_step()
+        self.runner.step(self.local_tokens(tokens))
         return self.logits, self.next_tokens
 
-    def check(self) -> None:
-        self.runner.check()
-
-    def poll(self) -> None:
-        self.runner.poll()

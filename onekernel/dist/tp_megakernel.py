@@ -51,14 +51,14 @@ import dataclasses
 
 import torch
 
-from onekernel.dist.process import fault_action, fault_point
+from onekernel.dist.process import fault_action
 from onekernel.dist.sharding import vocab_range
+from onekernel.dist.tp_kernels import TPRankRunner
 from onekernel.errors import InputError, ScheduleError
 from onekernel.exec import sm_count
 from onekernel.exec.megakernel import MegakernelRunner
 from onekernel.models.decode_graph import build_decode_step
 from onekernel.ops.tiling import Tiling
-from onekernel.runtime.reference import prefill
 from onekernel.runtime.runners import check_mode
 
 ALIGN = 16
@@ -130,7 +130,7 @@ def _padded(weights: dict, name: str, rows: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
 
 
-class TPMegakernelRunner:
+class TPMegakernelRunner(TPRankRunner):
     """One rank's megakernel runner over ``model`` (its ShardedModel) and ``cache`` (a KVCache of its local
     config), with the collectives of ``group`` (a TPGroup). Same interface as ``dist.tp_kernels.TPKernelRunner``:
     ``step(tokens int32 [B], global ids, the same on every rank) -> (logits float32 [B, V] (every rank's rows),
@@ -284,23 +284,10 @@ class TPMegakernelRunner:
                 "instead (backend='gluon' raises the error)", type(e).__name__, e)
             return None
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        self.group.where = "prefill"
-        return self.group.gather_logits(prefill(self.model, self.cache, prompts, tp=self.group))
-
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.steps += 1
-        rank = self.group.shard.rank
-        self.group.where = f"decode step {self.steps}"
-        fault_point(rank, self.steps)
-        if fault_action(rank, self.steps) == "skip":  # tests: this rank never launches (its peers' waits give up)
+        self._begin_step()
+        if fault_action(self.group.shard.rank, self.steps) == "skip":  # tests: this rank never launches
             self._gather(ran=False)
             return self.logits, self.next_tokens
-        self.runner.step(tokens - self.group.shard.vocab_start)  # rank-local ids: outside [0, V_local) embed 0
+        self.runner.step(self.local_tokens(tokens))
         return self.logits, self.next_tokens
-
-    def check(self) -> None:
-        self.runner.check()
-
-    def poll(self) -> None:
-        self.runner.poll()
