@@ -208,6 +208,25 @@ case "$1" in
     step 70 tp-sm-study python3 scripts/tp_sm_study.py --model llama-3.2-1b --batches 1 --ks 0,8,16 --ar-tiles fit,16 \
         --steps 50 --out "$W/tp"
     ;;
+50) # session 9, one H200 (~5 min): diagnostics before the kernel work. The streaming megakernel's per-task
+    # stamps (scripts/stream_profile.py) of Llama-3.2-1B at batch 1, 8, 16 and Llama-3.1-8B at batch 1 and 8 (tensor
+    # cores: why batch 8 costs 1.9x batch 1), compiled in parallel first; then the GPU tests alone (run 8 lost
+    # them beside the warm-up); cold and warm start with the host-side cache (scripts/compile_times.py)
+    mkdir -p "$W/profile" /tmp/warm
+    P="python3 scripts/stream_profile.py --gemv mma"
+    for c in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:1 llama-3.1-8b:8; do
+        (timeout 100 $P --out /tmp/warm --model ${c%%:*} --batch ${c##*:} >/tmp/warm/${c/:/-}.log 2>&1) &
+    done
+    wait
+    log "profiles warm"
+    for c in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:1 llama-3.1-8b:8; do
+        step 45 "profile-${c/:/-}" $P --out "$W/profile" --model ${c%%:*} --batch ${c##*:}
+    done
+    step 150 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py tests/test_mma_gpu.py \
+        tests/test_ops_attention.py::test_attention_gpu -p no:cacheprovider -rfE
+    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
+    step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 4 --timeout 70 --cases "$CT"
+    ;;
 60) # issue 16, kind nvidia-h200-x4 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md). Warm-up and
     # check in parallel over the 4 GPUs, then the Llama-3.1-8B scaling rows of this commit: TP=1 (GPU 0) and TP=2
     # (GPUs 2,3) timed at the same time on disjoint GPUs, then TP=4 alone on all four.

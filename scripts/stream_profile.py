@@ -1,6 +1,6 @@
 """Where the streaming megakernel's step time goes (H200): per-op timing from its task stamps.
 
-    python scripts/stream_profile.py --out DIR [--model llama-3.2-1b] [--batch 1] [--context 512]
+    python scripts/stream_profile.py --out DIR [--model llama-3.2-1b] [--batch 1] [--context 512] [--gemv fma|mma]
 
 Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
@@ -33,12 +33,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--gemv", choices=("fma", "mma"), default=None, help="GEMV path (default: the model's)")
     a = ap.parse_args()
     model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
     cache = KVCache(model.config, a.batch, a.context + 64, torch.bfloat16, "cuda")
     cache.seq_lens.fill_(a.context)
     r = make_step_runner("megakernel", model, cache, backend="gluon", profile=True, use_cuda_graph=False,
-                         n_workers=a.workers)
+                         n_workers=a.workers, gemv=a.gemv)
     tok = torch.zeros(a.batch, dtype=torch.int32, device="cuda")
     for _ in range(5):
         r.step(tok)
