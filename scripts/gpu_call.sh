@@ -227,6 +227,29 @@ case "$1" in
     CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
     step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 4 --timeout 70 --cases "$CT"
     ;;
+51) # session 9, one H200 (~5 min): the streaming kernel after 16-byte activation loads (tensor-core body) and
+    # attention / merge runs (one task per worker): its GPU tests (tensor-core cases) and the attention op test
+    # beside the compiles, then the profiles and the Llama-3.2-1B / 3.1-8B megakernel and graph rows
+    mkdir -p "$W/profile" "$W/bench" /tmp/warm
+    P="python3 scripts/stream_profile.py --gemv mma"
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 150 python3 -m onekernel.cli bench --out /tmp/warm/1b $B1 --batch 1,8,16 --modes graph,megakernel \
+        --steps 2 >/tmp/warm/1b.log 2>&1) &
+    (timeout 150 python3 -m onekernel.cli bench --out /tmp/warm/8b $B8 --batch 1,8 --modes graph,megakernel \
+        --steps 2 >/tmp/warm/8b.log 2>&1) &
+    for c in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:8; do
+        (timeout 100 $P --out /tmp/warm --model ${c%%:*} --batch ${c##*:} >/tmp/warm/${c/:/-}.log 2>&1) &
+    done
+    wait
+    log "warm: $(tail -n 2 "$W/gpu-tests.log" | tr '\n' ' ')"
+    for c in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:8; do
+        step 45 "profile-${c/:/-}" $P --out "$W/profile" --model ${c%%:*} --batch ${c##*:}
+    done
+    step 80 bench-1b $bench/bench $B1 --batch 1,8,16 --modes graph,megakernel --steps 50
+    step 80 bench-8b $bench/bench $B8 --batch 1,8 --modes graph,megakernel --steps 50
+    ;;
 60) # issue 16, kind nvidia-h200-x4 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md). Warm-up and
     # check in parallel over the 4 GPUs, then the Llama-3.1-8B scaling rows of this commit: TP=1 (GPU 0) and TP=2
     # (GPUs 2,3) timed at the same time on disjoint GPUs, then TP=4 alone on all four.

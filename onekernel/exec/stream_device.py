@@ -480,7 +480,7 @@ def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, e
     t = gl.load(rec + F_TASK)
     u0 = gl.load(rec + F_U0)
     nu = gl.load(rec + F_NU)
-    K = gl.load(rec + F_K)
+    K = gl.multiple_of(gl.load(rec + F_K), 8)  # every K % 8 == 0 (stream_plan.unsupported): 16-byte loads
     nkb = gl.load(rec + F_NKB)
     N = gl.load(rec + F_N)
     x = base_t + gl.load(a) * 8
@@ -560,7 +560,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
               HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr,
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
-              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr):
+              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (_gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -584,7 +584,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
         a = argtab + gl.load(rec + F_OP) * MAXA
         if kind == K_ATTN:  # it loads the old KV rows before it waits
             attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS, HQ, HKV, HD, S,
-                  SPLIT, NSPLIT, RP, BN, SM_SCALE)
+                  SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:
@@ -633,7 +633,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr,
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
                       EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr = False,
-                      GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1):
+                      GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
+                      NTA: gl.constexpr = 1):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -670,7 +671,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     gl.warp_specialize([
         (_consumer, (ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
-                     SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD)),
+                     SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
+                     NTA)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")

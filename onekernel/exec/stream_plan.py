@@ -6,7 +6,8 @@ From a bound decode step:
    differ by at most one): RESID/LMHEAD unit = RG output rows, GATEUP = RG gate rows + the same RG up rows,
    QKV = RG/2 rotation pairs of one head (rows c*P..c*P+P and hd/2+c*P.. of head h, P = RG/2). Chunk = RG
    rows x CK columns = 16 KB (CK: the largest power of two <= 1024 dividing every K; 256 with zero padding
-   when that is smaller). The other ops (embed, attention partial and merge, argmax) keep the graph's tiles.
+   when that is smaller). Attention partials and merges: the graph's tiles in runs of consecutive tiles, at most
+   one run per worker (record: F_U0 first tile, F_NU tiles); embed and argmax keep the graph's tiles.
 2. **Dependencies and events** from the tasks' regions (``graph.deps``), exactly as the Triton megakernel.
 3. **Schedule**: task j of a GEMV op on worker j; every other task on a worker with the fewest tasks of
    its op so far (the tiles of one op run in parallel; measured: putting ten attention tiles on the four
@@ -54,6 +55,9 @@ MIN_SLOTS = 4
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
+# ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
+# attention tiles for Llama-3.2-1B: one task each cost ~5 us of record loads, waits and signals per tile)
+GROUPED_KINDS = ("attn_partial", "attn_merge")
 OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
                "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
@@ -111,7 +115,10 @@ def unsupported(step) -> str | None:
         return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
     if any(op.params.get("QK_NORM") for op in g.ops):
         return "Qwen3's per-head q/k RMSNorm has no streaming body yet"
-    _, ck, rg, kxb = chunk_shape(g)
+    ks, ck, rg, kxb = chunk_shape(g)
+    if any(k % 8 for k in ks):
+        return (f"a GEMV's in_features {sorted({k for k in ks if k % 8})} is not a multiple of 8 (the activation is "
+                "read in 16-byte vectors)")
     hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
@@ -215,7 +222,8 @@ class StreamPlan:
     kinds: list[int]                      # per op of ``graph``: the stream_base task kind
     schedule: Schedule
     events: object                        # graph.deps.EventTable
-    units: list[tuple[int, int]]          # per task: (first unit, units) for GEMV tasks, (0, 0) otherwise
+    units: list[tuple[int, int]]          # per task: (first unit, units) of GEMV tasks, (first tile, tiles) of
+                                          # attention / merge runs, (0, 0) otherwise
     consts: dict = field(default_factory=dict)
     group_rows: dict = field(default_factory=dict)   # op index -> int64 [groups, RG] weight rows (N: zero row)
     weight_of: dict = field(default_factory=dict)    # op index -> weight buffer name
@@ -315,6 +323,20 @@ def make_plan(step, n_workers: int) -> StreamPlan:
             new.params.update(NKB=nkb, KG=k)
             group_rows[len(g.ops)] = rows
             weight_of[len(g.ops)] = wname
+        elif name in GROUPED_KINDS:  # attention partials and merges: runs of tiles, at most one task per worker
+            kind = OTHER_KINDS[name]
+            tasks = []
+            tiles = [src.tasks[i] for i in op.task_ids]
+            bounds = [(w * len(tiles)) // n_workers for w in range(n_workers + 1)]
+            for j in range(n_workers):
+                run = tiles[bounds[j]:bounds[j + 1]]
+                if not run:
+                    continue
+                reads = tuple(dict.fromkeys(r for t in run for r in t.reads))
+                writes = tuple(dict.fromkeys(w for t in run for w in t.writes))
+                tasks.append(Task(-1, len(tasks), reads, writes, sum(t.bytes for t in run),
+                                  sum(t.flops for t in run)))
+                units.append((run[0].tile, len(run)))
         else:
             kind = OTHER_KINDS[name]
             tasks = []
@@ -337,7 +359,9 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
-                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]))
+                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]),
+                  NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
+                                    if kinds[t.op] == sd.K_ATTN.value)))
 
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps
         deps = transitive_reduction(derive_dependencies(g))

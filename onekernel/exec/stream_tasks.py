@@ -8,7 +8,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_RES, F_TILE, wait_deps
+from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
@@ -27,110 +27,155 @@ def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.c
 
 
 @gluon.jit
+def _tile_coords(tile, HKV: gl.constexpr, NSPLIT: gl.constexpr):
+    """(b, g, s) of attention tile (b * HKV + g) * NSPLIT + s."""
+    return tile // (HKV * NSPLIT), (tile // NSPLIT) % HKV, tile % NSPLIT
+
+
+@gluon.jit
+def _pick(vec, idx, j):
+    """vec[j] of a small int32 vector (registers only)."""
+    return gl.sum(gl.where(idx == j, vec, 0), axis=0)
+
+
+@gluon.jit
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-          SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr):
-    """Split-KV partial of tile (b, kv head g, split s) for the R = Hq/Hkv query heads of g (ops/attention.py:
-    O_s = sum_j exp(x_j - lse_s) v_j, lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
+          SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
+          NTA: gl.constexpr):
+    """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
+    split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
+    lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
 
-    The first BN positions of the split are loaded before the dependency wait (every position but the one
-    this step writes, seq_lens[b], was written by earlier steps); that row is patched in after the wait. Warps
-    split the query heads, so every reduction stays inside a warp (no CTA barrier). fp32 CUDA-core products
-    over [RP, BN, HD], online softmax in exp2."""
+    One software-pipelined loop over the run's (tile, BN-block) pairs: block i + 1's K/V (and, at a tile's first
+    block, its q) are loaded while block i computes. The first block is loaded before the dependency wait (every
+    position but the one this step writes, seq_lens[b], was written by earlier steps) and that row is patched
+    after it; blocks loaded after the wait need no patch. Warps split the query heads, so every reduction stays
+    inside a warp (no CTA barrier). fp32 CUDA-core products over [RP, BN, HD], online softmax in exp2: per tile
+    the same operations in the same order as one tile alone, so a tile's bits do not depend on its run."""
     R: gl.constexpr = HQ // HKV
+    NB: gl.constexpr = SPLIT // BN
     TD: gl.constexpr = 32 if HD >= 256 else HD // 8
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, L3)  # [RP, BN]
     S1: gl.constexpr = gl.SliceLayout(1, L3)  # [RP, HD]
     S0: gl.constexpr = gl.SliceLayout(0, L3)  # [BN, HD]
-    tile = gl.load(rec + F_TILE)
-    b = tile // (HKV * NSPLIT)
-    g = (tile // NSPLIT) % HKV
-    s = tile % NSPLIT
+    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    u0 = gl.load(rec + F_U0)
+    nu = gl.load(rec + F_NU)
     q = base_t + gl.load(a) * 8
     kc = base_t + gl.load(a + 1) * 8
     vc = base_t + gl.load(a + 2) * 8
-    pos = gl.load(base_i + gl.load(a + 3) * 4 + b, cache_modifier=".cg")  # the row this step writes
+    seq = base_i + gl.load(a + 3) * 4
     o_part = base_f + gl.load(a + 4) * 4
     lse_part = base_f + gl.load(a + 5) * 4
-    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
+    # the position each tile's sequence writes this step (seq_lens is the step's input: read before the wait)
+    jv = gl.arange(0, NTA, layout=V1)
+    posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
     nk = gl.arange(0, BN, layout=gl.SliceLayout(1, S0))
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, S0))
-    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
-    n0 = s * SPLIT
-    ptr = (n0 + nk)[:, None] * HD + dk[None, :]
-    old = ((n0 + nk) < end) & ((n0 + nk) != pos)
-    k_pre = gl.load(kc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
-    v_pre = gl.load(vc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
-    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    cur = ((n0 + nk) == pos) & ((n0 + nk) < end)
-    k_pre = gl.where(cur[:, None], gl.load(kc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"),
-                     k_pre)
-    v_pre = gl.where(cur[:, None], gl.load(vc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"),
-                     v_pre)
+    nx = gl.arange(0, BN, layout=gl.SliceLayout(0, S2))
     rq = gl.arange(0, RP, layout=gl.SliceLayout(1, S1))
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, S1))
-    heads = g * R + rq
+    rl = gl.arange(0, RP, layout=gl.SliceLayout(1, S2))
     qk_scale = SM_SCALE * 1.4426950408889634
-    qv = gl.load(q + (b * HQ + heads)[:, None] * HD + dq[None, :], mask=(rq < R)[:, None], other=0.0,
-                 cache_modifier=".cg").to(gl.float32) * qk_scale
-    q3 = gl.expand_dims(qv, 1)
-    nx = gl.arange(0, BN, layout=gl.SliceLayout(0, S2))
+    # block 0 of tile u0 before the wait: the old rows only
+    b, g, s = _tile_coords(u0, HKV, NSPLIT)
+    pos = _pick(posv, jv, 0)
+    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
+    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
+    ptr = (s * SPLIT + nk)[:, None] * HD + dk[None, :]
+    old = ((s * SPLIT + nk) < end) & ((s * SPLIT + nk) != pos)
+    k_c = gl.load(kc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
+    v_c = gl.load(vc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
+    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+    cur = ((s * SPLIT + nk) == pos) & ((s * SPLIT + nk) < end)
+    k_c = gl.where(cur[:, None], gl.load(kc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"), k_c)
+    v_c = gl.where(cur[:, None], gl.load(vc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"), v_c)
+    q_c = gl.load(q + (b * HQ + g * R + rq)[:, None] * HD + dq[None, :], mask=(rq < R)[:, None], other=0.0,
+                  cache_modifier=".cg")
+    q_n = q_c
     m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
     l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
     acc = gl.zeros([RP, HD], gl.float32, S1)
-    k = k_pre.to(gl.float32)
-    v = v_pre.to(gl.float32)
-    for n0 in range(s * SPLIT, end, BN):
-        if n0 > s * SPLIT:
-            ptr = (n0 + nk)[:, None] * HD + dk[None, :]
-            msk = ((n0 + nk) < end)[:, None]
-            k = gl.load(kc + kv_off + ptr, mask=msk, other=0.0, cache_modifier=".cg").to(gl.float32)
-            v = gl.load(vc + kv_off + ptr, mask=msk, other=0.0, cache_modifier=".cg").to(gl.float32)
-        x = gl.sum(q3 * gl.expand_dims(k, 0), axis=2)
+    total = nu * NB
+    for i in range(total):
+        j = i // NB
+        blk = i % NB
+        b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+        end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
+        n0 = s * SPLIT + blk * BN
+        if blk == 0:  # a new tile: its q (prefetched with its first block), fresh softmax state
+            if i > 0:
+                q_c = q_n
+            m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
+            l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
+            acc = gl.zeros([RP, HD], gl.float32, S1)
+        # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
+        j1 = (i + 1) // NB
+        b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
+        end1 = gl.minimum(gl.minimum(_pick(posv, jv, j1) + 1, s1 * SPLIT + SPLIT), S)
+        n1 = s1 * SPLIT + ((i + 1) % NB) * BN
+        live1 = ((n1 + nk) < end1) & (i + 1 < total)
+        ptr1 = (n1 + nk)[:, None] * HD + dk[None, :]
+        off1 = (b1 * HKV + g1).to(gl.int64) * (S * HD)
+        k_n = gl.load(kc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
+        nq = ((i + 1) % NB == 0) & (i + 1 < total)
+        q_n = gl.load(q + (b1 * HQ + g1 * R + rq)[:, None] * HD + dq[None, :], mask=((rq < R) & nq)[:, None],
+                      other=0.0, cache_modifier=".cg")
+        # block i
+        q3 = gl.expand_dims(q_c.to(gl.float32) * qk_scale, 1)
+        x = gl.sum(q3 * gl.expand_dims(k_c.to(gl.float32), 0), axis=2)
         x = gl.where(((n0 + nx) < end)[None, :], x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=1))
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(x - m_new[:, None])
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
+        alpha = gl.exp2(m - m_use)
+        p = gl.exp2(x - m_use[:, None])
         l = l * alpha + gl.sum(p, axis=1)
-        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v, 0), axis=1)
+        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_c.to(gl.float32), 0), axis=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, S1))[:, None] + pv
         m = m_new
-    nonempty = l > 0.0
-    lsafe = gl.where(nonempty, l, 1.0)
-    o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
-    lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
-    slot = (b * HQ + heads) * NSPLIT + s
-    gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
-    rl = gl.arange(0, RP, layout=gl.SliceLayout(1, S2))
-    gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
+        k_c = k_n
+        v_c = v_n
+        if blk == NB - 1:  # the tile's last block: its partial
+            nonempty = l > 0.0
+            lsafe = gl.where(nonempty, l, 1.0)
+            o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
+            lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
+            slot = (b * HQ + g * R + rq) * NSPLIT + s
+            gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
+            gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
 
 
 @gluon.jit
 def merge_task(rec, a, base_t, base_f, HQ: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
            NSP2: gl.constexpr, CHM: gl.constexpr, LM: gl.constexpr):
-    """attn[b, h] = sum_s exp(lse_s - LSE) O_s, LSE = log sum_s exp(lse_s) (ops/attention.py), tile b*Hq + h."""
+    """attn[b, h] = sum_s exp(lse_s - LSE) O_s, LSE = log sum_s exp(lse_s) (ops/attention.py), for the run of
+    rows b*Hq + h in [u0, u0 + nu) (record F_U0 / F_NU)."""
     dt: gl.constexpr = base_t.dtype.element_ty
-    row = gl.load(rec + F_TILE)
+    u0 = gl.load(rec + F_U0)
+    nu = gl.load(rec + F_NU)
     o_part = base_f + gl.load(a) * 4
     lse_part = base_f + gl.load(a + 1) * 4
     out = base_t + gl.load(a + 2) * 8
     SL: gl.constexpr = gl.SliceLayout(1, LM)
     sp = gl.arange(0, NSP2, layout=SL)
-    lse = gl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-    mx = gl.max(lse, axis=0)
-    mx = gl.where(mx == float("-inf"), 0.0, mx)
-    tot = gl.sum(gl.exp(lse - mx), axis=0)
     d = gl.arange(0, HD, layout=gl.SliceLayout(0, LM))
-    acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM))
-    for c in range(0, NSPLIT, CHM):
-        idx = c + gl.arange(0, CHM, layout=SL)
-        lc = gl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-        live = lc > float("-inf")
-        oc = gl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
-                     cache_modifier=".cg")
-        acc += gl.sum(oc * gl.exp(lc - mx)[:, None], axis=0)
-    gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
+    for row in range(u0, u0 + nu):
+        lse = gl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+        mx = gl.max(lse, axis=0)
+        mx = gl.where(mx == float("-inf"), 0.0, mx)
+        tot = gl.sum(gl.exp(lse - mx), axis=0)
+        acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM))
+        for c in range(0, NSPLIT, CHM):
+            idx = c + gl.arange(0, CHM, layout=SL)
+            lc = gl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+            live = lc > float("-inf")
+            oc = gl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
+                         cache_modifier=".cg")
+            acc += gl.sum(oc * gl.exp(lc - mx)[:, None], axis=0)
+        gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
 
 
 @gluon.jit
