@@ -301,6 +301,24 @@ case "$1" in
     step 25 profile-1b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
     ;;
+72) # session 9, one H200 (~4.5 min) at the final kernel commit: 1,000 replays of graph / pdl / megakernel at batch
+    # 1 and 8 and the streaming megakernel's forced timeout (scripts/replay_check.py) beside the compiles; then
+    # the Llama-3.1-8B batch-1 streaming profile, and the torch.compile comparison on Qwen3-8B and SmolLM2-135M
+    # (random weights) at batch 1 and 8
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    Q="--model qwen3-8b --random-weights --batch 1,8" SM="--model smollm2-135m --random-weights --batch 1,8"
+    (timeout 120 python3 scripts/replay_check.py --out "$W/replays.json" >"$W/replays.log" 2>&1) &
+    (timeout 130 python3 -m onekernel.cli bench --out /tmp/warm/q $Q --modes torch+compile,graph,pdl --steps 2 \
+        >/tmp/warm/q.log 2>&1) &
+    (timeout 130 python3 -m onekernel.cli bench --out /tmp/warm/s $SM --modes torch+compile,graph,pdl,megakernel \
+        --steps 2 >/tmp/warm/s.log 2>&1) &
+    (timeout 100 python3 scripts/stream_profile.py --out /tmp/warm --model llama-3.1-8b >/tmp/warm/p.log 2>&1) &
+    wait
+    grep -h '^{' "$W/replays.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    step 25 profile-8b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b
+    step 75 bench-qwen3-8b $bench/bench $Q --modes torch+compile,graph,pdl --steps 50
+    step 40 bench-135m-random $bench/bench $SM --modes torch+compile,graph,pdl,megakernel --steps 50
+    ;;
 60) # issue 16, kind nvidia-h200-x4 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md). Warm-up and
     # check in parallel over the 4 GPUs, then the Llama-3.1-8B scaling rows of this commit: TP=1 (GPU 0) and TP=2
     # (GPUs 2,3) timed at the same time on disjoint GPUs, then TP=4 alone on all four.
