@@ -11,6 +11,8 @@
 # 30: session 8, the tensor-core GEMV's chunk pipeline depth (ONEKERNEL_MMA_STAGES) and PDL's trigger position.
 # 31 (kind nvidia-h200-x2): session 8, the TP megakernel's first GPU run.
 # 40 + 41 (kind nvidia-h200-x2, back to back): session 8's final commit (the default GGUF split at 52 MB).
+# 50, 51 (one H200): session 9's diagnostics (streaming-megakernel profiles at batch 1/8/16, GPU tests, warm start).
+# 70 + 71 (kind nvidia-h200-x2, back to back) and 72 (one H200): session 9's final commit.
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
 #    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,

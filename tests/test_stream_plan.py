@@ -33,6 +33,26 @@ CFG = dataclasses.replace(get_config("tiny"), name="stream-test", vocab_size=300
                           head_dim=64, ffn_dim=384)
 
 
+def test_a_gemv_width_not_a_multiple_of_8_is_refused(monkeypatch):
+    """The tensor-core body reads activations in 16-byte vectors and tells the compiler K % 8 == 0, so the plan
+    refuses (with the reason) a step whose GEMV in_features is not a multiple of 8; the registry's models pass."""
+    from types import SimpleNamespace
+
+    from onekernel.exec.stream_plan import unsupported
+    from onekernel.models.decode_graph import decode_graph
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    cuda = SimpleNamespace(type="cuda")
+    g, _, _ = decode_graph(CFG, 1, 64, torch.bfloat16)  # decode_graph itself wants widths % 16 == 0
+    down = next(op for op in g.ops if op.name == "down.0")
+    down.params["K"] = CFG.ffn_dim - 4  # a graph built another way: down_proj K % 8 == 4
+    why = unsupported(SimpleNamespace(graph=g, device=cuda, batch=1))
+    assert why is not None and "not a multiple of 8" in why and str(CFG.ffn_dim - 4) in why, why
+    for name in ("smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"):
+        g, _, _ = decode_graph(get_config(name), 1, 64, torch.bfloat16)
+        assert unsupported(SimpleNamespace(graph=g, device=cuda, batch=1)) is None, name
+
+
 # K of 1024 / 2048: 1024-column chunks of 8 rows (Llama's chunk shape), the MMA path's 8-group blocks
 CFG8 = dataclasses.replace(CFG, name="stream-test-8", dim=1024, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=2048,
                            n_layers=1)
