@@ -230,8 +230,19 @@ SUBCOMMANDS = {
 }
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml), or "unknown" when run from a tree that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onekernel")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="onekernel", description="LLM decoding: eager, CUDA graph, PDL, megakernel")
+    parser.add_argument("--version", action="version", version=f"onekernel {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_, add, run) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=_DefaultsHelp)

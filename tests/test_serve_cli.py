@@ -67,3 +67,29 @@ def test_port_zero_names_the_port_the_system_picked():
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
     assert check_address("127.0.0.1", port) == port
+
+
+def test_a_port_out_of_range_is_refused_before_the_model_is_read(monkeypatch, capsys):
+    """`serve --port 99999` fails in the option checks (exit 2, one line), not after reading the model: the
+    model loader is replaced by one that fails the test if it is called."""
+    import onekernel.serve.main as serve_main
+    from onekernel.cli import main
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was opened before the port was checked")
+    monkeypatch.setattr(serve_main, "open_model", no_model, raising=False)
+    monkeypatch.setattr("onekernel.models.load.open_model", no_model)
+    for port in ("99999", "-1"):
+        assert main(["serve", "--port", port]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--port {port} is outside 0..65535" in err[0], err
+
+
+def test_version_names_the_installed_package(capsys):
+    from importlib.metadata import version
+
+    from onekernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"onekernel {version('onekernel')}"

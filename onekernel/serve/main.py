@@ -61,6 +61,12 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def check_port(port: int) -> None:
+    """InputError for a port outside 0..65535 (checked before the model loads, and again by check_address)."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port} is outside 0..65535; pick a free port such as 8000")
+
+
 def check_address(host: str, port: int) -> int:
     """The port to serve on: ``port``, or for 0 the free port the operating system picked (so the ready line
     names a port that answers). InputError, before anything loads, when the server could not listen on
@@ -68,8 +74,7 @@ def check_address(host: str, port: int) -> int:
     socket that is closed at once; uvicorn binds again after the warm-up)."""
     import socket
 
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port {port} is outside 0..65535; pick a free port such as 8000")
+    check_port(port)
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
@@ -98,6 +103,7 @@ def run(args) -> int:
     from onekernel.serve.engine import Engine
     from onekernel.serve.shutdown import GracefulServer
 
+    check_port(args.port)  # the range now; whether it is free right before the model loads (check_address)
     bucket_sizes(args.max_batch)  # checks it
     if args.max_queue < 0:
         raise InputError(f"--max-queue must be >= 0, got {args.max_queue}")
