@@ -29,6 +29,67 @@ def _one_line(e: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# A GGUF file's tokenizer, once converted, is kept as an HF tokenizer folder (tokenizer.json, tokenizer_config.json,
+# chat_template.jinja) under $ONEKERNEL_CACHE/tokenizers: transformers' GGUF conversion parses the whole file's
+# metadata again (about 4 s for SmolLM2-135M's 49k-token vocabulary on a CPU), the kept folder loads in 0.3 s.
+# Key: the file's resolved path, size and modification time, transformers' version and KEPT_FORMAT; a folder
+# is complete when it holds DONE (written before the folder is renamed into place); one that does not load is
+# rebuilt. ONEKERNEL_HOST_CACHE=0 turns this off with the other host-side caches (exec.host_cache).
+KEPT_FORMAT = "1"
+DONE = "onekernel-complete"
+
+
+def _kept_dir(path: Path) -> Path | None:
+    """Where the tokenizer of GGUF file ``path`` is kept (module comment above), or None when nothing is kept."""
+    import hashlib
+
+    import transformers
+
+    from onekernel.exec import host_cache
+    from onekernel.exec.codegen import cache_dir
+    if not host_cache.enabled():
+        return None
+    try:
+        st = path.stat()
+        key = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}\0{KEPT_FORMAT}"
+        return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:40]
+    except OSError:  # an unreadable cache folder: build the tokenizer every time
+        return None
+
+
+def _load_kept(kept: Path | None):
+    """The kept HF tokenizer, or None (none kept, or one that does not load: logged, then rebuilt)."""
+    if kept is None or not (kept / DONE).is_file():
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(kept), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged cache entry is rebuilt, never an error
+        import logging
+        logging.getLogger("onekernel").warning("the kept tokenizer in %s does not load (%s); rebuilding it", kept,
+                                               _one_line(e))
+        return None
+
+
+def _keep(hf, kept: Path | None) -> None:
+    """Save ``hf`` as the folder ``kept``: written under a temporary name, DONE last, then renamed (a process that
+    finds the folder already there, or cannot write, keeps nothing: the cache is an optimisation)."""
+    if kept is None:
+        return
+    import os
+    import shutil
+    tmp = kept.parent / f".{kept.name}.{os.getpid()}"
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if kept.exists():
+            shutil.rmtree(kept)  # a damaged entry (no DONE, or one that did not load)
+        hf.save_pretrained(str(tmp))
+        (tmp / DONE).write_text(KEPT_FORMAT)
+        os.rename(tmp, kept)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Tokenizer:
     """Text <-> token ids. Build with `from_gguf`, `from_hf` or `byte_level`.
 
@@ -53,11 +114,16 @@ class Tokenizer:
         transformers' GGUF tokenizer conversion (offline; the chat template comes from
         `tokenizer.chat_template`). transformers reads only little-endian files, so a big-endian file's
         metadata is first copied to a little-endian one in a temporary folder
-        (`gguf_file.little_endian_metadata`). Raises ModelFileError when it cannot be built."""
+        (`gguf_file.little_endian_metadata`). The converted tokenizer is kept on disk and reused by later runs
+        (`KEPT_FORMAT` above). Raises ModelFileError when it cannot be built."""
         from transformers import AutoTokenizer
 
         from onekernel.models.gguf_file import is_big_endian, little_endian_metadata
         path = Path(path)
+        kept = _kept_dir(path)
+        hf = _load_kept(kept)
+        if hf is not None:
+            return cls(hf, source=str(path))
         try:
             with tempfile.TemporaryDirectory(prefix="onekernel_gguf_") as tmp:
                 file = little_endian_metadata(path, Path(tmp) / path.name) if is_big_endian(path) else path
@@ -65,6 +131,7 @@ class Tokenizer:
         except Exception as e:
             raise ModelFileError(f"cannot build the tokenizer from {path} ({type(e).__name__}: {_one_line(e)}); "
                                  "re-download the file") from e
+        _keep(hf, kept)
         return cls(hf, source=str(path))
 
     @classmethod
