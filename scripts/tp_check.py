@@ -21,7 +21,8 @@ vocabulary; each rank's cache holds its KV heads of the same numbers), then
    mode at TP=1 (torch and torch+graph: the reference) and ``rel_err_vs_reference``; ``argmax_agree`` (rows);
    greedy: ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row) and the TP=1 top-2 margin there
    (relative to the logit range: a small margin means rounding, not a bug, decided the token);
-3. a forced timeout of the TP megakernel: rank 1 skips its first launch (``ONEKERNEL_TP_FAULT=1:skip:1``; its
+3. last, once per model at the first batch size (a failed collective there cannot upset the checks), a forced
+   timeout of the TP megakernel: rank 1 skips its first launch (``ONEKERNEL_TP_FAULT=1:skip:1``; its
    collectives still run), every rank with ``spin_limit`` 2**16 polls: rank 0's ``step``/``check`` must raise
    KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" first (record
    ``mode: megakernel-timeout``, ``timeout_ok``; ``local_consequence``: a local wait gave up too, reported after
@@ -271,10 +272,16 @@ def main() -> int:
                     traceback.print_exc()
                 emit(rec)
                 torch.cuda.empty_cache()
-            for mk in MK_BACKEND:
-                if (want is None or mk in want) and not (a.cpu and mk == "megakernel-gluon"):
-                    emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw, mk))
             del full_cache, local, tp1, tpref
+        # 3. the forced timeouts last, at the first batch size: a rank that gives up a collective there (run 9: a
+        # rendezvous past its store timeout while rank 0 compiled) leaves the ranks' later collectives out of step
+        b = int(a.batches.split(",")[0])
+        _, local, tokens = _state(cfg, shard, b, a.context, dev, dtype)
+        dist.barrier(group=slow)
+        for mk in MK_BACKEND:
+            if (want is None or mk in want) and not (a.cpu and mk == "megakernel-gluon"):
+                emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw, mk))
+        del local
         full = model = None
         torch.cuda.empty_cache()
     close_rank()
