@@ -183,44 +183,48 @@ def wait_bounded(ok, addr, parity, err, code, t, i, slot, WAIT_NS: gl.constexpr)
 
 
 @gluon.jit
-def spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
-    """Spin until cnt[0] >= want (every thread, ``ld.acquire.gpu``), for at most WAIT_NS and not once another
-    failure is recorded (err[0] polled every 256 polls)."""
-    seen = ld_acquire(cnt)
+def _spin(cnt, want, stop, err, t, ev, peer, WAIT_NS: gl.constexpr, SYS: gl.constexpr):
+    """Spin until cnt[0] >= want (every thread; ``ld.acquire.sys`` with SYS, else ``ld.acquire.gpu``), for at
+    most WAIT_NS and not once *stop != 0 (read every 256 polls: another failure was recorded). On timeout:
+    ``record_remote`` (SYS) or ``record`` (1, task, event, seen, want)."""
+    if SYS:
+        seen = ld_acquire_sys(cnt)
+    else:
+        seen = ld_acquire(cnt)
     if seen < want:
         t0 = now()
         tn = t0
         n = 0
         bad = 0
         while (seen < want) & (bad == 0) & (tn - t0 < WAIT_NS):
-            seen = ld_acquire(cnt)
+            if SYS:
+                seen = ld_acquire_sys(cnt)
+            else:
+                seen = ld_acquire(cnt)
             tn = now()
             n += 1
             if n % 256 == 0:
-                bad = gl.load(err, volatile=True)
+                bad = gl.load(stop, volatile=True)
         if (seen < want) & (bad == 0):
-            record(err, 1, t, ev, seen, want)
+            if SYS:
+                record_remote(err, t, ev, seen, want, peer)
+            else:
+                record(err, 1, t, ev, seen, want)
+
+
+@gluon.jit
+def spin(cnt, want, err, t, ev, WAIT_NS: gl.constexpr):
+    """Spin until the local counter cnt[0] >= want (``ld.acquire.gpu``), for at most WAIT_NS and not once another
+    failure is recorded (err[0]); on timeout ``record`` (_spin)."""
+    _spin(cnt, want, err, err, t, ev, 0, WAIT_NS, False)
 
 
 @gluon.jit
 def spin_peer(cnt, want, err, t, ev, peer, WAIT_NS: gl.constexpr):
-    """Spin until the peer counter cnt[0] >= want (every thread, ``ld.acquire.sys``), for at most WAIT_NS and not
-    once another remote failure is recorded (err[ERR_RSLOT] polled every 256 polls; a local failure in err[0]
-    does not stop it: the remote cause is then still recorded). On timeout: ``record_remote``."""
-    seen = ld_acquire_sys(cnt)
-    if seen < want:
-        t0 = now()
-        tn = t0
-        n = 0
-        bad = 0
-        while (seen < want) & (bad == 0) & (tn - t0 < WAIT_NS):
-            seen = ld_acquire_sys(cnt)
-            tn = now()
-            n += 1
-            if n % 256 == 0:
-                bad = gl.load(err + ERR_RSLOT, volatile=True)
-        if (seen < want) & (bad == 0):
-            record_remote(err, t, ev, seen, want, peer)
+    """Spin until the peer counter cnt[0] >= want (``ld.acquire.sys``), for at most WAIT_NS and not once another
+    remote failure is recorded (err[ERR_RSLOT]; a local failure in err[0] does not stop it: the remote cause is
+    then still recorded); on timeout ``record_remote`` (_spin)."""
+    _spin(cnt, want, err + ERR_RSLOT, err, t, ev, peer, WAIT_NS, True)
 
 
 @gluon.jit
