@@ -392,6 +392,30 @@ def _lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.
 
 
 @gluon.jit
+def _gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
+    """A GEMV task's record fields and operands: (task, first unit, units, K, k-chunks, N, x, norm weight).
+    ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_plan.unsupported), so the activation
+    loads masked by k < K are 16-byte vectors."""
+    t = gl.load(rec + F_TASK)
+    u0 = gl.load(rec + F_U0)
+    nu = gl.load(rec + F_NU)
+    K = gl.load(rec + F_K)
+    if ALIGN8:
+        K = gl.multiple_of(K, 8)
+    nkb = gl.load(rec + F_NKB)
+    N = gl.load(rec + F_N)
+    return t, u0, nu, K, nkb, N, base_t + gl.load(a) * 8, base_t + gl.load(a + 1) * 8
+
+
+@gluon.jit
+def _qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr):
+    """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq)."""
+    return (base_t + gl.load(a + 2) * 8, base_t + gl.load(a + 3) * 8, base_t + gl.load(a + 4) * 8,
+            gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg"),
+            base_f + gl.load(a + 6) * 4)
+
+
+@gluon.jit
 def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
           B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr,
           CK: gl.constexpr,
@@ -400,14 +424,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
     """One GEMV task: units [u0, u0 + nu) of op rows (exec.stream_plan: RESID/LMHEAD unit = RG rows, GATEUP =
     RG gate rows + the same RG up rows, QKV = RG/2 rotation pairs of one head)."""
     dt: gl.constexpr = base_t.dtype.element_ty
-    t = gl.load(rec + F_TASK)
-    u0 = gl.load(rec + F_U0)
-    nu = gl.load(rec + F_NU)
-    K = gl.load(rec + F_K)
-    nkb = gl.load(rec + F_NKB)
-    N = gl.load(rec + F_N)
-    x = base_t + gl.load(a) * 8
-    nw = base_t + gl.load(a + 1) * 8
+    t, u0, nu, K, nkb, N, x, nw = _gemv_task(rec, a, base_t, False)
     if (kind == K_GATEUP) | (kind == K_QKV) | (kind == K_LMHEAD):
         rstd = _fill_x(xbuf, x, nw, K, B, BP, XB, KXB, CK, True, EPS)
     else:
@@ -438,11 +455,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
     elif kind == K_QKV:
         # unit u: head h = u // (HD / RG), pair chunk c (_qkv_out)
         CH: gl.constexpr = HD // RG
-        q = base_t + gl.load(a + 2) * 8
-        kc = base_t + gl.load(a + 3) * 8
-        vc = base_t + gl.load(a + 4) * 8
-        pos = gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg")
-        inv_freq = base_f + gl.load(a + 6) * 4
+        q, kc, vc, pos, inv_freq = _qkv_buffers(a, base_t, base_f, base_i, bidx, B)
         for u in range(u0, u0 + nu):
             h = u // CH
             c = u % CH
@@ -477,14 +490,7 @@ def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, e
     epilogues as _gemv per unit of the block (sums read back by _acc_of)."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
-    t = gl.load(rec + F_TASK)
-    u0 = gl.load(rec + F_U0)
-    nu = gl.load(rec + F_NU)
-    K = gl.multiple_of(gl.load(rec + F_K), 8)  # every K % 8 == 0 (stream_plan.unsupported): 16-byte loads
-    nkb = gl.load(rec + F_NKB)
-    N = gl.load(rec + F_N)
-    x = base_t + gl.load(a) * 8
-    nw = base_t + gl.load(a + 1) * 8
+    t, u0, nu, K, nkb, N, x, nw = _gemv_task(rec, a, base_t, True)
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
@@ -526,11 +532,7 @@ def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, e
                             b64, bm, N, out, RG)
         elif kind == K_QKV:
             CH: gl.constexpr = HD // RG
-            q = base_t + gl.load(a + 2) * 8
-            kc = base_t + gl.load(a + 3) * 8
-            vc = base_t + gl.load(a + 4) * 8
-            pos = gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg")
-            inv_freq = base_f + gl.load(a + 6) * 4
+            q, kc, vc, pos, inv_freq = _qkv_buffers(a, base_t, base_f, base_i, bidx, B)
             for u in range(ub, ue):
                 h = u // CH
                 c = u % CH
