@@ -1,0 +1,84 @@
+"""Does a refactor change the streaming megakernel's machine code? Compile it in this tree and in another one
+(e.g. a ``git worktree`` of the commit the tables were measured at) for sm_90a, on a machine without a GPU, and
+compare the PTX up to register and label names (debug-scope labels, line records and blank lines dropped):
+
+    python scripts/ptx_compare.py OTHER_TREE [--out DIR]
+
+Seven kernels: Llama-3.2-1B batch 1 / 8 / 16 and Llama-3.1-8B batch 1 with tensor cores, SmolLM2-135M batch 3
+and Llama-3.2-1B batch 1 with CUDA cores, and a TP=2 rank of Llama-3.2-1B at batch 8. Equal PTX means a
+benchmark table measured with the other tree still describes this one. Prints one line per kernel and exits 1
+when any differs (the normalised PTX of both trees stays in --out for a diff).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = [("llama-3.2-1b", 1, "mma", None), ("llama-3.2-1b", 8, "mma", None), ("llama-3.2-1b", 16, "mma", None),
+           ("llama-3.1-8b", 1, "mma", None), ("smollm2-135m", 3, "fma", None), ("llama-3.2-1b", 1, "fma", None),
+           ("llama-3.2-1b", 8, "fma", (0, 2))]
+
+DUMP = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+tree, out = sys.argv[1], sys.argv[2]
+sys.path[:0] = [tree, tree + "/scripts"]
+from stream_compile_check import compile_stream
+for m, b, gv, tp in {kernels!r}:
+    k, _, _ = compile_stream(m, b, 132, gemv=gv, tp=tp)
+    open(f"{{out}}/{{m}}-{{b}}-{{gv}}-{{'tp' if tp else 'x'}}.ptx", "w").write(k.asm["ptx"])
+"""
+
+
+def normalise(ptx: str) -> str:
+    """PTX without line records, comments, debug sections, debug-scope labels and register declarations, its
+    registers and labels renamed in order of first appearance."""
+    ptx = re.sub(r"\.section\s+\.debug.*", "", ptx, flags=re.S)
+    ptx = "\n".join(ln for ln in ptx.splitlines() if not ln.strip().startswith((".loc", ".file", "//")))
+    ptx = re.sub(r"^\$L__tmp\d+:\s*$", "", ptx, flags=re.M)
+    ptx = re.sub(r"\.reg\s+[^;]*;", "", ptx)
+    regs: dict[str, dict[str, str]] = {}
+    ptx = re.sub(r"%([a-z]+)(\d+)", lambda m: regs.setdefault(m.group(1), {}).setdefault(
+        m.group(0), f"%{m.group(1)}#{len(regs[m.group(1)])}"), ptx)
+    labels: dict[str, str] = {}
+    ptx = re.sub(r"\$L__\w+", lambda m: labels.setdefault(m.group(0), f"L{len(labels)}"), ptx)
+    return "\n".join(ln for ln in ptx.splitlines() if ln.strip())
+
+
+def dump(tree: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", DUMP.format(kernels=KERNELS), str(tree), str(out)], check=True,
+                   env=dict(os.environ, TRITON_INTERPRET="0"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("other", help="the other tree (a checkout of the commit to compare with)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    out = Path(a.out or tempfile.mkdtemp(prefix="ptx_compare_"))
+    trees = {"this": ROOT, "other": Path(a.other).resolve()}
+    for name, tree in trees.items():
+        dump(tree, out / name)
+    differ = 0
+    for f in sorted((out / "this").glob("*.ptx")):
+        ptx = {n: normalise((out / n / f.name).read_text()) for n in trees}
+        for n, text in ptx.items():
+            (out / n / f.name).with_suffix(".norm.ptx").write_text(text)
+        same = ptx["this"] == ptx["other"]
+        differ += not same
+        print(f"{f.stem:28s} {'same' if same else 'DIFFERENT'}  "
+              f"{hashlib.sha256(ptx['this'].encode()).hexdigest()[:12]} {hashlib.sha256(ptx['other'].encode()).hexdigest()[:12]}")
+    print(f"{len(KERNELS) - differ} of {len(KERNELS)} kernels have the same PTX; normalised files in {out}")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
