@@ -34,7 +34,7 @@ def replays(model, name, batch, mode, n, context=512) -> dict:
     r = make_step_runner(mode, model, cache)
     first = r.step(tokens)[0].clone()
     same = sum(int(torch.equal(r.step(tokens)[0], first)) for _ in range(n))
-    r.check() if hasattr(r, "check") else None
+    r.check()
     return {"model": name, "batch": batch, "mode": mode, "runner": type(r).__name__,
             "replays_bitwise_equal": f"{same}/{n}"}
 

@@ -345,7 +345,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                 if name == "argmax":
                     reads = (g.buffers["stream.pmax"].full(), g.buffers["stream.pidx"].full())
                 tasks.append(Task(-1, t.tile, tuple(reads), tuple(writes), t.bytes, t.flops))
-                units.append((t.tile, 1) if name in ("attn_partial", "attn_merge") else (0, 0))
+                units.append((0, 0))
         g.add_op(new, tasks)
         kinds.append(kind)
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
