@@ -90,6 +90,33 @@ def ld_acquire_sys(p):
 
 
 @triton.jit
+def _poll_once(p, ACQ_LOAD: tl.constexpr, SYS: tl.constexpr):
+    if ACQ_LOAD:
+        if SYS:
+            v = ld_acquire_sys(p)
+        else:
+            v = ld_acquire(p)
+    else:
+        v = tl.load(p, volatile=True)
+    return v
+
+
+@triton.jit
+def _poll(p, want, stop, SPIN_LIMIT, ACQ_LOAD: tl.constexpr, SYS: tl.constexpr):
+    """(the last count seen, the stop word's last value): poll p[0] (``ld.acquire.sys`` with SYS, else
+    ``ld.acquire.gpu``; volatile loads off the GPU) until it reaches ``want``, for at most SPIN_LIMIT polls, and
+    not once *stop != 0 (read at every poll: a failure was recorded). spin and spin_peer record the failure."""
+    seen = _poll_once(p, ACQ_LOAD, SYS)
+    n = 0
+    bad = tl.load(stop, volatile=True)
+    while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
+        seen = _poll_once(p, ACQ_LOAD, SYS)
+        bad = tl.load(stop, volatile=True)
+        n += 1
+    return seen, bad
+
+
+@triton.jit
 def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
     """Bounded spin until ``cnt[ev] >= want``, ``cnt`` being rank ``peer``'s event counters; on timeout record
     the first remote failure in the remote slot err[ERR_RSLOT:ERR_RSLOT + 6] as (5, task, event, seen, want, peer),
@@ -101,20 +128,8 @@ def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
     and the body reads the peer's rows with ``.cv`` loads (``ld.volatile.global``; ops/allreduce.py). Interpreter: volatile polls and
     no read-modify-write (only the owner writes a counter; a non-atomic RMW across processes could lose its add;
     plain loads on the CPU are ordered enough: x86-TSO)."""
-    if ACQ_LOAD:
-        seen = ld_acquire_sys(cnt + ev)
-    else:
-        seen = tl.load(cnt + ev, volatile=True)
-    n = 0
     rslot = err + ERR_RSLOT
-    bad = tl.load(rslot, volatile=True)
-    while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
-        if ACQ_LOAD:
-            seen = ld_acquire_sys(cnt + ev)
-        else:
-            seen = tl.load(cnt + ev, volatile=True)
-        bad = tl.load(rslot, volatile=True)
-        n += 1
+    seen, bad = _poll(cnt + ev, want, rslot, SPIN_LIMIT, ACQ_LOAD, True)
     if (seen < want) & (bad == 0):
         if tl.atomic_cas(rslot, 0, ERR_REMOTE) == 0:
             tl.store(rslot + 1, t)
@@ -133,19 +148,7 @@ def spin(t, ev, want, ev_cnt, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
     ACQ_LOAD (GPU): every poll is an ``ld.acquire.gpu`` (one L2 round trip, no read-modify-write competing
     with the producers' atomics); the CTA barrier after the waits extends the ordering to the whole CTA.
     Else (interpreter): volatile polls, then one acquire read-modify-write."""
-    if ACQ_LOAD:
-        seen = ld_acquire(ev_cnt + ev)
-    else:
-        seen = tl.load(ev_cnt + ev, volatile=True)
-    n = 0
-    bad = tl.load(err, volatile=True)
-    while (seen < want) & (n < SPIN_LIMIT) & (bad == 0):
-        if ACQ_LOAD:
-            seen = ld_acquire(ev_cnt + ev)
-        else:
-            seen = tl.load(ev_cnt + ev, volatile=True)
-        bad = tl.load(err, volatile=True)
-        n += 1
+    seen, bad = _poll(ev_cnt + ev, want, err, SPIN_LIMIT, ACQ_LOAD, False)
     if not ACQ_LOAD:
         seen = tl.atomic_add(ev_cnt + ev, 0, sem="acquire", scope="gpu")
     if (seen < want) & (bad == 0):
