@@ -147,7 +147,7 @@ def _slot_coords(bases, n):
 @pytest.mark.parametrize("cfg,batch", [(CFG, 1), (CFG, 3), (CFG8, 2)])
 def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
     """gemv="mma": per task, k-major blocks of GB chunk groups (gate_up: GB / 2 units), each chunk read through
-    the kernel's shared layout as [4 warps, CK/4, RG] (stream_device._mma_block: warp w multiplies columns
+    the kernel's shared layout as [4 warps, CK/4, RG] (stream_mma._mma_block: warp w multiplies columns
     w*CK/4 + k of weight row n): every output row exactly once, exactly W @ x."""
     step, W = _step(batch, seed, cfg=cfg, gemv="mma")
     plan = make_plan(step, W)

@@ -13,12 +13,8 @@ One CTA per SM. Two partitions (``gl.warp_specialize``):
   each warp releases the slot (the loader refills it while we compute), in-thread partial sums per batch row
   accumulated in k order; epilogue per row group (residual / RoPE + KV append / logits + argmax partials) or
   per unit (gate/up + SiLU). Attention, merge, embedding and argmax tasks use plain loads.
-  With MMA (a ``gemv="mma"`` step) the GEMV tasks run on the tensor cores instead (_gemv_mma): per k-major
-  block of GB chunk groups and per k-chunk, the [16, CK] activation tile (batch padded to 16, RMSNorm applied)
-  is staged once in shared memory and loaded once as operand A, then every chunk of the block is operand B
-  straight from its ring slot (``ldmatrix``), ``mma.sync`` m16n8k16 with fp32 accumulators, each warp a fixed
-  CK/4 k-slice; the warps' partials are summed in a fixed order per block and fed to the same epilogues.
-  docs/DESIGN.md, "Tensor cores in the streaming megakernel".
+  With MMA (a ``gemv="mma"`` step) the GEMV tasks run on the tensor cores instead (``exec.stream_mma``), with
+  the same epilogues (``exec.stream_epilogue``).
 
 Shared pieces (record layout, kinds, waits): ``exec.stream_base``; the task bodies that stream no weights:
 ``exec.stream_tasks``.
@@ -32,16 +28,16 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
-from triton.language.extra.cuda import libdevice
 
-from onekernel.exec.stream_base import (F_IDX, F_K, F_KIND, F_N, F_NKB, F_NU, F_OP, F_SIGNAL, F_SYS, F_TASK, F_U0,
-                                        K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV,
-                                        K_RESID, REC, barrier, mma_shared_layouts, now, record, smem_addr, tma_load,
-                                        view, wait_bounded, wait_deps, wait_remote, warp_release)
+from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
+                                        K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC, barrier,
+                                        mma_shared_layouts, now, record, smem_addr, tma_load, view, wait_bounded,
+                                        wait_deps, wait_remote, warp_release)
+from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
+from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
-from onekernel.ops.gemv_rows import rnd, silu  # the ops' own rounding and SiLU (Triton functions Gluon calls)
+from onekernel.ops.gemv_rows import rnd  # the ops' own rounding (a Triton function Gluon calls)
 
 
 # ----------------------------------------------------------------------------------------------- loader
@@ -163,258 +159,6 @@ def _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B: gl.constexpr, BP: gl.con
     return gl.convert_layout(gl.sum(acc, axis=2), AL), ok, i
 
 
-# ----------------------------------------------------------------------------------------------- GEMV, tensor cores
-# gemv="mma" (consts MMA): per chunk ``acc[w] [16, RG] += A[w] [16, CK/4] @ W[w] [CK/4, RG]`` with mma.sync
-# m16n8k16 (fp32 accumulate), warp w taking the chunk's k-slice w (A: the [16, CK] activation tile staged in
-# shared memory, batch rows >= B zero; W: the ring slot, chunk packed as [4, CK/4, RG] by stream_plan); per task
-# the chunks come in k-major blocks of GB groups (stream_plan.mma_chunk_order) so one staged tile serves GB
-# chunks; at a block's end the 4 warps' partials go to shared memory and each output is
-# ((w0 + w1) + w2) + w3: the same instructions, shapes and sum order for every B (batch invariance).
-@gluon.constexpr_function
-def _stage_layout(CK):
-    """[4 warps, 4 batch rows, CK/4] staging layout: 8 consecutive k per thread (16-byte accesses), warp w holds
-    the k-slice its MMA reads."""
-    KS = CK // 4
-    TK = 32 if KS >= 256 else KS // 8
-    return gl.BlockedLayout([1, 1, 8], [1, 32 // TK, TK], [4, 1, 1], [2, 1, 0])
-
-
-@gluon.jit
-def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
-    """RMSNorm's rstd of every batch row of x [B, K], as 4 quads of fp32 [4] (rows 4q..4q+3, in the staging
-    layout's row slice; rows >= B: 0). Per k-chunk (a runtime loop: registers do not grow with K) a [4, CK] tile
-    per quad that holds a row < B (quads past B: compile-time zeros), its squares summed along the chunk and
-    added to the quad's sums in k order: row b's sum has the same operands and order for every B."""
-    SL3: gl.constexpr = _stage_layout(CK)
-    RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
-    TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(1, TL))
-    cols = gl.arange(0, CK, layout=gl.SliceLayout(0, TL))[None, :]
-    ss = ()
-    for q in gl.static_range(4):
-        ss = ss + (gl.zeros([4], gl.float32, gl.SliceLayout(1, TL)),)
-    for k0 in range(0, K, CK):
-        new = ()
-        for q in gl.static_range(4):
-            s = ss[q]
-            if q * 4 < B:
-                rows = q * 4 + r4
-                v = gl.load(x + rows[:, None] * K + k0 + cols, mask=(rows[:, None] < B) & (k0 + cols < K), other=0.0,
-                            cache_modifier=".cg").to(gl.float32)
-                s = s + gl.sum(v * v, axis=1)
-            new = new + (s,)
-        ss = new
-    rs = ()
-    for q in gl.static_range(4):
-        rows = q * 4 + r4
-        rs = rs + (gl.convert_layout(gl.where(rows < B, gl.rsqrt(ss[q] / K + EPS), 0.0), RQ),)
-    return rs
-
-
-@gluon.jit
-def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
-    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
-    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
-    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
-    KS: gl.constexpr = CK // 4
-    SL3: gl.constexpr = _stage_layout(CK)
-    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
-        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
-    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
-    vs = (g,)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            vs = vs + (gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
-                               cache_modifier=".cg"),)
-    return vs
-
-
-@gluon.jit
-def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
-    """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
-    hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
-    _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
-    F.linear does."""
-    dt: gl.constexpr = abuf.dtype
-    g = vs[0].to(gl.float32)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            v = vs[1 + q]
-            if norm != 0:
-                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
-            abuf.slice(q * 4, 4, dim=1).store(v)
-
-
-@gluon.jit
-def _stage_a(abuf, x, nw, K, rs, norm, kb, B: gl.constexpr, CK: gl.constexpr):
-    """_load_a then _store_a of tile kb, quad by quad (each quad's loads stored before the next quad's: fewer
-    registers than the two passes, for the batches PF leaves out). The same values."""
-    dt: gl.constexpr = x.dtype.element_ty
-    KS: gl.constexpr = CK // 4
-    SL3: gl.constexpr = _stage_layout(CK)
-    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
-        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
-    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0).to(gl.float32)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            v = gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
-                        cache_modifier=".cg")
-            if norm != 0:
-                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
-            abuf.slice(q * 4, 4, dim=1).store(v)
-
-
-@gluon.jit
-def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
-               RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, PF: gl.constexpr):
-    """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
-    tile is staged once (_store_a, CTA barriers around it; with PF, of the loads ``pre`` issued during the
-    previous tile's chunks, and the loads of the next block's first tile are returned; else loaded right before)
-    and loaded into registers once (operand A), then each
-    group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
-    ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
-    (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
-    after a barrier)."""
-    KS: gl.constexpr = CK // 4
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    WSL: gl.constexpr = mma_shared_layouts(CK, RG)[0]
-    ready0 = smem_addr(BARS)
-    empty0 = smem_addr(BARS + 8 * SLOTS)
-    accs = ()
-    for g in gl.static_range(GB):
-        accs = accs + (gl.zeros([4, 16, RG], gl.float32, MMA),)
-    for kb in range(nkb):
-        barrier()  # every warp done with the previous tile
-        if PF:
-            _store_a(abuf, pre, rs, norm, B, CK)
-        else:
-            _stage_a(abuf, x, nw, K, rs, norm, kb, B, CK)
-        barrier()
-        if PF:  # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block
-            # (a block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
-            nxt = kb + 1
-            pre = _load_a(x, nw, K, gl.where(nxt < nkb, nxt, 0), norm, B, CK)
-        xa = abuf.load(DA)
-        new = ()
-        for g in gl.static_range(GB):
-            acc = accs[g]
-            if g < ng:
-                slot = i % SLOTS
-                ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                wb = view(ring.index(slot), ring.dtype, [4, KS, RG], WSL).load(DB)
-                warp_release(empty0 + 8 * slot, ok)
-                i += 1
-                acc = mma_v2(xa, wb, acc)
-            new = new + (acc,)
-        accs = new
-    for g in gl.static_range(GB):
-        accbuf.index(g).store(accs[g])
-    return ok, i, pre
-
-
-@gluon.constexpr_function
-def _mma_out_layout(RG):
-    """[BP, RG] layout of the MMA path's epilogues: rows over lanes, batch rows over warps (the CUDA-core
-    path's AL replicates [BP, RG] in every lane: 128 values per thread at BP 16, RG 32, where RoPE's cos / sin
-    spilled)."""
-    return gl.BlockedLayout([1, 1], [32 // RG, RG], [4, 1], [1, 0])
-
-
-@gluon.jit
-def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
-    """fp32 [BP, RG] (layout AL) of group g of the block: the 4 warps' partials (accbuf[g], rows < BP)
-    summed inside each thread (the warp axis in registers: the same order for every B)."""
-    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 32 // RG, RG], [1, 4, 1], [2, 1, 0])  # slice 0: _mma_out_layout
-    p = accbuf.index(g).slice(0, BP, dim=1).load(P3)
-    return gl.convert_layout(gl.sum(p, axis=0), AL)
-
-
-# ----------------------------------------------------------------------------------------------- epilogues
-# One row group's (or gate_up unit's) outputs from its fp32 sums acc [BP, RG] (layout AL); shared by the
-# CUDA-core (_gemv) and tensor-core (_gemv_mma) bodies.
-@gluon.jit
-def _gateup_out(ag, au, u, r, b64, bm, N, out, RG: gl.constexpr):
-    dt: gl.constexpr = out.dtype.element_ty
-    g = rnd(ag, dt)
-    s = rnd(silu(g), dt)
-    gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt), mask=bm & ((u * RG + r) < N)[None, :])
-
-
-@gluon.jit
-def _rope_angles(pos, inv_freq, c, r, dt: gl.constexpr, RG: gl.constexpr):
-    """cos / sin (rounded to dt, as HF's cached tables) of unit pair chunk c's rows at each row's position."""
-    P: gl.constexpr = RG // 2
-    ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + c * P + (r % P))[None, :]
-    return rnd(libdevice.cos(ang), dt), rnd(libdevice.sin(ang), dt)
-
-
-@gluon.jit
-def _qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV: gl.constexpr,
-             HD: gl.constexpr, S: gl.constexpr, RG: gl.constexpr, BP: gl.constexpr, AL: gl.constexpr):
-    """Unit (head h, pair chunk c): tile row j < P is head row c*P + j, j >= P is head row HD/2 + c*P + (j - P)
-    (P = RG / 2); RoPE for q and k heads, then q / the KV cache row at pos."""
-    dt: gl.constexpr = q.dtype.element_ty
-    P: gl.constexpr = RG // 2
-    y = rnd(acc, dt)
-    hr = (r // P) * (HD // 2) + c * P + (r % P)
-    if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
-        yp = gl.gather(y, gl.zeros([BP, RG], gl.int32, AL) + ((r + P) % RG)[None, :], 1)
-        rot = gl.where((r < P)[None, :], -yp, yp)
-        y = rnd(y * cs, dt) + rnd(rot * sn, dt)
-    pm = bm & ((pos >= 0) & (pos < S))[:, None]
-    if h < HQ:
-        gl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], y.to(dt), mask=bm)
-    elif h < HQ + HKV:
-        gl.store(kc + ((b64 * HKV + (h - HQ)) * S + pos.to(gl.int64)[:, None]) * HD + hr[None, :], y.to(dt),
-                 mask=pm)
-    else:
-        gl.store(vc + ((b64 * HKV + (h - HQ - HKV)) * S + pos.to(gl.int64)[:, None]) * HD + hr[None, :],
-                 y.to(dt), mask=pm)
-
-
-@gluon.jit
-def _lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.constexpr):
-    """fp32 logits of unit u's rows (rounded to dt as HF's bf16 lm_head output), and the running per-row max /
-    smallest argmax."""
-    lg = rnd(acc, dt)
-    rows = u * RG + r
-    gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])  # V % RG: padding rows
-    v = gl.where((rows < N)[None, :], lg, float("-inf"))
-    gm = gl.max(v, axis=1)
-    gi = gl.min(gl.where(v == gm[:, None], rows[None, :], 2147483647), axis=1)
-    upd = gm > best
-    return gl.where(upd, gm, best), gl.where(upd, gi, barg)
-
-
-@gluon.jit
-def _gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
-    """A GEMV task's record fields and operands: (task, first unit, units, K, k-chunks, N, x, norm weight).
-    ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_plan.unsupported), so the activation
-    loads masked by k < K are 16-byte vectors."""
-    t = gl.load(rec + F_TASK)
-    u0 = gl.load(rec + F_U0)
-    nu = gl.load(rec + F_NU)
-    K = gl.load(rec + F_K)
-    if ALIGN8:
-        K = gl.multiple_of(K, 8)
-    nkb = gl.load(rec + F_NKB)
-    N = gl.load(rec + F_N)
-    return t, u0, nu, K, nkb, N, base_t + gl.load(a) * 8, base_t + gl.load(a + 1) * 8
-
-
-@gluon.jit
-def _qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr):
-    """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq)."""
-    return (base_t + gl.load(a + 2) * 8, base_t + gl.load(a + 3) * 8, base_t + gl.load(a + 4) * 8,
-            gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg"),
-            base_f + gl.load(a + 6) * 4)
-
-
 @gluon.jit
 def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
           B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr,
@@ -424,7 +168,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
     """One GEMV task: units [u0, u0 + nu) of op rows (exec.stream_plan: RESID/LMHEAD unit = RG rows, GATEUP =
     RG gate rows + the same RG up rows, QKV = RG/2 rotation pairs of one head)."""
     dt: gl.constexpr = base_t.dtype.element_ty
-    t, u0, nu, K, nkb, N, x, nw = _gemv_task(rec, a, base_t, False)
+    t, u0, nu, K, nkb, N, x, nw = gemv_task(rec, a, base_t, False)
     if (kind == K_GATEUP) | (kind == K_QKV) | (kind == K_LMHEAD):
         rstd = _fill_x(xbuf, x, nw, K, B, BP, XB, KXB, CK, True, EPS)
     else:
@@ -451,19 +195,19 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
                                 WAIT_NS, True, AL)
             au, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
                                 WAIT_NS, True, AL)
-            _gateup_out(ag, au, u, r, b64, bm, N, out, RG)
+            gateup_out(ag, au, u, r, b64, bm, N, out, RG)
     elif kind == K_QKV:
-        # unit u: head h = u // (HD / RG), pair chunk c (_qkv_out)
+        # unit u: head h = u // (HD / RG), pair chunk c (qkv_out)
         CH: gl.constexpr = HD // RG
-        q, kc, vc, pos, inv_freq = _qkv_buffers(a, base_t, base_f, base_i, bidx, B)
+        q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B)
         for u in range(u0, u0 + nu):
             h = u // CH
             c = u % CH
             # cos / sin of the unit's pairs before its chunks (they do not depend on the GEMV)
-            cs, sn = _rope_angles(pos, inv_freq, c, r, dt, RG)
+            cs, sn = rope_angles(pos, inv_freq, c, r, dt, RG)
             acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
                                 WAIT_NS, True, AL)
-            _qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S, RG, BP, AL)
+            qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S, RG, BP, AL)
     else:  # K_LMHEAD: fp32 logits, per-task max / smallest argmax per batch row
         logits = base_f + gl.load(a + 2) * 4
         pmax = base_f + gl.load(a + 3) * 4
@@ -474,79 +218,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
         for u in range(u0, u0 + nu):
             acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
                                 WAIT_NS, True, AL)
-            best, barg = _lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt, RG)
-        gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
-        gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
-    return ok, i
-
-
-@gluon.jit
-def _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, err,
-              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
-              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
-              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr):
-    """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
-    (GB / 2 units for gate_up; stream_plan.mma_chunk_order), each block's sums by _mma_block, then the same
-    epilogues as _gemv per unit of the block (sums read back by _acc_of)."""
-    dt: gl.constexpr = base_t.dtype.element_ty
-    AL: gl.constexpr = _mma_out_layout(RG)
-    t, u0, nu, K, nkb, N, x, nw = _gemv_task(rec, a, base_t, True)
-    norm = (kind != K_RESID).to(gl.int32)
-    gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
-    UB = GB // gpu                              # units per block
-    # PF: prefetch each activation tile during the previous tile's chunks, where the loads' registers (a
-    # 4-row quad per 4 batch rows) fit: at CK = 1024 up to batch 8 (batch 16 spilled 208 B)
-    PF: gl.constexpr = ((B + 3) // 4) * CK <= 2048
-    if PF:
-        pre = _load_a(x, nw, K, 0, norm, B, CK)    # the first tile's loads fly during the rstd pass
-    else:
-        pre = 0
-    if norm != 0:
-        rs = _rstd16(x, K, B, CK, EPS)
-    else:
-        rs = _rstd16(x, K, 0, CK, EPS)          # zeros, no loads
-    bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
-    r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
-    bm = bidx[:, None] < B
-    b64 = bidx.to(gl.int64)[:, None]
-    best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
-    barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
-    for ub in range(u0, u0 + nu, UB):
-        ue = gl.minimum(ub + UB, u0 + nu)
-        ok, i, pre = _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t, B,
-                                RG, CK, GB, SLOTS, BARS, WAIT_NS, PF)
-        barrier()  # every warp's partials in accbuf
-        if kind == K_RESID:
-            res = base_t + gl.load(a + 1) * 8
-            out = base_t + gl.load(a + 2) * 8
-            for u in range(ub, ue):
-                offs = b64 * N + (u * RG + r)[None, :]
-                m = bm & ((u * RG + r) < N)[None, :]
-                rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")
-                acc = _acc_of(accbuf, u - ub, BP, RG, AL)
-                gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
-        elif kind == K_GATEUP:
-            out = base_t + gl.load(a + 2) * 8
-            for u in range(ub, ue):
-                _gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
-                            b64, bm, N, out, RG)
-        elif kind == K_QKV:
-            CH: gl.constexpr = HD // RG
-            q, kc, vc, pos, inv_freq = _qkv_buffers(a, base_t, base_f, base_i, bidx, B)
-            for u in range(ub, ue):
-                h = u // CH
-                c = u % CH
-                cs, sn = _rope_angles(pos, inv_freq, c, r, dt, RG)
-                _qkv_out(_acc_of(accbuf, u - ub, BP, RG, AL), cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S,
-                         RG, BP, AL)
-        else:  # K_LMHEAD
-            logits = base_f + gl.load(a + 2) * 4
-            for u in range(ub, ue):
-                best, barg = _lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
-    if kind == K_LMHEAD:
-        pmax = base_f + gl.load(a + 3) * 4
-        pidx = base_i + gl.load(a + 4) * 4
-        idx = gl.load(rec + F_IDX)
+            best, barg = lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt, RG)
         gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
         gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
     return ok, i
@@ -564,7 +236,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
-    the tensor cores (_gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
+    the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
     # GEMV results [BP, RG]: batch rows in registers, RG rows over the warps (as _group reduces them)
     AL: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0]))
@@ -575,7 +247,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
     ok = 1
     i = 0
     if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
-        xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, _stage_layout(CK)))
+        xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, stage_layout(CK)))
         barrier()
     for pos in range(q0, q1):
         rec = qrec + pos * REC
@@ -603,7 +275,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
             argmax_task(a, base_f, base_i, B, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
-                ok, i = _gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, xbuf, accbuf, ok, i, err, B, BP, KXB,
+                ok, i = gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, xbuf, accbuf, ok, i, err, B, BP, KXB,
                                   RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,

@@ -1,0 +1,93 @@
+"""The streaming megakernel's GEMV epilogues and task operands (Gluon), shared by its CUDA-core body
+(``exec.stream_device._gemv``) and its tensor-core body (``exec.stream_mma.gemv_mma``): one row group's (or
+gate_up unit's) outputs from its fp32 sums [BP, RG] (residual add, SiLU(gate) * up, RoPE + q / KV-cache rows,
+fp32 logits + per-task argmax partials), rounded where HF rounds (``rnd``, ``silu``: the ops' own functions)."""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.language.extra.cuda import libdevice
+
+from onekernel.exec.stream_base import F_K, F_N, F_NKB, F_NU, F_TASK, F_U0
+from onekernel.ops.gemv_rows import rnd, silu
+
+
+# ----------------------------------------------------------------------------------------------- epilogues
+# One row group's (or gate_up unit's) outputs from its fp32 sums acc [BP, RG] (layout AL); shared by the
+# CUDA-core (_gemv) and tensor-core (gemv_mma) bodies.
+@gluon.jit
+def gateup_out(ag, au, u, r, b64, bm, N, out, RG: gl.constexpr):
+    dt: gl.constexpr = out.dtype.element_ty
+    g = rnd(ag, dt)
+    s = rnd(silu(g), dt)
+    gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt), mask=bm & ((u * RG + r) < N)[None, :])
+
+
+@gluon.jit
+def rope_angles(pos, inv_freq, c, r, dt: gl.constexpr, RG: gl.constexpr):
+    """cos / sin (rounded to dt, as HF's cached tables) of unit pair chunk c's rows at each row's position."""
+    P: gl.constexpr = RG // 2
+    ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + c * P + (r % P))[None, :]
+    return rnd(libdevice.cos(ang), dt), rnd(libdevice.sin(ang), dt)
+
+
+@gluon.jit
+def qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV: gl.constexpr,
+             HD: gl.constexpr, S: gl.constexpr, RG: gl.constexpr, BP: gl.constexpr, AL: gl.constexpr):
+    """Unit (head h, pair chunk c): tile row j < P is head row c*P + j, j >= P is head row HD/2 + c*P + (j - P)
+    (P = RG / 2); RoPE for q and k heads, then q / the KV cache row at pos."""
+    dt: gl.constexpr = q.dtype.element_ty
+    P: gl.constexpr = RG // 2
+    y = rnd(acc, dt)
+    hr = (r // P) * (HD // 2) + c * P + (r % P)
+    if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
+        yp = gl.gather(y, gl.zeros([BP, RG], gl.int32, AL) + ((r + P) % RG)[None, :], 1)
+        rot = gl.where((r < P)[None, :], -yp, yp)
+        y = rnd(y * cs, dt) + rnd(rot * sn, dt)
+    pm = bm & ((pos >= 0) & (pos < S))[:, None]
+    if h < HQ:
+        gl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], y.to(dt), mask=bm)
+    elif h < HQ + HKV:
+        gl.store(kc + ((b64 * HKV + (h - HQ)) * S + pos.to(gl.int64)[:, None]) * HD + hr[None, :], y.to(dt),
+                 mask=pm)
+    else:
+        gl.store(vc + ((b64 * HKV + (h - HQ - HKV)) * S + pos.to(gl.int64)[:, None]) * HD + hr[None, :],
+                 y.to(dt), mask=pm)
+
+
+@gluon.jit
+def lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.constexpr):
+    """fp32 logits of unit u's rows (rounded to dt as HF's bf16 lm_head output), and the running per-row max /
+    smallest argmax."""
+    lg = rnd(acc, dt)
+    rows = u * RG + r
+    gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])  # V % RG: padding rows
+    v = gl.where((rows < N)[None, :], lg, float("-inf"))
+    gm = gl.max(v, axis=1)
+    gi = gl.min(gl.where(v == gm[:, None], rows[None, :], 2147483647), axis=1)
+    upd = gm > best
+    return gl.where(upd, gm, best), gl.where(upd, gi, barg)
+
+
+@gluon.jit
+def gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
+    """A GEMV task's record fields and operands: (task, first unit, units, K, k-chunks, N, x, norm weight).
+    ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_plan.unsupported), so the activation
+    loads masked by k < K are 16-byte vectors."""
+    t = gl.load(rec + F_TASK)
+    u0 = gl.load(rec + F_U0)
+    nu = gl.load(rec + F_NU)
+    K = gl.load(rec + F_K)
+    if ALIGN8:
+        K = gl.multiple_of(K, 8)
+    nkb = gl.load(rec + F_NKB)
+    N = gl.load(rec + F_N)
+    return t, u0, nu, K, nkb, N, base_t + gl.load(a) * 8, base_t + gl.load(a + 1) * 8
+
+
+@gluon.jit
+def qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr):
+    """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq)."""
+    return (base_t + gl.load(a + 2) * 8, base_t + gl.load(a + 3) * 8, base_t + gl.load(a + 4) * 8,
+            gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg"),
+            base_f + gl.load(a + 6) * 4)

@@ -1,0 +1,260 @@
+"""The streaming megakernel's tensor-core GEMV body (Gluon, sm_90; a ``gemv="mma"`` step): per k-major block of
+GB chunk groups and per k-chunk, the [16, CK] activation tile (batch padded to 16, RMSNorm applied) is staged
+once in shared memory and loaded once as operand A, then every chunk of the block is operand B straight from its
+ring slot (``ldmatrix``), ``mma.sync`` m16n8k16 with fp32 accumulators, each warp a fixed CK/4 k-slice; the
+warps' partials are summed in a fixed order per block and fed to the epilogues of ``exec.stream_epilogue``.
+docs/DESIGN.md, "Tensor cores in the streaming megakernel"; the worker loop that calls it: ``exec.stream_device``.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, mma_shared_layouts,
+                                        smem_addr, view, wait_bounded, warp_release)
+from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
+from onekernel.ops.gemv_rows import rnd
+
+
+# ----------------------------------------------------------------------------------------------- GEMV, tensor cores
+# gemv="mma" (consts MMA): per chunk ``acc[w] [16, RG] += A[w] [16, CK/4] @ W[w] [CK/4, RG]`` with mma.sync
+# m16n8k16 (fp32 accumulate), warp w taking the chunk's k-slice w (A: the [16, CK] activation tile staged in
+# shared memory, batch rows >= B zero; W: the ring slot, chunk packed as [4, CK/4, RG] by stream_plan); per task
+# the chunks come in k-major blocks of GB groups (stream_plan.mma_chunk_order) so one staged tile serves GB
+# chunks; at a block's end the 4 warps' partials go to shared memory and each output is
+# ((w0 + w1) + w2) + w3: the same instructions, shapes and sum order for every B (batch invariance).
+@gluon.constexpr_function
+def stage_layout(CK):
+    """[4 warps, 4 batch rows, CK/4] staging layout: 8 consecutive k per thread (16-byte accesses), warp w holds
+    the k-slice its MMA reads."""
+    KS = CK // 4
+    TK = 32 if KS >= 256 else KS // 8
+    return gl.BlockedLayout([1, 1, 8], [1, 32 // TK, TK], [4, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
+    """RMSNorm's rstd of every batch row of x [B, K], as 4 quads of fp32 [4] (rows 4q..4q+3, in the staging
+    layout's row slice; rows >= B: 0). Per k-chunk (a runtime loop: registers do not grow with K) a [4, CK] tile
+    per quad that holds a row < B (quads past B: compile-time zeros), its squares summed along the chunk and
+    added to the quad's sums in k order: row b's sum has the same operands and order for every B."""
+    SL3: gl.constexpr = stage_layout(CK)
+    RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
+    TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(1, TL))
+    cols = gl.arange(0, CK, layout=gl.SliceLayout(0, TL))[None, :]
+    ss = ()
+    for q in gl.static_range(4):
+        ss = ss + (gl.zeros([4], gl.float32, gl.SliceLayout(1, TL)),)
+    for k0 in range(0, K, CK):
+        new = ()
+        for q in gl.static_range(4):
+            s = ss[q]
+            if q * 4 < B:
+                rows = q * 4 + r4
+                v = gl.load(x + rows[:, None] * K + k0 + cols, mask=(rows[:, None] < B) & (k0 + cols < K), other=0.0,
+                            cache_modifier=".cg").to(gl.float32)
+                s = s + gl.sum(v * v, axis=1)
+            new = new + (s,)
+        ss = new
+    rs = ()
+    for q in gl.static_range(4):
+        rows = q * 4 + r4
+        rs = rs + (gl.convert_layout(gl.where(rows < B, gl.rsqrt(ss[q] / K + EPS), 0.0), RQ),)
+    return rs
+
+
+@gluon.jit
+def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
+    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
+    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
+    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
+    KS: gl.constexpr = CK // 4
+    SL3: gl.constexpr = stage_layout(CK)
+    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
+        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
+    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
+    vs = (g,)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            vs = vs + (gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
+                               cache_modifier=".cg"),)
+    return vs
+
+
+@gluon.jit
+def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
+    """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
+    hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
+    _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
+    F.linear does."""
+    dt: gl.constexpr = abuf.dtype
+    g = vs[0].to(gl.float32)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            v = vs[1 + q]
+            if norm != 0:
+                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
+            abuf.slice(q * 4, 4, dim=1).store(v)
+
+
+@gluon.jit
+def _stage_a(abuf, x, nw, K, rs, norm, kb, B: gl.constexpr, CK: gl.constexpr):
+    """_load_a then _store_a of tile kb, quad by quad (each quad's loads stored before the next quad's: fewer
+    registers than the two passes, for the batches PF leaves out). The same values."""
+    dt: gl.constexpr = x.dtype.element_ty
+    KS: gl.constexpr = CK // 4
+    SL3: gl.constexpr = stage_layout(CK)
+    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
+        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
+    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0).to(gl.float32)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            v = gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
+                        cache_modifier=".cg")
+            if norm != 0:
+                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
+            abuf.slice(q * 4, 4, dim=1).store(v)
+
+
+@gluon.jit
+def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
+               RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
+               WAIT_NS: gl.constexpr, PF: gl.constexpr):
+    """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
+    tile is staged once (_store_a, CTA barriers around it; with PF, of the loads ``pre`` issued during the
+    previous tile's chunks, and the loads of the next block's first tile are returned; else loaded right before)
+    and loaded into registers once (operand A), then each
+    group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
+    ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
+    (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
+    after a barrier)."""
+    KS: gl.constexpr = CK // 4
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+    DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    WSL: gl.constexpr = mma_shared_layouts(CK, RG)[0]
+    ready0 = smem_addr(BARS)
+    empty0 = smem_addr(BARS + 8 * SLOTS)
+    accs = ()
+    for g in gl.static_range(GB):
+        accs = accs + (gl.zeros([4, 16, RG], gl.float32, MMA),)
+    for kb in range(nkb):
+        barrier()  # every warp done with the previous tile
+        if PF:
+            _store_a(abuf, pre, rs, norm, B, CK)
+        else:
+            _stage_a(abuf, x, nw, K, rs, norm, kb, B, CK)
+        barrier()
+        if PF:  # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block
+            # (a block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
+            nxt = kb + 1
+            pre = _load_a(x, nw, K, gl.where(nxt < nkb, nxt, 0), norm, B, CK)
+        xa = abuf.load(DA)
+        new = ()
+        for g in gl.static_range(GB):
+            acc = accs[g]
+            if g < ng:
+                slot = i % SLOTS
+                ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
+                wb = view(ring.index(slot), ring.dtype, [4, KS, RG], WSL).load(DB)
+                warp_release(empty0 + 8 * slot, ok)
+                i += 1
+                acc = mma_v2(xa, wb, acc)
+            new = new + (acc,)
+        accs = new
+    for g in gl.static_range(GB):
+        accbuf.index(g).store(accs[g])
+    return ok, i, pre
+
+
+@gluon.constexpr_function
+def _mma_out_layout(RG):
+    """[BP, RG] layout of the MMA path's epilogues: rows over lanes, batch rows over warps (the CUDA-core
+    path's AL replicates [BP, RG] in every lane: 128 values per thread at BP 16, RG 32, where RoPE's cos / sin
+    spilled)."""
+    return gl.BlockedLayout([1, 1], [32 // RG, RG], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
+    """fp32 [BP, RG] (layout AL) of group g of the block: the 4 warps' partials (accbuf[g], rows < BP)
+    summed inside each thread (the warp axis in registers: the same order for every B)."""
+    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 32 // RG, RG], [1, 4, 1], [2, 1, 0])  # slice 0: _mma_out_layout
+    p = accbuf.index(g).slice(0, BP, dim=1).load(P3)
+    return gl.convert_layout(gl.sum(p, axis=0), AL)
+
+
+@gluon.jit
+def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, err,
+              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
+              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
+              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr):
+    """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
+    (GB / 2 units for gate_up; stream_plan.mma_chunk_order), each block's sums by _mma_block, then the same
+    epilogues as _gemv per unit of the block (sums read back by _acc_of)."""
+    dt: gl.constexpr = base_t.dtype.element_ty
+    AL: gl.constexpr = _mma_out_layout(RG)
+    t, u0, nu, K, nkb, N, x, nw = gemv_task(rec, a, base_t, True)
+    norm = (kind != K_RESID).to(gl.int32)
+    gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
+    UB = GB // gpu                              # units per block
+    # PF: prefetch each activation tile during the previous tile's chunks, where the loads' registers (a
+    # 4-row quad per 4 batch rows) fit: at CK = 1024 up to batch 8 (batch 16 spilled 208 B)
+    PF: gl.constexpr = ((B + 3) // 4) * CK <= 2048
+    if PF:
+        pre = _load_a(x, nw, K, 0, norm, B, CK)    # the first tile's loads fly during the rstd pass
+    else:
+        pre = 0
+    if norm != 0:
+        rs = _rstd16(x, K, B, CK, EPS)
+    else:
+        rs = _rstd16(x, K, 0, CK, EPS)          # zeros, no loads
+    bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
+    r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
+    bm = bidx[:, None] < B
+    b64 = bidx.to(gl.int64)[:, None]
+    best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
+    barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
+    for ub in range(u0, u0 + nu, UB):
+        ue = gl.minimum(ub + UB, u0 + nu)
+        ok, i, pre = _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t, B,
+                                RG, CK, GB, SLOTS, BARS, WAIT_NS, PF)
+        barrier()  # every warp's partials in accbuf
+        if kind == K_RESID:
+            res = base_t + gl.load(a + 1) * 8
+            out = base_t + gl.load(a + 2) * 8
+            for u in range(ub, ue):
+                offs = b64 * N + (u * RG + r)[None, :]
+                m = bm & ((u * RG + r) < N)[None, :]
+                rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")
+                acc = _acc_of(accbuf, u - ub, BP, RG, AL)
+                gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
+        elif kind == K_GATEUP:
+            out = base_t + gl.load(a + 2) * 8
+            for u in range(ub, ue):
+                gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
+                            b64, bm, N, out, RG)
+        elif kind == K_QKV:
+            CH: gl.constexpr = HD // RG
+            q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B)
+            for u in range(ub, ue):
+                h = u // CH
+                c = u % CH
+                cs, sn = rope_angles(pos, inv_freq, c, r, dt, RG)
+                qkv_out(_acc_of(accbuf, u - ub, BP, RG, AL), cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S,
+                         RG, BP, AL)
+        else:  # K_LMHEAD
+            logits = base_f + gl.load(a + 2) * 4
+            for u in range(ub, ue):
+                best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
+    if kind == K_LMHEAD:
+        pmax = base_f + gl.load(a + 3) * 4
+        pidx = base_i + gl.load(a + 4) * 4
+        idx = gl.load(rec + F_IDX)
+        gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
+        gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
+    return ok, i
