@@ -128,6 +128,36 @@ case "$1" in
     step 75 bench-qwen3-8b $bench/bench $Q --modes torch+compile,graph,pdl --steps 50
     step 40 bench-135m-random $bench/bench $SM --modes torch+compile,graph,pdl,megakernel --steps 50
     ;;
+80) # session 10, one H200 (~8 min): the flattened attention loop (this tree) against main (/tmp/base, carried as
+    # .base.tgz): compiles warmed in parallel with the streaming GPU tests and the megakernel's bitwise batch
+    # invariance; then the megakernel rows (1B and 8B at batch 1/8/16, main's at batch 1) and the profiles
+    mkdir -p "$W/bench" "$W/base" "$W/profile" /tmp/warm /tmp/base
+    tar -xzf .base.tgz -C /tmp/base
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    wb() { local name=$1 dir=$2; shift 2; (cd "$dir" && timeout 220 env PYTHONPATH=/tmp/site:$dir python3 -m \
+           onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up and checks"
+    wb f1 "$PWD" $B1 --batch 1,8,16 --modes pdl,megakernel
+    wb f8 "$PWD" $B8 --batch 1,8,16 --modes megakernel
+    wb m1 /tmp/base $B1 --batch 1 --modes megakernel
+    wb m8 /tmp/base $B8 --batch 1 --modes megakernel
+    (timeout 220 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    for a in "llama-3.2-1b 8" "llama-3.2-1b 16" "llama-3.1-8b 8"; do set -- $a
+        (timeout 220 python3 scripts/stream_profile.py --out /tmp/warm/p --model $1 --batch $2 >/dev/null 2>&1) & done
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 90 bench-1b $bench/bench $B1 --batch 1,8,16 --modes pdl,megakernel --steps 50
+    step 90 bench-8b $bench/bench $B8 --batch 1,8,16 --modes megakernel --steps 50
+    (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base step 50 base-1b $bench/base $B1 --batch 1 --modes megakernel --steps 50)
+    (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base step 60 base-8b $bench/base $B8 --batch 1 --modes megakernel --steps 50)
+    for a in "llama-3.2-1b 1" "llama-3.2-1b 8" "llama-3.2-1b 16" "llama-3.1-8b 1" "llama-3.1-8b 8"; do set -- $a
+        step 30 profile-$1-$2 python3 scripts/stream_profile.py --out "$W/profile" --model $1 --batch $2; done
+    ;;
 60) # issue 16, kind nvidia-h200-x4 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md). Warm-up and
     # check in parallel over the 4 GPUs, then the Llama-3.1-8B scaling rows of this commit: TP=1 (GPU 0) and TP=2
     # (GPUs 2,3) timed at the same time on disjoint GPUs, then TP=4 alone on all four.

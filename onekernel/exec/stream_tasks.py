@@ -47,8 +47,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, P
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
 
-    Software-pipelined over the run's (tile, BN-block) pairs: the next block's K/V (and, at a tile's last block,
-    the next tile's first block and q) are loaded while the current block computes. The first block is loaded before the dependency wait (every
+    One software-pipelined loop over the run's (tile, BN-block) pairs: block i + 1's K/V (and, at a tile's first
+    block, its q) are loaded while block i computes. The first block is loaded before the dependency wait (every
     position but the one this step writes, seq_lens[b], was written by earlier steps) and that row is patched
     after it; blocks loaded after the wait need no patch. Warps split the query heads, so every reduction stays
     inside a warp (no CTA barrier). fp32 CUDA-core products over [RP, BN, HD], online softmax in exp2: per tile
@@ -94,53 +94,60 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, P
     v_c = gl.where(cur[:, None], gl.load(vc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"), v_c)
     q_c = gl.load(q + (b * HQ + g * R + rq)[:, None] * HD + dq[None, :], mask=(rq < R)[:, None], other=0.0,
                   cache_modifier=".cg")
-    for j in range(nu):
+    q_n = q_c
+    m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
+    l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
+    acc = gl.zeros([RP, HD], gl.float32, S1)
+    total = nu * NB
+    for i in range(total):
+        j = i // NB
+        blk = i % NB
         b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
         end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
-        kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
+        n0 = s * SPLIT + blk * BN
+        # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
+        # `if`: Triton 3.6 drops a loop-carried value used only inside an scf.if of the next iteration (q_n was
+        # replaced by its initial value: every tile of a run took the first tile's q; 7e172aa, run 9 call 52)
+        first = blk == 0
+        q_c = gl.where(first & (i > 0), q_n, q_c)
+        m = gl.where(first, float("-inf"), m)
+        l = gl.where(first, 0.0, l)
+        acc = gl.where(first, 0.0, acc)
+        # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
+        j1 = (i + 1) // NB
+        b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
+        end1 = gl.minimum(gl.minimum(_pick(posv, jv, j1) + 1, s1 * SPLIT + SPLIT), S)
+        n1 = s1 * SPLIT + ((i + 1) % NB) * BN
+        live1 = ((n1 + nk) < end1) & (i + 1 < total)
+        ptr1 = (n1 + nk)[:, None] * HD + dk[None, :]
+        off1 = (b1 * HKV + g1).to(gl.int64) * (S * HD)
+        k_n = gl.load(kc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
+        nq = ((i + 1) % NB == 0) & (i + 1 < total)
+        q_n = gl.load(q + (b1 * HQ + g1 * R + rq)[:, None] * HD + dq[None, :], mask=((rq < R) & nq)[:, None],
+                      other=0.0, cache_modifier=".cg")
+        # block i
         q3 = gl.expand_dims(q_c.to(gl.float32) * qk_scale, 1)
-        m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
-        l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
-        acc = gl.zeros([RP, HD], gl.float32, S1)
-        for blk in gl.static_range(NB):
-            n0 = s * SPLIT + blk * BN
-            # prefetch the next block: this tile's, or the next tile's first one (and its q)
-            if blk + 1 < NB:
-                ptr1 = (n0 + BN + nk)[:, None] * HD + dk[None, :]
-                live1 = (n0 + BN + nk) < end
-                k_n = gl.load(kc + kv_off + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
-                v_n = gl.load(vc + kv_off + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
-            else:
-                b1, g1, s1 = _tile_coords(u0 + j + 1, HKV, NSPLIT)
-                end1 = gl.minimum(gl.minimum(_pick(posv, jv, j + 1) + 1, s1 * SPLIT + SPLIT), S)
-                more = j + 1 < nu
-                live1 = ((s1 * SPLIT + nk) < end1) & more
-                ptr1 = (s1 * SPLIT + nk)[:, None] * HD + dk[None, :]
-                off1 = (b1 * HKV + g1).to(gl.int64) * (S * HD)
-                k_n = gl.load(kc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
-                v_n = gl.load(vc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
-                q_n = gl.load(q + (b1 * HQ + g1 * R + rq)[:, None] * HD + dq[None, :],
-                              mask=((rq < R) & more)[:, None], other=0.0, cache_modifier=".cg")
-            x = gl.sum(q3 * gl.expand_dims(k_c.to(gl.float32), 0), axis=2)
-            x = gl.where(((n0 + nx) < end)[None, :], x, float("-inf"))
-            m_new = gl.maximum(m, gl.max(x, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
-            alpha = gl.exp2(m - m_use)
-            p = gl.exp2(x - m_use[:, None])
-            l = l * alpha + gl.sum(p, axis=1)
-            pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_c.to(gl.float32), 0), axis=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, S1))[:, None] + pv
-            m = m_new
-            k_c = k_n
-            v_c = v_n
-        nonempty = l > 0.0
-        lsafe = gl.where(nonempty, l, 1.0)
-        o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
-        lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
-        slot = (b * HQ + g * R + rq) * NSPLIT + s
-        gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
-        gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
-        q_c = q_n
+        x = gl.sum(q3 * gl.expand_dims(k_c.to(gl.float32), 0), axis=2)
+        x = gl.where(((n0 + nx) < end)[None, :], x, float("-inf"))
+        m_new = gl.maximum(m, gl.max(x, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
+        alpha = gl.exp2(m - m_use)
+        p = gl.exp2(x - m_use[:, None])
+        l = l * alpha + gl.sum(p, axis=1)
+        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_c.to(gl.float32), 0), axis=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, S1))[:, None] + pv
+        m = m_new
+        k_c = k_n
+        v_c = v_n
+        if blk == NB - 1:  # the tile's last block: its partial
+            nonempty = l > 0.0
+            lsafe = gl.where(nonempty, l, 1.0)
+            o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
+            lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
+            slot = (b * HQ + g * R + rq) * NSPLIT + s
+            gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
+            gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
 
 
 @gluon.jit
