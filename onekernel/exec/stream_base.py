@@ -85,6 +85,14 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
 
 
 @gluon.constexpr_function
+def mma_async_a(B: int, CK: int) -> bool:
+    """Whether the MMA path prefetches its activation tiles with cp.async into a raw [4, 16, CK/4] buffer in
+    shared memory (exec.stream_mma._copy_a) rather than in registers: when a tile's 4-row quads hold more than
+    2048 values per 4-row group (CK = 1024: batch > 8; in registers, batch 16 spilled 208 B)."""
+    return ((B + 3) // 4) * CK > 2048
+
+
+@gluon.constexpr_function
 def mma_weight_bases(ck: int, rg: int) -> tuple:
     """The ring slot's layout for the MMA path: a chunk as [4, CK/4, RG] (warp, k, weight row), the B operand."""
     return _swizzled_bases(rg.bit_length() - 1, ck // MMA_WARPS, 2, 1)

@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
                                         K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC, barrier,
-                                        mma_shared_layouts, now, record, smem_addr, tma_load, view, wait_bounded,
-                                        wait_deps, wait_remote, warp_release)
+                                        mma_async_a, mma_shared_layouts, now, record, smem_addr, tma_load, view,
+                                        wait_bounded, wait_deps, wait_remote, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
@@ -226,7 +226,7 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 # ----------------------------------------------------------------------------------------------- worker
 @gluon.jit
-def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
+def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
               n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
               KXB: gl.constexpr, RG: gl.constexpr,
               CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
@@ -275,7 +275,7 @@ def _consumer(ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, pro
             argmax_task(a, base_f, base_i, B, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
-                ok, i = gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, xbuf, accbuf, ok, i, err, B, BP, KXB,
+                ok, i = gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP, KXB,
                                   RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
@@ -317,7 +317,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     satisfied, end in ns of %globaltimer, worker). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
     chunk), 2 SLOTS mbarriers at byte BARS. MMA (gemv="mma"): instead of xbuf, the staged activation tile
-    [4, 16, CK/4] and the block's per-warp partial sums [GB, 4, 16, RG] fp32; the ring slots hold
+    [4, 16, CK/4], the block's per-warp partial sums [GB, 4, 16, RG] fp32 and (stream_base.mma_async_a) the raw
+    tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold
     chunks in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
     Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD
@@ -332,9 +333,14 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     if MMA:
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [GB, 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
+            rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        else:
+            rbuf = xbuf
     else:
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         accbuf = xbuf
+        rbuf = xbuf
     bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):
         mbarrier.init(bars.index(j), count=1)          # ready: the loader's expect + the TMA bytes
@@ -343,7 +349,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     c0 = gl.load(chunk_off + wid)
     n_chunks = gl.load(chunk_off + wid + 1) - c0
     gl.warp_specialize([
-        (_consumer, (ring, bars, xbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
+        (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
                      NTA)),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, mma_shared_layouts,
-                                        smem_addr, view, wait_bounded, warp_release)
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, mma_async_a,
+                                        mma_shared_layouts, smem_addr, view, wait_bounded, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.ops.gemv_rows import rnd
 
@@ -101,33 +101,43 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _stage_a(abuf, x, nw, K, rs, norm, kb, B: gl.constexpr, CK: gl.constexpr):
-    """_load_a then _store_a of tile kb, quad by quad (each quad's loads stored before the next quad's: fewer
-    registers than the two passes, for the batches PF leaves out). The same values."""
-    dt: gl.constexpr = x.dtype.element_ty
+def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
+    """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, 16, CK/4] (the quads
+    that hold a row < B; 0 past B and K), one commit group; returns the tile's norm weights (registers, as
+    _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
     KS: gl.constexpr = CK // 4
     SL3: gl.constexpr = stage_layout(CK)
     kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
         gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
     r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
-    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0).to(gl.float32)
     for q in gl.static_range(4):
         if q * 4 < B:
-            v = gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
-                        cache_modifier=".cg")
-            if norm != 0:
-                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
-            abuf.slice(q * 4, 4, dim=1).store(v)
+            async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
+                                                   mask=((q * 4 + r4) < B) & (kk < K), cache_modifier=".cg")
+    async_copy.commit_group()
+    return gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
 
 
 @gluon.jit
-def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
+def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
+    """The tile _copy_a copied (after its wait and a CTA barrier), read back as _load_a returns it: (g, quads)."""
+    SL3: gl.constexpr = stage_layout(CK)
+    vs = (g,)
+    for q in gl.static_range(4):
+        if q * 4 < B:
+            vs = vs + (rbuf.slice(q * 4, 4, dim=1).load(SL3),)
+    return vs
+
+
+@gluon.jit
+def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, PF: gl.constexpr):
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
-    tile is staged once (_store_a, CTA barriers around it; with PF, of the loads ``pre`` issued during the
-    previous tile's chunks, and the loads of the next block's first tile are returned; else loaded right before)
-    and loaded into registers once (operand A), then each
+    tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
+    tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
+    loads of the next tile (the next block's first one after the last) are issued; it is loaded into registers
+    once (operand A), then each
     group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
     ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
@@ -143,16 +153,21 @@ def _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err,
     for g in gl.static_range(GB):
         accs = accs + (gl.zeros([4, 16, RG], gl.float32, MMA),)
     for kb in range(nkb):
+        if ASYNC:
+            async_copy.wait_group(0)  # this thread's copies of tile kb landed (the barrier: every thread's)
         barrier()  # every warp done with the previous tile
-        if PF:
-            _store_a(abuf, pre, rs, norm, B, CK)
+        if ASYNC:
+            _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
         else:
-            _stage_a(abuf, x, nw, K, rs, norm, kb, B, CK)
-        barrier()
-        if PF:  # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block
-            # (a block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
-            nxt = kb + 1
-            pre = _load_a(x, nw, K, gl.where(nxt < nkb, nxt, 0), norm, B, CK)
+            _store_a(abuf, pre, rs, norm, B, CK)
+        barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
+        # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
+        # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
+        nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
+        if ASYNC:
+            pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
+        else:
+            pre = _load_a(x, nw, K, nxt, norm, B, CK)
         xa = abuf.load(DA)
         new = ()
         for g in gl.static_range(GB):
@@ -189,7 +204,7 @@ def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
 
 
 @gluon.jit
-def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, err,
+def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
               B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
               GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
               HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr):
@@ -202,13 +217,14 @@ def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, er
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
-    # PF: prefetch each activation tile during the previous tile's chunks, where the loads' registers (a
-    # 4-row quad per 4 batch rows) fit: at CK = 1024 up to batch 8 (batch 16 spilled 208 B)
-    PF: gl.constexpr = ((B + 3) // 4) * CK <= 2048
-    if PF:
-        pre = _load_a(x, nw, K, 0, norm, B, CK)    # the first tile's loads fly during the rstd pass
+    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (a 4-row
+    # quad per 4 batch rows: at CK = 1024 up to batch 8; batch 16 spilled 208 B), else (ASYNC) as cp.async
+    # copies into rbuf. The first tile's loads fly during the rstd pass
+    ASYNC: gl.constexpr = mma_async_a(B, CK)
+    if ASYNC:
+        pre = _copy_a(rbuf, x, nw, K, 0, norm, B, CK)
     else:
-        pre = 0
+        pre = _load_a(x, nw, K, 0, norm, B, CK)
     if norm != 0:
         rs = _rstd16(x, K, B, CK, EPS)
     else:
@@ -221,8 +237,8 @@ def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, er
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
     for ub in range(u0, u0 + nu, UB):
         ue = gl.minimum(ub + UB, u0 + nu)
-        ok, i, pre = _mma_block(ring, abuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t, B,
-                                RG, CK, GB, SLOTS, BARS, WAIT_NS, PF)
+        ok, i, pre = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t,
+                                B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC)
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
             res = base_t + gl.load(a + 1) * 8
@@ -251,6 +267,8 @@ def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, accbuf, ok, i, er
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
                 best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
+    if ASYNC:  # the wrap-around copy: landed before the next task's copies can target rbuf
+        async_copy.wait_group(0)
     if kind == K_LMHEAD:
         pmax = base_f + gl.load(a + 3) * 4
         pidx = base_i + gl.load(a + 4) * 4

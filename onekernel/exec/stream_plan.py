@@ -157,10 +157,12 @@ def mma_groups(rg: int) -> int:
     return max(2, MMA_BLOCK_ROWS // rg)
 
 
-def mma_smem(ck: int, rg: int) -> int:
-    """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype) and the
-    per-warp fp32 partial sums of one block [GB, 4, 16, RG]."""
-    return MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
+def mma_smem(ck: int, rg: int, batch: int) -> int:
+    """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
+    per-warp fp32 partial sums of one block [GB, 4, 16, RG], and at batches whose tile prefetch goes through
+    cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
+    tiles = 2 if sd.mma_async_a(batch, ck) else 1
+    return tiles * MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
 
 
 def layout_coords(bases: tuple, shape: tuple) -> torch.Tensor:
@@ -202,8 +204,8 @@ def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     return max(1, min(B, room // (kxb * ck * 2)))
 
 
-def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False) -> int:
-    fixed = (mma_smem(ck, rg) if mma else xb * kxb * ck * 2) + 2048
+def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1) -> int:
+    fixed = (mma_smem(ck, rg, batch) if mma else xb * kxb * ck * 2) + 2048
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
@@ -212,7 +214,7 @@ def bars_guess(c: dict) -> int:
     batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
     compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
     if c.get("MMA"):
-        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"]) + 1024
+        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"]) + 1024
     return c["SLOTS"] * CHUNK_ELEMS * 2 + c["XB"] * c["KXB"] * c["CK"] * 2 + 1024
 
 
@@ -355,7 +357,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     rp = pow2_ceil(r)
     mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
-    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma), MAXA=MAXA,
+    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
