@@ -143,7 +143,7 @@ def _run_generate(args) -> int:
         raise InputError(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
     if mode != "reference":
         check_device(mode, torch.device(device), args.interpret)
-    gemv_options(args.gemv, mode, True if args.tp > 1 else None)  # its refusals, before anything loads
+    gemv_options(args.gemv, mode)  # its refusals, before anything loads
     dtype = dtype_option(args.dtype, device)
 
     def check_prompts(files) -> None:  # the prompt checks (their one home: runtime.prompts) before weights load

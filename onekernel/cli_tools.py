@@ -181,9 +181,6 @@ def _run_bench(args) -> int:
 
     batches, modes = _bench_args(args)
     if args.tp != 1:
-        if args.gemv is not None:
-            raise InputError("--gemv applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (the path "
-                             "checked on two GPUs)")
         from onekernel.cli_tp import run_bench_tp
         return run_bench_tp(args, batches, lambda cfg: _context(args, cfg), args.modes != ",".join(BENCH_MODES))
     if args.gemv is not None and args.study:

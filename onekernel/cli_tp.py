@@ -101,9 +101,10 @@ def start(args, mode: str, device: str, check=None):
 def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int:
     """``onekernel bench --tp N``: the tensor-parallel step timed at each batch on N GPUs in torch, torch+graph,
     eager, graph, pdl and megakernel (``bench.tp``; the kernel modes with --allreduce, default both nccl and symm); rank 0
-    prints the table and writes ``bench-tp{N}-DATE-MODEL-COMMIT.json`` and ``.md`` under --out (the JSON after
-    every record). ``context_of(cfg)`` is the checked --context; ``modes_given``: --modes was passed (then a
-    subset of ``bench.tp.TP_BENCH_MODES``). Raises InputError (--study, another mode, --allreduce),
+    prints the table and writes ``bench-tp{N}-DATE-MODEL-COMMIT[-GEMV].json`` and ``.md`` under --out (the JSON
+    after every record; -GEMV when --gemv is given, as at --tp 1). ``context_of(cfg)`` is the checked --context;
+    ``modes_given``: --modes was passed (then a subset of ``bench.tp.TP_BENCH_MODES``); --gemv: the onekernel
+    modes' GEMV path (default the model's). Raises InputError (--study, another mode, --allreduce),
     DeviceError (no GPU, more ranks than GPUs), UnsupportedModelError (head counts), before anything loads."""
     import json
     import time
@@ -135,7 +136,8 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)
-    path = out / f"bench-tp{args.tp}-{meta['date']}-{files.config.name}-{commit or 'nocommit'}.json"
+    stem = f"bench-tp{args.tp}-{meta['date']}-{files.config.name}-{commit or 'nocommit'}"
+    path = out / f"{stem}{'-' + args.gemv if args.gemv else ''}.json"  # the two paths' records apart
     done: list[dict] = []
 
     def keep(rec):  # rank 0 writes every record as soon as it exists: a run stopped early keeps what it measured
@@ -148,7 +150,7 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
 
     allreduces = [args.allreduce] if args.allreduce else ["nccl", "symm"]
     records = bench_tp(model, group, batches, context_of(files.config), modes, allreduces, steps=args.steps,
-                       progress=keep)
+                       progress=keep, gemv=args.gemv)
     close_rank()
     if rank.rank == 0:
         done = [{**meta, **r} for r in records]  # with ratio_to_torch_graph, set once a batch is done

@@ -77,21 +77,20 @@ def test_default_model_missing(monkeypatch, capsys):
 
 
 def test_gemv_choice_refusals(tiny, capsys, monkeypatch):
-    """--gemv / generate(gemv=...): an unknown path, the reference mode (no GEMV kernels) and tensor parallel
-    (its ranks run the CUDA-core path) are refused before anything runs; the CLI says so in one line."""
+    """--gemv / generate(gemv=...): an unknown path and the reference mode (no GEMV kernels) are refused before
+    anything runs, at every tensor-parallel size; the CLI says so in one line. Both paths run at --tp > 1 (the
+    ranks take the unsharded model's path by default: tests/test_tp.py)."""
     from onekernel.runtime.args import gemv_options
 
     assert gemv_options(None, "reference") == {} and gemv_options("mma", "eager") == {"gemv": "mma"}
+    assert gemv_options("fma", "graph") == {"gemv": "fma"}
     with pytest.raises(InputError, match="one of fma, mma"):
         generate(tiny, ["a"], max_new_tokens=1, mode="eager", interpret=True, gemv="tensor")
     with pytest.raises(InputError, match="runs PyTorch"):
         generate(tiny, ["a"], max_new_tokens=1, gemv="mma")
-    with pytest.raises(InputError, match="applies at --tp 1"):
-        gemv_options("mma", "graph", parallel=object())
-    assert gemv_options("fma", "graph", parallel=object()) == {}  # what the ranks run anyway
     monkeypatch.setattr(load, "open_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
     _cli_fails(capsys, TINY + ["--prompt", "hi", "--mode", "reference", "--gemv", "mma"], "--gemv", "reference")
-    _cli_fails(capsys, TINY + ["--prompt", "hi", "--tp", "2", "--gemv", "mma"], "--gemv mma applies at --tp 1")
+    _cli_fails(capsys, TINY + ["--prompt", "hi", "--tp", "2", "--gemv", "mma"], "--gemv", "reference")
 
 
 def test_generate_gemv_reaches_the_step(tiny, monkeypatch):

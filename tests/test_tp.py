@@ -190,9 +190,10 @@ def test_rank_variables_are_checked(monkeypatch):
         init_rank(2, "cuda")
 
 
-def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, seed):
-    """A group of one (in this process): the TP runner equals the reference bitwise, the NVLink-multicast
-    switches are set, and a shard refuses the single-device runners."""
+@pytest.fixture
+def one_rank(monkeypatch, seed):
+    """A gloo group of one in this process (torchrun's variables, NVLink-multicast switches unset before):
+    (the full ``tiny`` model, its one-rank shard as a ShardedModel, the Shard); the group is closed after."""
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(k, v)
@@ -200,35 +201,98 @@ def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, s
         monkeypatch.delenv(k, raising=False)
     init_rank(1, "cpu")
     try:
-        assert {k: os.environ[k] for k in NO_MULTICAST} == NO_MULTICAST
         full = load_model("tiny", random_weights=True, seed=seed)
         shard = shard_config(full.config, 1, 0)
-        model = ShardedModel(shard.config, shard_weights(shard, full.weights), full.tokenizer, full.source, shard)
-        caches = [KVCache(full.config, 2, 16, torch.float32, "cpu") for _ in range(2)]
-        tokens = torch.tensor([3, 200], dtype=torch.int32)
-        prompts = [[1, 2, 3], [4]]
-        ref, tp = ReferenceRunner(full, caches[0]), TPGroup(shard).step_runner("reference", model, caches[1])
-        assert torch.equal(ref.prefill(prompts), tp.prefill(prompts))
-        for a, b in zip(ref.step(tokens), tp.step(tokens)):
-            assert torch.equal(a, b)
-        with pytest.raises(InputError, match="one rank's tensor-parallel shard"):
-            make_step_runner("reference", model, caches[1])
-        # bench --tp's loop, with a CPU cache and one untimed step in place of the CUDA-event timing; "eager"
-        # (no GPU, no interpreter) fails on every rank and is recorded as an error
-        import onekernel.bench.tp as bench_tp
-        monkeypatch.setattr(bench_tp, "median_ms", lambda fn, **k: (fn(), {"median_ms": 2.0, "p10_ms": 1.0,
-                                                                            "p90_ms": 3.0, "steps": 1})[1])
-        monkeypatch.setattr(bench_tp, "copy_bandwidth_gbs", lambda: 1.0)
-        monkeypatch.setattr(bench_tp, "random_decode_state",
-                            lambda m, b, c: (KVCache(m.config, b, c, torch.float32, "cpu"), None))
-        recs = bench_tp.bench_tp(model, TPGroup(shard), [1, 2], 8, modes=("torch", "eager"), steps=1)
-        assert [(r["batch"], r["tp"], r["mode"], r["allreduce"], r["ms_per_step"], r["tokens_per_s"])
-                for r in recs] == [(1, 1, "torch", None, 2.0, 500.0), (1, 1, "eager", "nccl", None, None),
-                                   (2, 1, "torch", None, 2.0, 1000.0), (2, 1, "eager", "nccl", None, None)]
-        assert recs[0]["rel_err_vs_torch"] == 0.0 and recs[0]["argmax_agree"] == "1/1"
-        assert "DeviceError: mode 'eager' runs Triton kernels on a CUDA GPU" in recs[1]["error"]
-        table = bench_tp.tp_table(recs)
-        assert "| tiny | 1 | 2 | torch | - | 2.000 | 1,000 |" in table
-        assert "| eager | nccl | error: DeviceError" in table
+        yield full, ShardedModel(shard.config, shard_weights(shard, full.weights), full.tokenizer, full.source,
+                                 shard), shard
     finally:
         close_rank()
+
+
+def _fake_bench_timing(monkeypatch):
+    """bench --tp's loop on the CPU: a CPU cache and one untimed step in place of the CUDA-event timing."""
+    import onekernel.bench.tp as bench_tp
+    monkeypatch.setattr(bench_tp, "median_ms", lambda fn, **k: (fn(), {"median_ms": 2.0, "p10_ms": 1.0,
+                                                                        "p90_ms": 3.0, "steps": 1})[1])
+    monkeypatch.setattr(bench_tp, "copy_bandwidth_gbs", lambda: 1.0)
+    monkeypatch.setattr(bench_tp, "random_decode_state",
+                        lambda m, b, c: (KVCache(m.config, b, c, torch.float32, "cpu"), None))
+    return bench_tp
+
+
+def test_one_rank_group_is_the_reference_and_sets_the_environment(monkeypatch, one_rank):
+    """A group of one (in this process): the TP runner equals the reference bitwise, the NVLink-multicast
+    switches are set, and a shard refuses the single-device runners."""
+    full, model, shard = one_rank
+    assert {k: os.environ[k] for k in NO_MULTICAST} == NO_MULTICAST
+    caches = [KVCache(full.config, 2, 16, torch.float32, "cpu") for _ in range(2)]
+    tokens = torch.tensor([3, 200], dtype=torch.int32)
+    prompts = [[1, 2, 3], [4]]
+    ref, tp = ReferenceRunner(full, caches[0]), TPGroup(shard).step_runner("reference", model, caches[1])
+    assert torch.equal(ref.prefill(prompts), tp.prefill(prompts))
+    for a, b in zip(ref.step(tokens), tp.step(tokens)):
+        assert torch.equal(a, b)
+    with pytest.raises(InputError, match="one rank's tensor-parallel shard"):
+        make_step_runner("reference", model, caches[1])
+    # bench --tp's loop; "eager" (no GPU, no interpreter) fails on every rank and is recorded as an error
+    bench_tp = _fake_bench_timing(monkeypatch)
+    recs = bench_tp.bench_tp(model, TPGroup(shard), [1, 2], 8, modes=("torch", "eager"), steps=1)
+    assert [(r["batch"], r["tp"], r["mode"], r["allreduce"], r["ms_per_step"], r["tokens_per_s"])
+            for r in recs] == [(1, 1, "torch", None, 2.0, 500.0), (1, 1, "eager", "nccl", None, None),
+                               (2, 1, "torch", None, 2.0, 1000.0), (2, 1, "eager", "nccl", None, None)]
+    assert recs[0]["rel_err_vs_torch"] == 0.0 and recs[0]["argmax_agree"] == "1/1"
+    assert "DeviceError: mode 'eager' runs Triton kernels on a CUDA GPU" in recs[1]["error"]
+    table = bench_tp.tp_table(recs)
+    assert "| tiny | 1 | 2 | torch | - | 2.000 | 1,000 |" in table
+    assert "| eager | nccl | error: DeviceError" in table
+
+
+def test_gemv_reaches_the_tp_ranks(monkeypatch, one_rank):
+    """``gemv`` at TP > 1: generate(parallel=..., gemv="mma") builds the rank's step on the tensor-core path (its
+    greedy tokens the reference's: fp32 products either way); without it a rank takes the unsharded model's path
+    (tiny in fp32: "fma"); bench --tp records each onekernel mode's path (``gemv``; None for torch) and names it in
+    the table; an unknown path is refused."""
+    from onekernel.runtime.generate import generate
+
+    full, model, shard = one_rank
+
+    class Interpreted(TPGroup):  # the kernel modes in the Triton interpreter; records the path each step took
+        paths: list = []
+
+        def step_runner(self, mode, m, cache, **kw):
+            r = super().step_runner(mode, m, cache, **({"interpret": True} if mode != "reference" else {}) | kw)
+            self.paths.append(getattr(getattr(r, "bound", None), "graph", None) and r.bound.graph.meta["gemv"])
+            return r
+
+    group = Interpreted(shard)
+    ids = [[3, 17, 41, 5]]
+    want = generate(full, ids, max_new_tokens=2).sequences[0].generated_ids
+    got = generate(model, ids, max_new_tokens=2, mode="eager", interpret=True, parallel=group, gemv="mma")
+    assert group.paths == ["mma"] and got.sequences[0].generated_ids == want
+    bench_tp = _fake_bench_timing(monkeypatch)
+    recs = [r for g in (None, "mma") for r in bench_tp.bench_tp(model, group, [1], 8, modes=("torch", "eager"),
+                                                                 steps=1, gemv=g)]
+    assert [(r["mode"], r["gemv"], r.get("error")) for r in recs] == [
+        ("torch", None, None), ("eager", "fma", None), ("torch", None, None), ("eager", "mma", None)]
+    assert "| tiny | 1 | 1 | eager (mma) | nccl |" in bench_tp.tp_table(recs)
+    with pytest.raises(InputError, match="unknown gemv path 'tensor'"):
+        group.step_runner("eager", model, KVCache(shard.config, 1, 8, torch.float32, "cpu"), gemv="tensor")
+
+
+def test_cli_takes_gemv_at_tp2(capsys, monkeypatch):
+    """`generate --tp 2 --gemv mma` passes the checks and starts the ranks with it (they build the step on that
+    path: test_gemv_reaches_the_tp_ranks); `bench --tp 2 --gemv mma` gets past --gemv to its GPU check; a path
+    that is not fma or mma is refused by the parser."""
+    launched = []
+    monkeypatch.setattr("onekernel.cli_tp.launch", lambda n, argv: launched.append((n, argv)) or 0)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert main([*GENERATE, "--tp", "2", "--mode", "eager", "--interpret", "--gemv", "mma"]) == 0
+    (n, argv), = launched
+    assert n == 2 and argv[argv.index("--gemv") + 1] == "mma"
+    if not torch.cuda.is_available():
+        assert main(["bench", "--model", "tiny", "--random-weights", "--tp", "2", "--gemv", "mma"]) == 2
+        assert "bench --tp times GPU ranks and needs CUDA GPUs" in capsys.readouterr().err
+    for cmd in (GENERATE, ("bench", "--model", "tiny", "--random-weights")):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--tp", "2", "--gemv", "tensor"])
+        assert e.value.code == 2 and "invalid choice: 'tensor'" in capsys.readouterr().err

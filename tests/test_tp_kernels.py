@@ -12,12 +12,15 @@ from onekernel.models.config import get_config
 from test_tp import _reference, _run_ranks
 
 
-def test_tp2_kernel_step_equals_tp1_reference(seed, tmp_path):
+@pytest.mark.parametrize("gemv", [None, "mma"])
+def test_tp2_kernel_step_equals_tp1_reference(gemv, seed, tmp_path):
     """Mode "graph" (in the interpreter: its eager launches with the same host calls) on ``tiny`` with a
-    vocabulary of 253 (ranges of 127 and 126 rows): every logit of every step within fp32 rounding of the TP=1
-    reference (the kernels sum in another order than PyTorch), greedy tokens (distributed argmax) equal where the
-    top-2 margin is clear, rank 0's KV cache equal to the first half of the reference's KV heads. The step's
-    outputs start poisoned (NaN, -1), so a logit or token no rank wrote fails."""
+    vocabulary of 253 (ranges of 127 and 126 rows), on the model's GEMV path (fp32: "fma") and on the tensor-core
+    path (gemv="mma": o_proj and down's row-parallel partials through the MMA GEMV, rank 0 adding the residual):
+    every logit of every step within fp32 rounding of the TP=1 reference (the kernels sum in another order than
+    PyTorch), greedy tokens (distributed argmax) equal where the top-2 margin is clear, rank 0's KV cache equal to
+    the first half of the reference's KV heads. The step's outputs start poisoned (NaN, -1), so a logit or token
+    no rank wrote fails."""
     import dataclasses
 
     cfg = dataclasses.replace(get_config("tiny"), vocab_size=253)
@@ -26,8 +29,9 @@ def test_tp2_kernel_step_equals_tp1_reference(seed, tmp_path):
     steps = 3
     out = tmp_path / "rank0.pt"
     _run_ranks(2, {"model": "tiny", "vocab": 253, "tp": 2, "seed": seed, "prompts": prompts, "steps": steps,
-                   "out": str(out), "mode": "graph"}, env={"TRITON_INTERPRET": "1"}, timeout=300)
+                   "out": str(out), "mode": "graph", "gemv": gemv}, env={"TRITON_INTERPRET": "1"}, timeout=300)
     got = torch.load(out)
+    assert got["gemv"] == (gemv or "fma")
     want_logits, want_tokens, cache = _reference(cfg, seed, prompts, steps)
     assert got["logits"].shape == want_logits.shape == (steps + 1, 2, cfg.vocab_size)
     assert torch.isfinite(got["logits"]).all()

@@ -230,11 +230,13 @@ def _spawn(args: dict, timeout: float = 300) -> None:
                 p.kill()
 
 
-def test_tp2_megakernel_equals_tp1_reference(seed, tmp_path):
+@pytest.mark.parametrize("gemv", [None, "mma"])
+def test_tp2_megakernel_equals_tp1_reference(gemv, seed, tmp_path):
     """Two ranks (spawned, gloo, the interpreter, one worker each, shared-memory pools) on ``tiny`` with an uneven
-    253-row vocabulary (rank 1's shard padded to 127 rows): every logit of prefill + 3 greedy steps within 1e-5 of
-    the TP=1 reference's range, tokens equal where the top-2 margin is clear, rank 0's KV heads equal, and both
-    ranks' reduced buffers (every ``*.ar.out``) bitwise equal."""
+    253-row vocabulary (rank 1's shard padded to 127 rows), on the model's GEMV path (fp32: "fma") and the
+    tensor-core one (gemv="mma": every GEMV adds ``residual.zero``, the all-reduce tiles the residual): every logit
+    of prefill + 3 greedy steps within 1e-5 of the TP=1 reference's range, tokens equal where the top-2 margin is
+    clear, rank 0's KV heads equal, and both ranks' reduced buffers (every ``*.ar.out``) bitwise equal."""
     import dataclasses
 
     from test_tp import _reference
@@ -244,8 +246,9 @@ def test_tp2_megakernel_equals_tp1_reference(seed, tmp_path):
     prompts = [[rnd.randrange(cfg.vocab_size) for _ in range(n)] for n in (4, 2)]
     steps = 3
     out = tmp_path / "mk"
-    _spawn({"tp": 2, "vocab": 253, "seed": seed, "prompts": prompts, "steps": steps, "out": str(out)})
+    _spawn({"tp": 2, "vocab": 253, "seed": seed, "prompts": prompts, "steps": steps, "out": str(out), "gemv": gemv})
     got = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
+    assert got[0]["gemv"] == got[1]["gemv"] == (gemv or "fma")
     want_logits, want_tokens, cache = _reference(cfg, seed, prompts, steps)
     lg = got[0]["logits"]
     assert lg.shape == want_logits.shape == (steps + 1, 2, cfg.vocab_size)

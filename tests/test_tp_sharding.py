@@ -244,3 +244,38 @@ def test_a_rank_never_holds_the_whole_model():
     assert 70e6 < r["shard"] < 80e6 and 590e6 < r["full"] < 610e6
     assert r["shard_peak"] < r["full"] / 3, r  # shard (75 MB) + the 66 MB fp32 embedding + allocator slack
     assert r["full_peak"] > 0.9 * r["full"], r
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b"])
+def test_every_shard_fits_the_tensor_core_path(name):
+    """A rank takes the unsharded model's GEMV path (``dist.tp_kernels.rank_gemv``: "mma" for these models in bf16,
+    "fma" in fp32, as at TP=1; an explicit path as given), and rank 0's shard fits the tensor-core path at TP 2, 4
+    and 8: its TP graph builds with gemv="mma" at batch 1 and 16 (the GEMV builders' limits: ``check_gemv``, 2P >= 16
+    per qkv tile), every GEMV op has MMA on with its local widths (o_proj and down row-parallel: K / t; qkv and
+    gate_up column-parallel: N / t; the LM head V / t rows), and the streaming kernel takes the graph
+    (``stream_plan.unsupported_graph``: K % 8, head_dim % RG, the chunks and ring in shared memory)."""
+    from types import SimpleNamespace
+
+    from onekernel.dist.tp_kernels import rank_gemv
+    from onekernel.exec.stream_plan import chunk_shape, unsupported_graph
+    from onekernel.models.decode_graph import decode_graph
+    from onekernel.ops.tiling import Tiling
+
+    cfg = get_config(name)
+    group = SimpleNamespace(config=cfg)
+    assert rank_gemv(group, torch.bfloat16, None) == "mma" and rank_gemv(group, torch.float32, None) == "fma"
+    assert rank_gemv(group, torch.bfloat16, "fma") == "fma"
+    for t in (2, 4, 8):
+        c = shard_config(cfg, t, 0).config
+        F, V = cfg.ffn_dim // t, vocab_range(cfg.vocab_size, t, 0)[1]
+        for batch, policy in ((1, "fit"), (16, "cover")):
+            g, _, _ = decode_graph(c, batch, 64, torch.bfloat16, tiling=Tiling(132, policy), gemv="mma", tp=(0, t))
+            ops = {op.name: op.params for op in g.ops if op.name.endswith(".0") or op.name == "lm_head"}
+            assert all(p["MMA"] for p in ops.values() if "MMA" in p) and g.meta["gemv"] == "mma"
+            assert (ops["qkv_rope.0"]["HQ"], ops["qkv_rope.0"]["HKV"]) == (cfg.n_heads // t, cfg.n_kv_heads // t)
+            assert 2 * ops["qkv_rope.0"]["P"] >= 16 and ops["o_proj.0"]["BLOCK_N"] >= 16
+            assert (ops["o_proj.0"]["N"], ops["o_proj.0"]["K"]) == (cfg.dim, cfg.n_heads * cfg.head_dim // t)
+            assert (ops["gate_up.0"]["N"], ops["down.0"]["K"], ops["lm_head"]["N"]) == (F, F, V)
+            assert unsupported_graph(g, batch) is None, (name, t, batch)
+        _, ck, rg, _ = chunk_shape(g)
+        assert ck * rg == 8192 and cfg.head_dim % rg == 0 and ck >= 256, (t, ck, rg)  # 8B TP 8: 256 x 32

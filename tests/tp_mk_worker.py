@@ -3,8 +3,9 @@ them with torch.multiprocessing's spawn, handing them all the same shared-memory
 
 ``run(rank, a, pools)``: joins a gloo group of ``a["tp"]`` ranks on ``a["port"]``, builds the rank's shard of the
 ``a["model"]`` config (default ``tiny``; random fp32 weights of ``a["seed"]``, vocabulary ``a["vocab"]``) and its
-TPMegakernelRunner in the Triton interpreter (one worker), then prefill and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the
-gathered logits and tokens, its KV cache and every reduced buffer (``*.ar.out``) after the last step; with
+TPMegakernelRunner in the Triton interpreter (one worker; GEMV path ``a["gemv"]``, default the model's), then prefill
+and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the gathered logits and tokens, its KV cache, every
+reduced buffer (``*.ar.out``) after the last step and the GEMV path its graph took; with
 ``a["fault"]`` (ONEKERNEL_TP_FAULT) rank 0 saves the KernelTimeoutError's message of its first step instead.
 """
 import os
@@ -26,7 +27,7 @@ def run(rank: int, a: dict, pools: list) -> None:
 
     info, model, group, cache = rank_state(a)
     prompts = a["prompts"]
-    runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools,
+    runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools, gemv=a.get("gemv"),
                                 **({"spin_limit": a["spin_limit"]} if a.get("spin_limit") else {}))
     out = f"{a['out']}.rank{info.rank}.pt"
     logits = [runner.prefill(prompts)]
@@ -50,5 +51,5 @@ def run(rank: int, a: dict, pools: list) -> None:
     t = runner.bound.tensors
     reduced = {n: t[n].clone() for n in t if n.endswith(".ar.out")}
     torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v,
-                "reduced": reduced}, out)
+                "reduced": reduced, "gemv": runner.bound.graph.meta["gemv"]}, out)
     close_rank()

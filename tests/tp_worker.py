@@ -2,9 +2,10 @@
 
 argv[1]: JSON {"model": config name, "vocab": vocab size override or null, "tp": N, "seed": S, "prompts": [[ids]],
 "steps": decode steps, "out": path, "mode": optional, default "reference" (a kernel mode runs in the Triton
-interpreter: the test sets TRITON_INTERPRET=1)}. Random fp32 weights of ``seed``; the rank's shard; prefill,
-then greedy decode steps fed with the rank's own tokens. Rank 0 saves the gathered logits, the distributed-argmax
-tokens and its KV cache to ``out`` (torch.save).
+interpreter: the test sets TRITON_INTERPRET=1), "gemv": a kernel mode's GEMV path (optional, default the model's)}.
+Random fp32 weights of ``seed``; the rank's shard; prefill, then greedy decode steps fed with the rank's own tokens.
+Rank 0 saves the gathered logits, the distributed-argmax tokens, its KV cache and the GEMV path its step took (None
+for the reference mode) to ``out`` (torch.save).
 """
 import dataclasses
 import json
@@ -40,7 +41,8 @@ def main(a: dict) -> None:
     info, model, group, cache = rank_state(a)
     prompts = a["prompts"]
     mode = a.get("mode", "reference")
-    runner = group.step_runner(mode, model, cache, **({"interpret": True} if mode != "reference" else {}))
+    runner = group.step_runner(mode, model, cache, **({"interpret": True, "gemv": a.get("gemv")}
+                                                      if mode != "reference" else {}))
     logits = [runner.prefill(prompts)]
     tokens = [logits[0].argmax(-1).to(torch.int32)]
     for _ in range(a["steps"]):
@@ -49,8 +51,9 @@ def main(a: dict) -> None:
         logits.append(lg.clone())  # a kernel runner's outputs are overwritten by its next step
         tokens.append(nxt.clone())
     if info.rank == 0:
-        torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v},
-                   a["out"])
+        gemv = runner.bound.graph.meta["gemv"] if mode != "reference" else None
+        torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v,
+                    "gemv": gemv}, a["out"])
     close_rank()
 
 

@@ -37,6 +37,13 @@ def make_bench_runner(mode, model, cache, **opts):
     return make_step_runner(mode, model, cache, **opts)
 
 
+def runner_gemv(runner) -> str | None:
+    """The GEMV path of a onekernel runner's decode step ("fma" | "mma", its graph's ``meta["gemv"]``; the
+    tensor-parallel runners' too); None for a PyTorch runner (no ``bound`` step)."""
+    bound = getattr(runner, "bound", None)
+    return bound.graph.meta.get("gemv") if bound is not None else None
+
+
 def random_decode_state(model, batch: int, context: int, lens: list[int] | None = None, seed: int = 0):
     """A KV cache of ``context`` positions holding random K/V, every sequence at position ``context - 1`` (or
     at ``lens[b]``), and random tokens [B] (int32): the state every timed step starts from (seeded, so each mode
@@ -92,8 +99,7 @@ def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw
             opts = dict((options or {}).get(mode, {}))
             r = make_bench_runner(mode, model, cache, **opts)
             rec["runner"] = type(r).__name__
-            bound = getattr(r, "bound", None)  # the BoundStep of a onekernel runner
-            rec["gemv"] = bound.graph.meta.get("gemv") if bound is not None else None
+            rec["gemv"] = runner_gemv(r)
             lg, nt = r.step(tokens)
             r.check()
             rec.update(rel_err_vs_torch=float((lg.float() - ref_logits.float()).norm() / ref_logits.float().norm()),

@@ -6,14 +6,15 @@ allreduce null): "megakernel" with the backend "auto" picks (the streaming Gluon
 shards on Hopper; the record's ``backend`` says which ran), "megakernel-triton" the Triton megakernel.
 
 Each record (rank 0's), the TP=1 bench's fields (``bench.modes``) plus ``tp`` and ``allreduce``: model, batch,
-context, mode, allreduce (null for the torch modes: they all-reduce through NCCL), tp, runner, ms_per_step (the
-slowest rank's median of ``steps`` CUDA-event-timed steps), p10/p90 (rank 0's), steps, tokens_per_s, floor_ms
-(the rank's weight + KV bytes / the copy bandwidth it measured: the TP floor, communication excluded),
-weight_bytes, kv_bytes (per rank), pct_of_floor, ratio_to_torch_graph, rel_err_vs_torch (relative L2 error of
-the first step's whole logits against the "torch" step's on the same input), argmax_agree, and "error" when the
-mode failed (timings None). The state is ``bench.modes``'s: random K/V, every sequence at position
-``context - 1``, steps do not advance it; the tokens are drawn from the whole vocabulary with one seed, so every
-rank embeds the same ones.
+context, mode, allreduce (null for the torch modes: they all-reduce through NCCL), tp, runner, gemv (the GEMV path
+of a onekernel mode's step, "fma" | "mma": the unsharded model's default unless ``gemv`` is given, as at TP=1; null
+for the torch modes), ms_per_step (the slowest rank's median of ``steps`` CUDA-event-timed steps), p10/p90 (rank
+0's), steps, tokens_per_s, floor_ms (the rank's weight + KV bytes / the copy bandwidth it measured: the TP floor,
+communication excluded), weight_bytes, kv_bytes (per rank), pct_of_floor, ratio_to_torch_graph, rel_err_vs_torch
+(relative L2 error of the first step's whole logits against the "torch" step's on the same input), argmax_agree,
+and "error" when the mode failed (timings None). The state is ``bench.modes``'s: random K/V, every sequence at
+position ``context - 1``, steps do not advance it; the tokens are drawn from the whole vocabulary with one seed, so
+every rank embeds the same ones.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import gc
 
 import torch
 
-from onekernel.bench.modes import random_decode_state
+from onekernel.bench.modes import random_decode_state, runner_gemv
 from onekernel.bench.report import fill_ratios, md_table
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
@@ -29,18 +30,18 @@ TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel",
 KERNEL_MODES = ("eager", "graph", "pdl")
 
 
-def tp_runner(mode: str, model, cache, group, allreduce: str | None):
-    """The rank's runner of a TP_BENCH_MODES ``mode`` (``allreduce`` for the kernel modes)."""
+def tp_runner(mode: str, model, cache, group, allreduce: str | None, gemv: str | None = None):
+    """The rank's runner of a TP_BENCH_MODES ``mode`` (``allreduce`` for the kernel modes; ``gemv`` "fma" | "mma" |
+    None (the model's path) for the onekernel modes)."""
     if mode == "torch+graph":
         from onekernel.bench.tp_graph import TPTorchGraphRunner
         return TPTorchGraphRunner(model, cache, group)
     if mode == "torch":
         return group.step_runner("reference", model, cache)
-    if mode == "megakernel":
-        return group.step_runner("megakernel", model, cache, backend="auto")
-    if mode == "megakernel-triton":
-        return group.step_runner("megakernel", model, cache, backend="triton")
-    return group.step_runner(mode, model, cache, allreduce=allreduce)
+    if mode in ("megakernel", "megakernel-triton"):
+        return group.step_runner("megakernel", model, cache, backend="auto" if mode == "megakernel" else "triton",
+                                 gemv=gemv)
+    return group.step_runner(mode, model, cache, allreduce=allreduce, gemv=gemv)
 
 
 def _slowest(group, ms: float, device) -> float:
@@ -50,11 +51,12 @@ def _slowest(group, ms: float, device) -> float:
 
 
 def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODES, allreduces=("nccl",),
-             steps: int = 200, progress=None) -> list[dict]:
+             steps: int = 200, progress=None, gemv: str | None = None) -> list[dict]:
     """Time each of ``modes`` (TP_BENCH_MODES; the kernel modes once per ``allreduces`` entry) at each batch
-    size; ``model``: the rank's ShardedModel on its GPU. Every rank calls it with the same arguments; returns the
-    records (rank 0's are the ones to keep). ``progress(record)`` is called after each. A mode that fails on
-    every rank gets its error recorded and the others still run."""
+    size; ``model``: the rank's ShardedModel on its GPU; ``gemv``: the onekernel modes' GEMV path (None: the
+    model's). Every rank calls it with the same arguments; returns the records (rank 0's are the ones to keep).
+    ``progress(record)`` is called after each. A mode that fails on every rank gets its error recorded and the
+    others still run."""
     records = []
     dev = model.weights["tok_embeddings"].device
     bw = copy_bandwidth_gbs()
@@ -72,8 +74,8 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
                        "tp": group.shard.tp, "floor_ms": floor, "weight_bytes": wb, "kv_bytes": kvb,
                        "ms_per_step": None, "tokens_per_s": None, "pct_of_floor": None, "ratio_to_torch_graph": None}
                 try:
-                    r = tp_runner(mode, model, cache, group, ar)
-                    rec["runner"] = type(r).__name__
+                    r = tp_runner(mode, model, cache, group, ar, gemv)
+                    rec["runner"], rec["gemv"] = type(r).__name__, runner_gemv(r)
                     if hasattr(r, "backend"):
                         rec["backend"] = r.backend
                     lg, nt = r.step(tokens)
@@ -97,8 +99,8 @@ def bench_tp(model, group, batches: list[int], context: int, modes=TP_BENCH_MODE
 def tp_table(records: list[dict]) -> str:
     """Markdown table of ``bench_tp``'s records."""
     def lead(r):
-        return (r["model"], r["tp"], r["batch"], r["mode"] + (f" ({r['backend']})" if r.get("backend") else ""),
-                r.get("allreduce") or "-")
+        how = ", ".join(x for x in (r.get("backend"), r.get("gemv")) if x)
+        return r["model"], r["tp"], r["batch"], r["mode"] + (f" ({how})" if how else ""), r.get("allreduce") or "-"
 
     def cells(r):
         ratio = f"{r['ratio_to_torch_graph']:.2f}x" if r.get("ratio_to_torch_graph") else "-"

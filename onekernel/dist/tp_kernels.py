@@ -1,7 +1,8 @@
 """The kernel modes (eager, graph, pdl) at tensor-parallel size > 1: a rank's decode step over its shard.
 
 The rank's graph is ``models.decode_graph``'s for its local config (``Shard.config``: its q and KV heads, its
-FFN rows, its vocabulary rows), run by the same executors (``exec.kernels``) with host calls after four kinds of
+FFN rows, its vocabulary rows) on the unsharded model's GEMV path (``rank_gemv``: tensor cores for bf16 Llama
+models, as at TP=1), run by the same executors (``exec.kernels``) with host calls after four kinds of
 op (Megatron-LM, Shoeybi et al. 2019, sections 3 and 3.1; the same points as ``dist.tp_reference``):
 
     embed            the rank's tokens are ``tokens - vocab_start``; ``embed`` writes zeros for a token outside
@@ -30,12 +31,21 @@ from onekernel.dist.allreduce import SymmAllReduce, check_allreduce
 from onekernel.dist.process import fault_point
 from onekernel.errors import InputError
 from onekernel.exec import DEFAULT_TILING, make_runner, sm_count
-from onekernel.models.decode_graph import build_decode_step
+from onekernel.models.decode_graph import build_decode_step, default_gemv
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.reference import prefill
 from onekernel.runtime.runners import check_mode
 
 KERNEL_MODES = ("eager", "graph", "pdl")
+
+
+def rank_gemv(group, dtype: torch.dtype, gemv: str | None) -> str:
+    """The GEMV path of a rank's decode step: ``gemv`` ("fma" | "mma"; another value is refused by the graph
+    builder), or for None the unsharded model's default, ``default_gemv(group.config, dtype)``, so a model takes
+    the same path at every TP size (it depends on the hidden size, which no rank shards). Every shard of a config
+    that ``dist.sharding.check_tp`` and ``decode_graph.check_supported`` accept fits the MMA path: its GEMV
+    widths (D, Hq/t * hd, F/t) stay multiples of 16 and hd >= 16 (tests/test_tp_sharding.py)."""
+    return default_gemv(group.config, dtype) if gemv is None else gemv
 
 
 class TPRankRunner:
@@ -75,13 +85,14 @@ class TPKernelRunner(TPRankRunner):
     rows), next_tokens int32 [B])``, both owned by the runner and overwritten by the next step;
     ``prefill(prompts) -> logits [B, V]`` (the PyTorch prefill with ``group``'s collectives); ``check()`` and
     ``poll()`` as every runner. Options: ``allreduce`` "nccl" | "symm", ``interpret`` (the Triton interpreter on
-    the CPU), ``tiles`` / ``n_sm`` (``runtime.runners.make_step_runner``), and the executor's own. Building it
-    is collective with "symm" (the buffer's rendezvous). Raises InputError (a mode that is not a kernel mode, an
-    unknown or unsupported all-reduce), DeviceError (no GPU and not ``interpret``), what
-    ``build_decode_step`` raises; RankError from a collective."""
+    the CPU), ``tiles`` / ``n_sm`` (``runtime.runners.make_step_runner``), ``gemv`` ("fma" | "mma" | None: the
+    unsharded model's default, ``rank_gemv``; the path is ``self.bound.graph.meta["gemv"]``), and the executor's
+    own. Building it is collective with "symm" (the buffer's rendezvous). Raises InputError (a mode that is not a
+    kernel mode, an unknown or unsupported all-reduce, an unknown gemv path), DeviceError (no GPU and not
+    ``interpret``), what ``build_decode_step`` raises; RankError from a collective."""
 
     def __init__(self, mode: str, model, cache, group, *, interpret: bool = False, allreduce: str = "nccl",
-                 tiles: str | None = None, n_sm: int | None = None, **options):
+                 tiles: str | None = None, n_sm: int | None = None, gemv: str | None = None, **options):
         if mode not in KERNEL_MODES:
             raise InputError(f"TPKernelRunner runs {', '.join(KERNEL_MODES)}, not {mode!r}")
         dev = cache.k.device
@@ -90,9 +101,8 @@ class TPKernelRunner(TPRankRunner):
         self.mode, self.allreduce, self.model, self.cache, self.group = mode, allreduce, model, cache, group
         shard = group.shard
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
-        # CUDA-core GEMVs: the path checked on two GPUs (run 8); models.decode_graph.default_gemv
         self.bound = build_decode_step(model.config, model.weights, cache, tiling=tiling,
-                                       residual=shard.rank == 0, gemv="fma")
+                                       residual=shard.rank == 0, gemv=rank_gemv(group, cache.k.dtype, gemv))
         t = self.bound.tensors
         B, D = t["embed.out"].shape
         reduce = (group.all_reduce if allreduce == "nccl" else

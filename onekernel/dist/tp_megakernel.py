@@ -1,14 +1,16 @@
 """The megakernel at tensor-parallel size > 1: one persistent kernel per rank, the all-reduces as its tile tasks.
 
-The rank's graph is ``models.decode_graph``'s for its local config with ``tp=(rank, n)``: all-reduce ops
-(``ops/allreduce.py``) after ``embed``, ``o_proj.{i}`` and ``down.{i}`` (Megatron-LM, Shoeybi et al. 2019,
-sections 3 and 3.1: the points where ``dist.tp_kernels`` calls a host all-reduce). An all-reduce tile reads its
-columns of every rank's partial (its own, and the peers' through *peer* buffers), adds the residual stream and
-the partials in rank order in fp32 and rounds once, so every rank's reduced rows are the same bits. It waits on
-its local producers as any task, and on the same producers *on every peer* (remote waits: identical graphs on
-every rank give identical task and event ids; ``exec.megakernel``), spinning with ``ld.acquire.sys`` on the
-peer's event counters; the producers of those events signal with a system-scope release. A remote wait that
-gives up names the task, its op, the event and the peer rank (``KernelTimeoutError`` from ``check()``).
+The rank's graph is ``models.decode_graph``'s for its local config with ``tp=(rank, n)``, on the unsharded model's
+GEMV path (``dist.tp_kernels.rank_gemv``): all-reduce ops (``ops/allreduce.py``) after ``embed``, ``o_proj.{i}``
+and ``down.{i}`` (Megatron-LM, Shoeybi et al. 2019, sections 3 and 3.1: the points where ``dist.tp_kernels`` calls
+a host all-reduce). The GEMVs add ``residual.zero`` (both GEMV bodies of both backends: the same epilogue) and the
+all-reduce adds the residual stream once. An all-reduce tile reads its columns of every rank's partial (its own,
+and the peers' through *peer* buffers), adds the residual stream and the partials in rank order in fp32 and rounds
+once, so every rank's reduced rows are the same bits. It waits on its local producers as any task, and on the same
+producers *on every peer* (remote waits: identical graphs on every rank give identical task and event ids;
+``exec.megakernel``), spinning with ``ld.acquire.sys`` on the peer's event counters; the producers of those events
+signal with a system-scope release. A remote wait that gives up names the task, its op, the event and the peer rank
+(``KernelTimeoutError`` from ``check()``).
 
 Identical graphs: every rank builds the same shapes. Where the vocabulary does not split evenly (V % n != 0),
 the shorter ranks' embedding and LM-head shards get zero rows up to the longest range (rank 0's): a zero
@@ -53,7 +55,7 @@ import torch
 
 from onekernel.dist.process import fault_action
 from onekernel.dist.sharding import vocab_range
-from onekernel.dist.tp_kernels import TPRankRunner
+from onekernel.dist.tp_kernels import TPRankRunner, rank_gemv
 from onekernel.errors import InputError, ScheduleError
 from onekernel.exec import sm_count
 from onekernel.exec.megakernel import MegakernelRunner
@@ -140,21 +142,23 @@ class TPMegakernelRunner(TPRankRunner):
 
     Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
     ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
-    ``make_step_runner``; default "fit"), ``ar_tiles`` (tiles per all-reduce op: ``decode_graph``), ``spin_limit``
-    (polls before a wait gives up; interpreter default INTERPRET_SPIN_LIMIT), ``backend`` ("auto" | "gluon" |
-    "triton", default DEFAULT_BACKEND: module doc) and the chosen megakernel's own options
-    (``exec.megakernel.MegakernelRunner``: ``spin_limit``, ``comm_workers`` (SM reservation), ...;
+    ``make_step_runner``; default "fit"), ``gemv`` ("fma" | "mma" | None: the unsharded model's default,
+    ``dist.tp_kernels.rank_gemv``; both backends run either path), ``ar_tiles`` (tiles per all-reduce op:
+    ``decode_graph``), ``spin_limit`` (polls before a wait gives up; interpreter default INTERPRET_SPIN_LIMIT),
+    ``backend`` ("auto" | "gluon" | "triton", default DEFAULT_BACKEND: module doc) and the chosen megakernel's own
+    options (``exec.megakernel.MegakernelRunner``: ``spin_limit``, ``comm_workers`` (SM reservation), ...;
     ``exec.stream_runner.StreamMegakernelRunner``: ``wait_ms``; ``n_workers``, ``use_cuda_graph``,
-    ``check_every``, ``profile`` both). ``self.backend``: the one that runs. Building it is
-    collective (the pools' rendezvous, the fingerprint comparison). Raises InputError (pools missing or too small,
-    an unknown backend, "gluon" where it cannot run, an option of the other backend), ScheduleError (the ranks built different schedules, or the cross-step check failed),
-    DeviceError (no GPU and not ``interpret``), RankError from a collective."""
+    ``check_every``, ``profile`` both). ``self.backend``: the one that runs; the GEMV path:
+    ``self.bound.graph.meta["gemv"]``. Building it is collective (the pools' rendezvous, the fingerprint
+    comparison). Raises InputError (pools missing or too small, an unknown backend or gemv path, "gluon" where it
+    cannot run, an option of the other backend), ScheduleError (the ranks built different schedules, or the
+    cross-step check failed), DeviceError (no GPU and not ``interpret``), RankError from a collective."""
 
     mode = "megakernel"
 
     def __init__(self, model, cache, group, *, interpret: bool = False, pools: list | None = None,
                  tiles: str | None = None, n_sm: int | None = None, spin_limit: int | None = None,
-                 ar_tiles: int | None = None, **options):
+                 ar_tiles: int | None = None, gemv: str | None = None, **options):
         dev = cache.k.device
         check_mode("megakernel", dev, interpret)
         backend = options.pop("backend", None) or DEFAULT_BACKEND
@@ -177,9 +181,8 @@ class TPMegakernelRunner(TPRankRunner):
             if name in weights:
                 weights[name] = _padded(weights, name, v_pad)
         tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
-        # CUDA-core GEMVs: the path checked on two GPUs (run 8); models.decode_graph.default_gemv
         self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles,
-                                               gemv="fma")
+                                               gemv=rank_gemv(group, cache.k.dtype, gemv))
         g = bound.graph
         n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
         self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)

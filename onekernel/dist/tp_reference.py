@@ -94,7 +94,8 @@ class TPGroup:
         """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook): "reference" (this module's
         TPReferenceRunner; no options) or a kernel mode, eager | graph | pdl (``dist.tp_kernels.TPKernelRunner``
         with ``allreduce`` "nccl" | "symm", default the group's, and ``options``) or "megakernel"
-        (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``). Raises
+        (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``). Both kernel
+        runners take ``gemv`` ("fma" | "mma" | None: the unsharded model's path, ``dist.tp_kernels.rank_gemv``). Raises
         InputError for an unknown mode, options given to the reference mode, ``allreduce`` given to the
         megakernel, and as the runner classes."""
         check_tp_mode(mode)

@@ -99,13 +99,19 @@ def chunk_shape(graph) -> tuple[list[int], int, int, int]:
 
 
 def unsupported(step) -> str | None:
-    """Why the streaming megakernel cannot run ``step`` (None when it can)."""
-    g = step.graph
+    """Why the streaming megakernel cannot run ``step`` (None when it can): its device, then ``unsupported_graph``."""
     dev = step.device
     if dev.type != "cuda":
         return "it needs a CUDA device"
     if torch.cuda.get_device_capability(dev)[0] != 9:
         return "it needs a Hopper GPU (sm_90: TMA, mbarriers, warp specialisation)"
+    return unsupported_graph(step.graph, step.batch)
+
+
+def unsupported_graph(g: Graph, batch: int) -> str | None:
+    """Why the streaming megakernel cannot run a step of graph ``g`` at ``batch`` on any GPU (dtype, op kinds, GEMV
+    widths and chunk shapes; None when it can). Both GEMV bodies have the same limits (a tensor-parallel shard's
+    widths, tests/test_tp_sharding.py)."""
     dtype = g.meta.get("dtype")
     if dtype not in (torch.bfloat16, torch.float16):
         return f"it streams 2-byte weights (bf16 / fp16), the model runs in {dtype}"
@@ -122,8 +128,8 @@ def unsupported(step) -> str | None:
     hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
-    if step.batch > MAX_BATCH:
-        return f"batch {step.batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
+    if batch > MAX_BATCH:
+        return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
     if _slots(1, kxb, ck, rg) < MIN_SLOTS:
         return f"one row of K {kxb * ck} activations does not fit in shared memory beside {MIN_SLOTS} weight slots"
     return None

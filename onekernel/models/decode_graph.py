@@ -98,8 +98,8 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
     1.126 (10% slower), batch 8 3.179 -> 1.266, megakernel batch 8 4.237 -> 2.124, batch 16 (cold compile runs)
     24.4 -> 3.5. Small models (SmolLM2-135M, hidden size 576) were not measured with mma in every mode and keep
     "fma"; fp32 models keep "fma" in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores). A
-    tensor-parallel rank's step defaults to "fma" (``dist.tp_kernels``, ``dist.tp_megakernel``: the paths run on
-    two GPUs)."""
+    tensor-parallel rank takes the unsharded model's path (``dist.tp_kernels.rank_gemv``; the hidden size is not
+    sharded, so a model runs one path at every TP size)."""
     if dtype in (torch.bfloat16, torch.float16) and cfg.dim >= MMA_MIN_DIM:
         return "mma"
     return "fma"

@@ -40,22 +40,16 @@ def add_gemv_argument(p) -> None:
     p.add_argument("--gemv", choices=GEMV_PATHS, default=None, help=GEMV_HELP)
 
 
-def gemv_options(gemv, mode: str, parallel=None) -> dict:
-    """The runner options of a ``gemv`` choice (None: the model's default path): {} or {"gemv": gemv}. Raises
-    InputError for a path that is not "fma" or "mma", for "mma" at tensor-parallel size > 1 (``parallel`` given:
-    those ranks run the CUDA-core path, the one checked on GPUs, so "fma" there changes nothing) and for the
-    reference mode (PyTorch, no GEMV kernels)."""
+def gemv_options(gemv, mode: str) -> dict:
+    """The runner options of a ``gemv`` choice (None: the model's default path): {} or {"gemv": gemv}, the same at
+    every tensor-parallel size (the ranks take the unsharded model's path: ``dist.tp_kernels.rank_gemv``). Raises
+    InputError for a path that is not "fma" or "mma" and for the reference mode (PyTorch, no GEMV kernels)."""
     if gemv is None:
         return {}
     from onekernel.ops.tiling import GEMV_PATHS
 
     if gemv not in GEMV_PATHS:
         raise InputError(f"gemv (--gemv) must be one of {', '.join(GEMV_PATHS)}, got {gemv!r:.40}")
-    if parallel is not None:
-        if gemv == "fma":
-            return {}
-        raise InputError("--gemv mma applies at --tp 1; tensor-parallel ranks run the CUDA-core GEMVs (fma, the path "
-                         "checked on two GPUs)")
     if mode == "reference":
         raise InputError("--gemv selects the GEMV kernels of the Triton modes; the reference mode (the default on a "
                          "machine without a GPU) runs PyTorch: drop --gemv, or pick a Triton mode (--mode eager, "

@@ -123,10 +123,10 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         dropped, so 3 prompts reuse the batch-4 kernels (no new compile) and cost what 4 cost. Batch invariance
         (a row's logits do not depend on the other rows) keeps every prompt's tokens the same as alone.
         gemv: "fma" | "mma" | None: the GEMV path of a Triton mode's decode step (None: the model's,
-            ``models.decode_graph.default_gemv``).
+            ``models.decode_graph.default_gemv``; a tensor-parallel rank takes the unsharded model's).
         parallel: None, or a tensor-parallel rank's group (``onekernel.dist.tp_reference.TPGroup``); then
             ``model`` is the rank's shard, prompts are checked against ``parallel.config`` (the whole model's),
-            and the runner (``parallel.step_runner(mode, model, cache, interpret=...)``) does the prefill.
+            and the runner (``parallel.step_runner(mode, model, cache, interpret=..., gemv=...)``) does the prefill.
     Raises (all before anything runs):
         InputError: an argument of the wrong kind (model not a LoadedModel, a flag not a bool, ...), a gemv
             that ``runtime.args.gemv_options`` refuses, no
@@ -161,7 +161,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
         raise InputError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
     device, dtype = _model_device_dtype(model)
     check_mode(mode, device, interpret)
-    options = gemv_options(gemv, mode, parallel)
+    options = gemv_options(gemv, mode)
     ids = encode_prompts(tok, prompts, chat=chat, max_new_tokens=max_new_tokens, model_context=cfg.max_seq_len,
                          max_seq_len=max_seq_len, vocab_size=cfg.vocab_size)
 
@@ -175,7 +175,7 @@ def generate(model, prompts: list[str] | list[list[int]], *, max_new_tokens: int
     if parallel is None:
         runner = make_step_runner(mode, model, cache, interpret=interpret, **options)
     else:
-        runner = parallel.step_runner(mode, model, cache, interpret=interpret)
+        runner = parallel.step_runner(mode, model, cache, interpret=interpret, **options)
     eos = set() if ignore_eos else set(tok.eos_token_ids)
     streams = [TextStream(tok, eos) for _ in range(B)]
     done = [False] * B
