@@ -1,7 +1,7 @@
 """Tensor parallel on N GPUs (issues 13, 16): TP=N logits and greedy tokens against TP=1, every TP mode.
 
     python scripts/tp_check.py [--tp 2] [--out F] [--models llama-3.2-1b,llama-3.1-8b] [--batches 1,8]
-                               [--steps 32] [--modes reference,megakernel,...] [--no-tp1]
+                               [--steps 32] [--modes reference,megakernel,...] [--no-tp1] [--gemv fma|mma]
 
 Starts itself under torchrun (``--tp`` processes, one per GPU, default 2) unless already in a rank. Per model
 (random bf16 weights, seed 0: every rank draws the same full tensors one at a time and keeps its shard,
@@ -30,6 +30,9 @@ vocabulary; each rank's cache holds its KV heads of the same numbers), then
    The same for megakernel-gluon (``wait_ms`` TIMEOUT_MS; record ``megakernel-gluon-timeout``; its remote slot
    is the same: ``stream_base.ERR_RSLOT``).
 
+``--gemv``: the GEMV path of every onekernel mode at TP=1 and TP=N (default: the model's, the same at every TP
+size: tensor cores for bf16 Llama models); each record of those modes names the path its runner took (``gemv``).
+
 Rank 0 prints one JSON line per record and rewrites ``--out`` after each, so a step that fails or runs out of
 time keeps the earlier ones; a mode that fails gets {"error": ...}. NVLink multicast stays off
 (``dist.process.NO_MULTICAST``).
@@ -56,6 +59,8 @@ MK_BACKEND = {"megakernel": "triton", "megakernel-gluon": "gluon"}
 
 
 def _args():
+    from onekernel.runtime.args import add_gemv_argument
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tp", type=int, default=2, help="ranks (GPUs), 2..8")
     ap.add_argument("--no-tp1", action="store_true", help="skip TP=1 (a model too large for one GPU); compare "
@@ -68,6 +73,7 @@ def _args():
                     "runs: every comparison needs it); default all")
     ap.add_argument("--context", type=int, default=512,
                     help="KV-cache positions, the state starting at context-40 (512: the bench's kernels)")
+    add_gemv_argument(ap)  # the onekernel modes' at TP=1 and TP=N
     ap.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU: gloo, fp32, the Triton "
                     "interpreter (use --models tiny --steps 2 --context 48); symm and torch+graph fail there")
     return ap.parse_args()
@@ -102,11 +108,14 @@ def _copy(cache):
 
 def _run(make, cache, tokens, steps):
     """One step, then ``steps`` greedy steps from the same state: (logits [B, V], tokens [steps, B],
-    per-step top-2 margins / logit range [steps, B])."""
+    per-step top-2 margins / logit range [steps, B], the runner's GEMV path or None)."""
     import torch
+
+    from onekernel.bench.modes import runner_gemv
 
     c = _copy(cache)
     r = make(c)
+    gemv = runner_gemv(r)
     lg, nt = r.step(tokens)
     first = lg.float().clone()
     toks, margins, tok = [], [], nt.clone()
@@ -122,12 +131,12 @@ def _run(make, cache, tokens, steps):
     r.check()
     del r
     gc.collect()  # a kernel runner and its host calls form a cycle: free its weights copy and graphs now
-    return first, torch.stack(toks), torch.stack(margins)
+    return first, torch.stack(toks), torch.stack(margins), gemv
 
 
 def _compare(rec, got, want, ref):
-    lg, toks, _ = got
-    wl, wt, wm = want
+    lg, toks = got[:2]
+    wl, wt, wm = want[:3]
     rec["rel_err"] = float((lg - wl).norm() / wl.norm())
     rec["rel_err_vs_reference"] = float((lg - ref[0]).norm() / ref[0].norm())
     rec["argmax_agree"] = f"{int((lg.argmax(-1) == wl.argmax(-1)).sum())}/{lg.shape[0]}"
@@ -185,6 +194,7 @@ def main() -> int:
     info = init_rank(n, "cpu" if a.cpu else "cuda")
     dtype = torch.float32 if a.cpu else torch.bfloat16
     kw = {"interpret": True} if a.cpu else {}
+    kw.update({"gemv": a.gemv} if a.gemv else {})  # the onekernel modes' options (TP=1 and TP=N)
     slow = dist.new_group(backend="gloo", timeout=timedelta(minutes=15))  # ranks > 0 wait here for TP=1's work
     dev, rank = info.device, info.rank
     out, records = Path(a.out), []
@@ -258,6 +268,7 @@ def main() -> int:
                         def make(c, m=mode, ar=ar):
                             return group.step_runner(m, model, c, allreduce=ar, **kw)
                     got = _run(make, local, tokens, a.steps)
+                    rec["gemv"] = got[3]
                     same = "reference" if mode in ("reference", "torch+graph") else mode
                     if rank == 0 and same in tp1 and "reference" in tp1:
                         _compare(rec, got, tp1[same], tp1["reference"])

@@ -2,13 +2,14 @@
 breakdown.
 
     python scripts/tp_profile.py [--tp 2] [--model llama-3.2-1b] [--batch 1] [--steps 5] [--comm-workers 0]
-                                 [--ar-tiles N] [--out DIR]
+                                 [--ar-tiles N] [--gemv fma|mma] [--out DIR]
 
-Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. Each rank builds its TP megakernel
-with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done, end, SM id), runs 3
-warm-up steps and ``--steps`` profiled steps (the bench's random state), reads its stamps after each step and
-keeps the step whose span is the median; rank 0 gathers every rank's stamps (all_gather: the graphs, hence the
-shapes, are the same) and writes, under DIR:
+Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. Each rank builds
+its TP megakernel on the GEMV path ``--gemv`` (default: the model's; the JSON's ``gemv``; ``-GEMV`` ends the file
+names when given) with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done,
+end, SM id), runs 3 warm-up steps and ``--steps`` profiled steps (the bench's random state), reads its stamps after
+each step and keeps the step whose span is the median; rank 0 gathers every rank's stamps (all_gather: the graphs,
+hence the shapes, are the same) and writes, under DIR:
 
 * ``tp-profile-MODEL-bB.png`` (``-tpN`` before ``-bB`` when N != 2): one panel per rank, rows = SMs, tasks as bars by op kind, the all-reduce tiles in
   red, local waits grey, waits on the peer light red. globaltimer is per GPU and the clocks are not
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onekernel.runtime.args import add_gemv_argument  # noqa: E402
 from tp_common import add_tp_argument  # noqa: E402
 
 
@@ -41,6 +43,7 @@ def _args():
     ap.add_argument("--comm-workers", type=int, default=0, help="workers reserved for the all-reduce (0: mixed)")
     ap.add_argument("--ar-tiles", type=int, default=None, help="tiles per all-reduce op (default: the fit rule)")
     add_tp_argument(ap)
+    add_gemv_argument(ap)
     ap.add_argument("--out", default="benchmarks/results/tp-profile")
     return ap.parse_args()
 
@@ -63,7 +66,7 @@ def main() -> int:
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, group.config.vocab_size, (a.batch,), device=dev, dtype=torch.int32, generator=g)
     r = group.step_runner("megakernel", model, cache, profile=True, comm_workers=a.comm_workers,
-                          ar_tiles=a.ar_tiles)
+                          ar_tiles=a.ar_tiles, gemv=a.gemv)
     mk = r.runner
     for _ in range(3):
         r.step(tokens)
@@ -88,11 +91,12 @@ def main() -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"tp-profile-{a.model}" + (f"-tp{a.tp}" if a.tp != 2 else "") + f"-b{a.batch}" + (f"-k{a.comm_workers}" if a.comm_workers else "") + (
-            f"-ar{a.ar_tiles}" if a.ar_tiles else "")
+            f"-ar{a.ar_tiles}" if a.ar_tiles else "") + (f"-{a.gemv}" if a.gemv else "")
         commit = commit_id()
         profs = [p.cpu() for p in every]
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
         rep = {"model": a.model, "batch": a.batch, "context": a.context, "tp": a.tp, "commit": commit,
+               "gemv": graph.meta["gemv"],
                "comm_workers": a.comm_workers, "ar_tiles_per_op": next(op.n_tiles for op in graph.ops
                                                                       if op.kind.name == "allreduce"),
                "n_workers": mk.n_workers, "tasks": len(graph.tasks), "tasks_with_remote_waits": len(rtasks),

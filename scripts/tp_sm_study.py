@@ -2,7 +2,7 @@
 help, and how many tiles should an all-reduce have?
 
     python scripts/tp_sm_study.py [--tp 2] [--model llama-3.2-1b] [--batches 1,8] [--ks 0,2,4,8,16]
-                                  [--ar-tiles fit,8,16,32] [--steps 200] [--out DIR]
+                                  [--ar-tiles fit,8,16,32] [--steps 200] [--gemv fma|mma] [--out DIR]
 
 Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. For each batch (the bench's state:
 random K/V, every sequence at position context - 1, seeded tokens from the whole vocabulary) and each
@@ -15,7 +15,8 @@ tile split change no sum, so they must be equal), then ``--steps`` CUDA-event-ti
 ms_per_step = the slower rank's median.
 
 Records (rank 0 writes ``DIR/tp-sm-study-DATE-MODEL-COMMIT.json`` after each, and a ``.md`` table at the end):
-model, batch, context, k, ar_tiles (tiles per all-reduce op), ms_per_step, p10_ms, p90_ms (rank 0's), steps,
+model, batch, context, k, ar_tiles (tiles per all-reduce op), gemv (the GEMV path: ``--gemv``, default the
+model's), ms_per_step, p10_ms, p90_ms (rank 0's), steps,
 ratio_to_k0 (ms_per_step / that of k = 0 with the default tiles), logits_equal_k0, commit, and "error" when the
 variant failed (e.g. a residency or schedule refusal). NVLink multicast stays off.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onekernel.runtime.args import add_gemv_argument  # noqa: E402
 from tp_common import add_tp_argument  # noqa: E402
 
 
@@ -44,6 +46,7 @@ def _args():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--context", type=int, default=512)
     add_tp_argument(ap)
+    add_gemv_argument(ap)
     ap.add_argument("--out", default="benchmarks/results/tp-sm-study")
     return ap.parse_args()
 
@@ -75,7 +78,8 @@ def main() -> int:
     commit = commit_id()
     out_dir = Path(a.out)
     tp = "" if a.tp == 2 else f"tp{a.tp}-"
-    stem = f"tp-sm-study-{tp}{datetime.date.today().isoformat()}-{a.model}-{commit or 'nocommit'}"
+    stem = f"tp-sm-study-{tp}{datetime.date.today().isoformat()}-{a.model}-{commit or 'nocommit'}" + (
+        f"-{a.gemv}" if a.gemv else "")
     records: list[dict] = []
 
     def emit(rec):
@@ -97,7 +101,8 @@ def main() -> int:
                 rec = {"model": a.model, "tp": a.tp, "batch": b, "context": a.context, "k": k, "ar_tiles": ar or "fit",
                        "ms_per_step": None, "commit": commit}
                 try:
-                    r = group.step_runner("megakernel", model, cache, comm_workers=k, ar_tiles=ar)
+                    r = group.step_runner("megakernel", model, cache, comm_workers=k, ar_tiles=ar, gemv=a.gemv)
+                    rec["gemv"] = r.bound.graph.meta["gemv"]
                     ops = [op for op in r.bound.graph.ops if op.kind.name == "allreduce"]
                     rec["ar_tiles_per_op"] = ops[0].n_tiles
                     lg, _ = r.step(tokens)

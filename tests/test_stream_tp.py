@@ -34,9 +34,9 @@ CFG = dataclasses.replace(get_config("tiny"), name="stream-tp-test", vocab_size=
 W = 8
 
 
-def _plan(rank, batch=2):
+def _plan(rank, batch=2, gemv=None):
     local = shard_config(CFG, 2, rank).config
-    g, _, _ = decode_graph(local, batch, 48, torch.bfloat16, tiling=Tiling(W, "fit"), tp=(rank, 2))
+    g, _, _ = decode_graph(local, batch, 48, torch.bfloat16, tiling=Tiling(W, "fit"), tp=(rank, 2), gemv=gemv)
     return g, make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), W)
 
 
@@ -44,13 +44,15 @@ def _positions(plan):
     return [t for q in plan.schedule.queues for t in q]
 
 
-def test_records_carry_remote_waits_of_every_allreduce_task_and_only_those():
-    """Every all-reduce task waits remotely on exactly the peer's re-tiled producers of its columns (the same ids
-    on every rank), its record points at them; no other task has a remote wait; F_SYS is set exactly on the
-    producers of remotely read events; F_RES says whether the residual is added (not for embed.ar)."""
-    g0, plan = _plan(0)
+@pytest.mark.parametrize("gemv", ["fma", "mma"])
+def test_records_carry_remote_waits_of_every_allreduce_task_and_only_those(gemv):
+    """On either GEMV body (MMA: the tensor-core one, the same tasks and records): every all-reduce task waits
+    remotely on exactly the peer's re-tiled producers of its columns (the same ids on every rank), its record points
+    at them; no other task has a remote wait; F_SYS is set exactly on the producers of remotely read events; F_RES
+    says whether the residual is added (not for embed.ar)."""
+    g0, plan = _plan(0, gemv=gemv)
     g, ev = plan.graph, plan.events
-    assert plan.consts["TP"] and plan.consts["NR"] == 2
+    assert plan.consts["TP"] and plan.consts["NR"] == 2 and plan.consts["MMA"] == (gemv == "mma")
     qrec, wl = records(plan)
     rwl = remote_wait_list(plan).tolist()
     peers = g.meta["peers"]
@@ -108,11 +110,13 @@ def test_both_ranks_build_the_same_plan():
     assert fingerprint(other) != fingerprint(p0)
 
 
-def test_two_ranks_run_their_queues_to_the_end():
+@pytest.mark.parametrize("gemv", ["fma", "mma"])
+def test_two_ranks_run_their_queues_to_the_end(gemv):
     """Simulate both ranks' workers (each position runs once its local waits and its remote waits on the peer's
     counters are met, then signals), in an adversarial order (rank 1 is always served first; lowest worker
-    first): every task of both ranks runs, i.e. no cross-rank wait cycle. Three steps (monotonic counters)."""
-    plans = [_plan(r)[1] for r in range(2)]
+    first): every task of both ranks runs, i.e. no cross-rank wait cycle. Three steps (monotonic counters); both
+    GEMV paths."""
+    plans = [_plan(r, gemv=gemv)[1] for r in range(2)]
     tabs = []
     for p in plans:
         qrec, wl = records(p)
@@ -183,14 +187,15 @@ def test_tp_runner_backend_choice():
 
 
 def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
-    """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2: no spills, and the TP kernel's
-    PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit loads; the TP=1 kernel of
-    the same shard none of them."""
+    """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2, on the model's GEMV path (the
+    ranks' default: tensor cores): at most 8 bytes of spills (as the TP=1 tensor-core kernels), mma.sync in the
+    PTX, and the TP kernel's PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit
+    loads; the TP=1 kernel of the same shard none of them."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, str(ROOT / "scripts/tp_compile_check.py"), "llama-3.2-1b", "1",
                           "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "stream_tp2" in out.stdout and "ld.global.acquire.sys x0" in out.stdout
+    assert "stream_tp2_mma" in out.stdout and "ld.global.acquire.sys x0" in out.stdout
 
 
 def test_error_word_layout_is_the_triton_megakernels():
