@@ -159,9 +159,9 @@ case "$1" in
     log "tp_check: $(tail -n 1 "$W/tp/tp-check-1b.log")"
     grep -h '^{' "$W/tp/tp-check-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     (step 170 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50) &
-    (step 230 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50) &
+    (step 260 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50) &
     wait
-    step 110 bench-tp-8b $bench/tp --tp 2 $B8 --batch 1,8 --modes torch+graph,graph,pdl,megakernel --allreduce nccl \
+    step 100 bench-tp-8b $bench/tp --tp 2 $B8 --batch 1,8 --modes torch+graph,graph,pdl,megakernel --allreduce nccl \
         --steps 50
     ;;
 91) # at once after 90 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
