@@ -16,7 +16,7 @@ shard. Exit code 1 when a needed instruction is missing.
 ``--backend gluon``: the streaming Gluon megakernel instead (``scripts/stream_compile_check.compile_stream`` on
 rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
 instructions (the all-reduce's reads of the partials are ``ld.volatile.global.b16``: counted apart from the
-error-word polls, which are 32-bit volatile loads). Register spills fail it beyond SPILL_LIMIT (per GEMV path).
+error-word polls, which are 32-bit volatile loads). Register spills fail it beyond SPILL_LIMIT.
 
 ``--gemv``: the GEMV path of both kernels (default: the unsharded model's, as the TP runners take it:
 ``dist.tp_kernels.rank_gemv``; tensor cores for bf16 Llama models); it ends the labels (``..._tp2_mma``).
@@ -54,9 +54,9 @@ NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.releas
 
 GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"},
                 "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
-# The streaming kernel's spill bytes allowed per GEMV path: the TP=1 kernels' (tests/test_stream_plan.py: the
-# attention runs' double-buffered K/V blocks cost the tensor-core kernels 4-8 bytes)
-SPILL_LIMIT = {"fma": 0, "mma": 8}
+# The streaming kernel's spill bytes allowed, as at TP=1 (tests/test_stream_plan.py: the attention run's flattened
+# loop carries the next block's K/V and the next tile's q, 0-12 bytes in both GEMV bodies)
+SPILL_LIMIT = 16
 
 
 def model_gemv(name: str) -> str:
@@ -92,9 +92,9 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
               f"{rep['mma_sync']}, ldmatrix {rep['ldmatrix']}, CK {consts['CK']}, RG {consts['RG']}, "
               f"compile {sec:.1f} s; "
               + ", ".join(f"{n} x{c}" for n, c in found.items()))
-        if rep["spill_bytes"] > SPILL_LIMIT[gemv]:
+        if rep["spill_bytes"] > SPILL_LIMIT:
             ok = False
-            print(f"{label}: register spills over {SPILL_LIMIT[gemv]} B")
+            print(f"{label}: register spills over {SPILL_LIMIT} B")
         if (rep["mma_sync"] > 0) != (gemv == "mma"):
             ok = False
             print(f"{label}: mma.sync x{rep['mma_sync']} on the {gemv} path")

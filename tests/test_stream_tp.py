@@ -188,9 +188,9 @@ def test_tp_runner_backend_choice():
 
 def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
     """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2, on the model's GEMV path (the
-    ranks' default: tensor cores): at most 8 bytes of spills (as the TP=1 tensor-core kernels), mma.sync in the
-    PTX, and the TP kernel's PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit
-    loads; the TP=1 kernel of the same shard none of them."""
+    ranks' default: tensor cores): at most 16 bytes of spills (as the TP=1 kernels), mma.sync in the PTX, and the
+    TP kernel's PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit loads; the TP=1
+    kernel of the same shard none of them."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, str(ROOT / "scripts/tp_compile_check.py"), "llama-3.2-1b", "1",
                           "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
