@@ -37,7 +37,8 @@ def phases(model: str, batch: int, workers: int, ctx: int, prof: str | None) -> 
 
     from onekernel.exec.codegen import variant_of
     from onekernel.exec.queue import build_queue
-    from onekernel.exec.stream_plan import make_plan, records, remote_wait_list
+    from onekernel.exec.stream_plan import make_plan
+    from onekernel.exec.stream_records import records, remote_wait_list
     from onekernel.graph.deps import derive_dependencies, derive_events, transitive_reduction
     from onekernel.graph.schedule import critical_path_list, validate
     from onekernel.models.config import get_config

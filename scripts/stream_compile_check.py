@@ -44,7 +44,8 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     from triton.runtime.jit import mangle_type
 
     from onekernel.exec import stream_device as sd
-    from onekernel.exec.stream_plan import bars_guess, make_plan, records
+    from onekernel.exec.stream_plan import bars_guess, make_plan
+    from onekernel.exec.stream_records import records
     from onekernel.exec.stream_runner import BOX, fit_kernel
     from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph

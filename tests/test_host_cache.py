@@ -15,7 +15,8 @@ from onekernel.cli import main
 from onekernel.dist.sharding import shard_config
 from onekernel.exec import host_cache
 from onekernel.exec.megakernel import host_products
-from onekernel.exec.stream_plan import make_plan, records, remote_wait_list
+from onekernel.exec.stream_plan import make_plan
+from onekernel.exec.stream_records import records, remote_wait_list
 from onekernel.models.config import get_config
 from onekernel.models.decode_graph import decode_graph
 from onekernel.ops.tiling import Tiling

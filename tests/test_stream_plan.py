@@ -18,8 +18,9 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import make_runner
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_plan import (CHUNK_ELEMS, arg_table, chunk_cols, make_plan, pack_weights,
-                                        prefer_stream, records)
+from onekernel.exec.stream_pack import arg_table, pack_weights
+from onekernel.exec.stream_plan import CHUNK_ELEMS, chunk_cols, make_plan, prefer_stream
+from onekernel.exec.stream_records import records
 from onekernel.graph.schedule import validate
 from onekernel.models.config import get_config
 from onekernel.models.decode_graph import build_decode_step

@@ -17,8 +17,9 @@ import torch
 from onekernel.dist.sharding import shard_config
 from onekernel.errors import InputError
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_plan import (arg_table, fingerprint, make_plan, records, remote_wait_list,
-                                        task_bound)
+from onekernel.exec.stream_pack import arg_table
+from onekernel.exec.stream_plan import make_plan, task_bound
+from onekernel.exec.stream_records import fingerprint, records, remote_wait_list
 from onekernel.graph.deps import merged_dependencies
 from onekernel.graph.schedule import validate
 from onekernel.models.config import get_config

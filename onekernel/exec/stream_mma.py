@@ -21,7 +21,7 @@ from onekernel.ops.gemv_rows import rnd
 # gemv="mma" (consts MMA): per chunk ``acc[w] [16, RG] += A[w] [16, CK/4] @ W[w] [CK/4, RG]`` with mma.sync
 # m16n8k16 (fp32 accumulate), warp w taking the chunk's k-slice w (A: the [16, CK] activation tile staged in
 # shared memory, batch rows >= B zero; W: the ring slot, chunk packed as [4, CK/4, RG] by stream_plan); per task
-# the chunks come in k-major blocks of GB groups (stream_plan.mma_chunk_order) so one staged tile serves GB
+# the chunks come in k-major blocks of GB groups (stream_pack.mma_chunk_order) so one staged tile serves GB
 # chunks; at a block's end the 4 warps' partials go to shared memory and each output is
 # ((w0 + w1) + w2) + w3: the same instructions, shapes and sum order for every B (batch invariance).
 @gluon.constexpr_function
@@ -209,7 +209,7 @@ def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok,
               GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
               HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
-    (GB / 2 units for gate_up; stream_plan.mma_chunk_order), each block's sums by _mma_block, then the same
+    (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as _gemv per unit of the block (sums read back by _acc_of)."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)

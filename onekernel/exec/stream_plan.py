@@ -1,4 +1,5 @@
-"""Host side of the streaming megakernel (``exec.stream_device``): re-tiling, schedule, tables, weight stream.
+"""Host side of the streaming megakernel (``exec.stream_device``): re-tiling, dependencies, schedule, kernel
+constants. The queue tables are ``exec.stream_records``; the weight stream and argument table ``exec.stream_pack``.
 
 From a bound decode step:
 1. **Byte-balanced GEMV tasks.** Every GEMV op (qkv_rope, gemv_residual, gate_up, lm_head) is cut into
@@ -44,6 +45,7 @@ import torch
 from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
+from onekernel.exec.stream_records import records, remote_wait_list
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
@@ -169,38 +171,6 @@ def mma_smem(ck: int, rg: int, batch: int) -> int:
     cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
     tiles = 2 if sd.mma_async_a(batch, ck) else 1
     return tiles * MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
-
-
-def layout_coords(bases: tuple, shape: tuple) -> torch.Tensor:
-    """int64 [prod(shape), len(shape)]: the logical coordinate held at each shared-memory offset (the linear
-    layout: the XOR of the bases of the offset's set bits)."""
-    n = 1
-    for d in shape:
-        n *= d
-    assert 1 << len(bases) == n, (len(bases), shape)
-    off = torch.arange(n)
-    out = torch.zeros(n, len(shape), dtype=torch.int64)
-    for j, b in enumerate(bases):
-        out ^= ((off >> j) & 1)[:, None] * torch.tensor(b, dtype=torch.int64)[None, :]
-    return out
-
-
-def mma_chunk_perm(ck: int, rg: int) -> torch.Tensor:
-    """int64 [RG * CK]: perm[o] = the [RG, CK] row-major index of the weight held at offset o of an MMA chunk
-    (``packed_chunk.flatten() = chunk.flatten()[perm]``)."""
-    ks = ck // MMA_WARPS
-    c = layout_coords(mma_weight_bases(ck, rg), (MMA_WARPS, ks, rg))
-    return c[:, 2] * ck + c[:, 0] * ks + c[:, 1]
-
-
-def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> list[int]:
-    """The order in which the MMA path streams the chunks (group g, kb) = g * nkb + kb of groups [g0, g1): blocks
-    of gb groups from g0, each k-major."""
-    order = []
-    for b0 in range(g0, g1, gb):
-        b1 = min(b0 + gb, g1)
-        order += [g * nkb + kb for kb in range(nkb) for g in range(b0, b1)]
-    return order
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
@@ -434,132 +404,3 @@ def _tp_consts(g: Graph, kinds: list[int], D: int) -> dict:
         raise ValueError(f"streaming megakernel: the all-reduce ops must share (ranks, BLOCK_D, D = {D}); got {shapes}")
     nr, ard, _ = shapes.pop()
     return dict(TP=True, NR=nr, ARD=ard)
-
-
-def fingerprint(plan: StreamPlan) -> int:
-    """A 63-bit hash of what every rank must share to wait on each other's counters (as
-    ``MegakernelRunner.fingerprint``): the task kinds, units, queues, events (signals, waits, expected counts,
-    system-scope signals), the events of the remote waits (without the peer ranks, which differ by rank) and the
-    kernel constants."""
-    import hashlib
-
-    ev = plan.events
-    parts = (tuple(plan.kinds), tuple(plan.units), tuple(map(tuple, plan.schedule.queues)), tuple(ev.signal),
-             tuple(map(tuple, ev.waits)), tuple(ev.expected), tuple(ev.sys_signal),
-             tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits), sorted(plan.consts.items()))
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
-
-
-def remote_wait_list(plan: StreamPlan) -> torch.Tensor:
-    """int32 [m, 3] (event, expected count per epoch, peer rank): every queue position's remote waits in queue
-    order (``records`` points each all-reduce record at its range); one zero row when there are none."""
-    ev = plan.events
-    rwl = []
-    if ev.remote_waits:
-        for q in plan.schedule.queues:
-            for t in q:
-                rwl += [(e, ev.expected[e], peer) for peer, e in ev.remote_waits[t]]
-    return torch.tensor(rwl or [(0, 0, 0)], dtype=torch.int32)
-
-
-def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queue records int32 [positions + 1, REC] (stream_base.F_*) and the wait list int32 [n, 2]."""
-    g, ev = plan.graph, plan.events
-    rows, wl, nrw = [], [], 0
-    for q in plan.schedule.queues:
-        for t in q:
-            task = g.tasks[t]
-            op = g.ops[task.op]
-            waits = ev.waits[t]
-            rec = [0] * sd.REC.value
-            rec[sd.F_KIND.value], rec[sd.F_OP.value], rec[sd.F_TASK.value], rec[sd.F_SIGNAL.value] = plan.kinds[task.op], task.op, t, ev.signal[t]
-            rec[sd.F_WB.value], rec[sd.F_WE.value] = len(wl), len(wl) + len(waits)
-            if waits:
-                rec[sd.F_EV0.value], rec[sd.F_EX0.value] = waits[0], ev.expected[waits[0]]
-            rec[sd.F_TILE.value] = task.tile
-            rec[sd.F_U0.value], rec[sd.F_NU.value] = plan.units[t]
-            if "NKB" in op.params:
-                rec[sd.F_K.value], rec[sd.F_NKB.value] = op.params["KG"], op.params["NKB"]
-                rec[sd.F_N.value] = op.params.get("N", 0)
-                rec[sd.F_IDX.value] = task.tile
-            if ev.remote_waits:  # tensor parallel (stream_base: F_SYS, F_RWB/F_RWE/F_RES of all-reduce tasks)
-                sig = ev.signal[t]
-                rec[sd.F_SYS.value] = int(sig >= 0 and ev.sys_signal[sig])
-                if plan.kinds[task.op] == sd.K_ALLREDUCE.value:
-                    rw = ev.remote_waits[t]
-                    rec[sd.F_RWB.value], rec[sd.F_RWE.value] = nrw, nrw + len(rw)
-                    rec[sd.F_RES.value] = int(bool(op.params["RES"]))
-                    nrw += len(rw)
-            elif plan.kinds[task.op] == sd.K_ALLREDUCE.value:
-                rec[sd.F_RES.value] = int(bool(op.params["RES"]))
-            rows.append(rec)
-            wl += [(e, ev.expected[e]) for e in waits]
-    rows.append([0] * sd.REC.value)
-    return torch.tensor(rows, dtype=torch.int32), torch.tensor(wl or [(0, 0)], dtype=torch.int32)
-
-
-def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight stream bf16/fp16 [chunks, RG, CK] (each worker's GEMV chunks in queue order, back to back) and
-    chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1]). MMA plans: each task's chunks
-    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc)."""
-    g, c = plan.graph, plan.consts
-    rg, ck = c["RG"], c["CK"]
-    mma = bool(c.get("MMA"))
-    per_task = {}
-    for oi, rows in plan.group_rows.items():
-        op = g.ops[oi]
-        nkb = op.params["NKB"]
-        gpu = 2 if plan.kinds[oi] == sd.K_GATEUP.value else 1
-        for t in op.task_ids:
-            u0, nu = plan.units[t]
-            per_task[t] = (oi, u0 * gpu, (u0 + nu) * gpu, nkb)
-    sizes = [sum((per_task[t][2] - per_task[t][1]) * per_task[t][3] for t in q if t in per_task)
-             for q in plan.schedule.queues]
-    off = [0]
-    for s in sizes:
-        off.append(off[-1] + s)
-    w0 = next(iter(plan.weight_of.values()))
-    dev, dtype = tensors[w0].device, tensors[w0].dtype
-    packed = torch.empty(max(off[-1], 1), rg, ck, dtype=dtype, device=dev)
-    chunks = {}
-    for oi, rows in plan.group_rows.items():
-        w = tensors[plan.weight_of[oi]]
-        n, k = w.shape
-        nkb = g.ops[oi].params["NKB"]
-        wp = torch.zeros(n + 1, nkb * ck, dtype=dtype, device=dev)
-        wp[:n, :k] = w
-        idx = torch.where(rows >= 0, rows, n).to(dev)
-        chunks[oi] = wp[idx].view(-1, rg, nkb, ck).transpose(1, 2).reshape(-1, rg, ck)  # [groups * nkb, RG, CK]
-        if mma:
-            perm = mma_chunk_perm(ck, rg).to(dev)
-            chunks[oi] = chunks[oi].reshape(-1, rg * ck)[:, perm].reshape(-1, rg, ck)
-    for w, q in enumerate(plan.schedule.queues):
-        o = off[w]
-        for t in q:
-            if t not in per_task:
-                continue
-            oi, g0, g1, nkb = per_task[t]
-            n = (g1 - g0) * nkb
-            if mma:
-                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GB"]), device=dev)
-                packed[o:o + n] = chunks[oi][order]
-            else:
-                packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]
-            o += n
-    return packed, torch.tensor(off, dtype=torch.int32, device=dev)
-
-
-def arg_table(plan: StreamPlan, tensors: dict, bases: dict) -> torch.Tensor:
-    """int64 [ops, MAXA]: each op's buffers (ROLES order) as offsets in 16-byte units from the base tensor of
-    their dtype (model dtype, fp32, int32). Raises ValueError for a buffer that is not 16-byte aligned."""
-    g = plan.graph
-    tab = torch.zeros(len(g.ops), MAXA, dtype=torch.int64)
-    for op, kind in zip(g.ops, plan.kinds):
-        for j, role in enumerate(ROLES[kind]):
-            t = tensors[op.args[role]]
-            base = bases[t.dtype]
-            delta = t.data_ptr() - base.data_ptr()
-            if t.data_ptr() % 16 or delta % 16:
-                raise ValueError(f"buffer {op.args[role]!r} of op {op.name!r} is not 16-byte aligned")
-            tab[op.index, j] = delta // 16
-    return tab

@@ -20,8 +20,9 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
-from onekernel.exec.stream_plan import CHUNK_ELEMS, arg_table, bars_guess, fingerprint, make_plan, pack_weights, \
-    unsupported
+from onekernel.exec.stream_pack import arg_table, pack_weights
+from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
+from onekernel.exec.stream_records import fingerprint
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
@@ -34,7 +35,7 @@ _STREAMS: "weakref.WeakValueDictionary[tuple, WeightStream]" = weakref.WeakValue
 
 @dataclass
 class WeightStream:
-    """A packed weight stream bf16/fp16 [chunks, RG, CK] and chunk_off int32 [W + 1] (stream_plan.pack_weights)."""
+    """A packed weight stream bf16/fp16 [chunks, RG, CK] and chunk_off int32 [W + 1] (stream_pack.pack_weights)."""
     packed: torch.Tensor
     chunk_off: torch.Tensor
 
@@ -46,7 +47,7 @@ def bar_offset(llir: str) -> int | None:
 
 
 def shared_stream(plan, tensors: dict) -> WeightStream:
-    """``stream_plan.pack_weights`` once per (weights, workers, chunk shape, GEMV path): runners of other batch sizes over
+    """``stream_pack.pack_weights`` once per (weights, workers, chunk shape, GEMV path): runners of other batch sizes over
     the same weights reuse the packed stream (a copy of every GEMV weight: 15 GB for Llama-3.1-8B) instead of
     packing their own. Weights are never written after loading, so a stream is never stale."""
     c = plan.consts
@@ -172,7 +173,7 @@ class StreamMegakernelRunner(PersistentRunner):
                 self.done, self.err, self.prof, b[0], b[1], b[2], self.rwl, self.peer_off)
 
     def fingerprint(self) -> int:
-        """``stream_plan.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
+        """``stream_records.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
         return fingerprint(self.plan)
 
 

@@ -1,0 +1,113 @@
+"""The device-side inputs of a streaming plan that depend on the weights and buffers, not only on the shapes: the
+packed weight stream (each worker's 16 KB GEMV chunks in queue order; for a ``gemv="mma"`` plan, each task's
+chunks in k-major blocks and each chunk's elements permuted into the shared-memory layout the MMA operand loads
+read, ``stream_base.mma_weight_bases``) and the argument table (every op's buffers as 16-byte offsets from the
+base tensor of their dtype). ``exec.stream_runner`` calls them once per runner (the packed stream is shared by
+runners of the same weights).
+"""
+from __future__ import annotations
+
+import torch
+
+from onekernel.exec import stream_base as sd
+from onekernel.exec.stream_base import MMA_WARPS, mma_weight_bases
+from onekernel.exec.stream_plan import MAXA, ROLES, StreamPlan
+
+
+def layout_coords(bases: tuple, shape: tuple) -> torch.Tensor:
+    """int64 [prod(shape), len(shape)]: the logical coordinate held at each shared-memory offset (the linear
+    layout: the XOR of the bases of the offset's set bits)."""
+    n = 1
+    for d in shape:
+        n *= d
+    assert 1 << len(bases) == n, (len(bases), shape)
+    off = torch.arange(n)
+    out = torch.zeros(n, len(shape), dtype=torch.int64)
+    for j, b in enumerate(bases):
+        out ^= ((off >> j) & 1)[:, None] * torch.tensor(b, dtype=torch.int64)[None, :]
+    return out
+
+
+def mma_chunk_perm(ck: int, rg: int) -> torch.Tensor:
+    """int64 [RG * CK]: perm[o] = the [RG, CK] row-major index of the weight held at offset o of an MMA chunk
+    (``packed_chunk.flatten() = chunk.flatten()[perm]``)."""
+    ks = ck // MMA_WARPS
+    c = layout_coords(mma_weight_bases(ck, rg), (MMA_WARPS, ks, rg))
+    return c[:, 2] * ck + c[:, 0] * ks + c[:, 1]
+
+
+def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> list[int]:
+    """The order in which the MMA path streams the chunks (group g, kb) = g * nkb + kb of groups [g0, g1): blocks
+    of gb groups from g0, each k-major."""
+    order = []
+    for b0 in range(g0, g1, gb):
+        b1 = min(b0 + gb, g1)
+        order += [g * nkb + kb for kb in range(nkb) for g in range(b0, b1)]
+    return order
+
+
+def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight stream bf16/fp16 [chunks, RG, CK] (each worker's GEMV chunks in queue order, back to back) and
+    chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1]). MMA plans: each task's chunks
+    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc)."""
+    g, c = plan.graph, plan.consts
+    rg, ck = c["RG"], c["CK"]
+    mma = bool(c.get("MMA"))
+    per_task = {}
+    for oi, rows in plan.group_rows.items():
+        op = g.ops[oi]
+        nkb = op.params["NKB"]
+        gpu = 2 if plan.kinds[oi] == sd.K_GATEUP.value else 1
+        for t in op.task_ids:
+            u0, nu = plan.units[t]
+            per_task[t] = (oi, u0 * gpu, (u0 + nu) * gpu, nkb)
+    sizes = [sum((per_task[t][2] - per_task[t][1]) * per_task[t][3] for t in q if t in per_task)
+             for q in plan.schedule.queues]
+    off = [0]
+    for s in sizes:
+        off.append(off[-1] + s)
+    w0 = next(iter(plan.weight_of.values()))
+    dev, dtype = tensors[w0].device, tensors[w0].dtype
+    packed = torch.empty(max(off[-1], 1), rg, ck, dtype=dtype, device=dev)
+    chunks = {}
+    for oi, rows in plan.group_rows.items():
+        w = tensors[plan.weight_of[oi]]
+        n, k = w.shape
+        nkb = g.ops[oi].params["NKB"]
+        wp = torch.zeros(n + 1, nkb * ck, dtype=dtype, device=dev)
+        wp[:n, :k] = w
+        idx = torch.where(rows >= 0, rows, n).to(dev)
+        chunks[oi] = wp[idx].view(-1, rg, nkb, ck).transpose(1, 2).reshape(-1, rg, ck)  # [groups * nkb, RG, CK]
+        if mma:
+            perm = mma_chunk_perm(ck, rg).to(dev)
+            chunks[oi] = chunks[oi].reshape(-1, rg * ck)[:, perm].reshape(-1, rg, ck)
+    for w, q in enumerate(plan.schedule.queues):
+        o = off[w]
+        for t in q:
+            if t not in per_task:
+                continue
+            oi, g0, g1, nkb = per_task[t]
+            n = (g1 - g0) * nkb
+            if mma:
+                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GB"]), device=dev)
+                packed[o:o + n] = chunks[oi][order]
+            else:
+                packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]
+            o += n
+    return packed, torch.tensor(off, dtype=torch.int32, device=dev)
+
+
+def arg_table(plan: StreamPlan, tensors: dict, bases: dict) -> torch.Tensor:
+    """int64 [ops, MAXA]: each op's buffers (ROLES order) as offsets in 16-byte units from the base tensor of
+    their dtype (model dtype, fp32, int32). Raises ValueError for a buffer that is not 16-byte aligned."""
+    g = plan.graph
+    tab = torch.zeros(len(g.ops), MAXA, dtype=torch.int64)
+    for op, kind in zip(g.ops, plan.kinds):
+        for j, role in enumerate(ROLES[kind]):
+            t = tensors[op.args[role]]
+            base = bases[t.dtype]
+            delta = t.data_ptr() - base.data_ptr()
+            if t.data_ptr() % 16 or delta % 16:
+                raise ValueError(f"buffer {op.args[role]!r} of op {op.name!r} is not 16-byte aligned")
+            tab[op.index, j] = delta // 16
+    return tab
