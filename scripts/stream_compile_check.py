@@ -4,7 +4,8 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
     python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV]  # e.g. llama-3.2-1b 1 132 mma
 
 prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
-and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``). GEMV: "fma" (CUDA cores, the default) or
+and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
+the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
 
 Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on
@@ -99,7 +100,8 @@ def report(k) -> dict:
     maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
             "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor"),
-            "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix")}
+            "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
+            "cp_async_16": ptx.count("cp.async.cg.shared.global")}
 
 
 def main() -> None:

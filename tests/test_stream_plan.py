@@ -330,6 +330,12 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
         assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) and rec["ldmatrix"] > 0, rec
     else:
         assert rec["mma_sync"] == 0, rec
+    # the activation tiles go through 16-byte cp.async copies exactly where their register prefetch does not fit
+    # (CK 1024 above batch 8: 2 fewer ring slots), never on the CUDA-core body
+    async_a = gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 2048
+    assert (rec["cp_async_16"] > 0) == async_a, rec
+    if async_a:
+        assert rec["SLOTS"] == 9, rec
 
 
 def test_jit_hooks_are_off_inside_and_restored_after():
