@@ -66,15 +66,23 @@ def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
 
 
 @gluon.jit
-def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
-    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
-    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
-    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
+def _tile_index(kb, CK: gl.constexpr):
+    """(k index [4 warp slices, 1, CK/4], row-in-quad index [1, 4, 1]) of activation tile kb in the staging
+    layout: warp slice w holds k = kb*CK + w*CK/4 + [0, CK/4)."""
     KS: gl.constexpr = CK // 4
     SL3: gl.constexpr = stage_layout(CK)
     kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
         gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
     r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
+    return kk, r4
+
+
+@gluon.jit
+def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
+    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
+    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
+    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
+    kk, r4 = _tile_index(kb, CK)
     g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
     vs = (g,)
     for q in gl.static_range(4):
@@ -105,11 +113,7 @@ def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
     """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, 16, CK/4] (the quads
     that hold a row < B; 0 past B and K), one commit group; returns the tile's norm weights (registers, as
     _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
-    KS: gl.constexpr = CK // 4
-    SL3: gl.constexpr = stage_layout(CK)
-    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
-        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
+    kk, r4 = _tile_index(kb, CK)
     for q in gl.static_range(4):
         if q * 4 < B:
             async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
