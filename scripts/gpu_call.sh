@@ -8,8 +8,8 @@
 # Calls 3-11 (sessions 2-5), 14-17 (sessions 6-7), 20 (session 7), 30, 31, 40, 41 (session 8) and 50, 51 (session 9)
 # are in docs/GPU-RUNS.md and in git history (`git show ab8f7cd:scripts/gpu_call.sh`, `git show 51e26d6:...`,
 # `git show bcdbdca:scripts/gpu_call.sh`).
-# 70 + 71 (kind nvidia-h200-x2, back to back) and 72 (one H200): session 9's final commit; 80, 81 (session 10's
-# measurements of the attention loop and the cp.async prefetch) in git history.
+# 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
+# prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
 #    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
@@ -60,75 +60,6 @@ case "$1" in
     mkdir -p "$W/bench"
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
-    ;;
-70) # session 9's final commit, kind nvidia-h200-x2 (~8.5 min; carry .model/smol.p1, parked for 71). Compiles
-    # warmed in parallel with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in
-    # every mode, the TP=2 check of the streaming TP megakernel); then the batch tables, Llama-3.2-1B on GPU 0 and
-    # Llama-3.1-8B on GPU 1 at the same time; then `bench --tp 2` of Llama-3.1-8B on both
-    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
-    cp .model/smol.p1 /tmp/model/ 2>/dev/null
-    warm() { local gpu=$1 name=$2; shift 2; (timeout 170 env CUDA_VISIBLE_DEVICES=$gpu python3 -m onekernel.cli bench \
-             --steps 2 --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    mkdir -p "$W/bench" "$W/tp" /tmp/warm
-    log "warm-up and checks"
-    warm 0 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 0 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 1 8b $B8 --batch 1,4,8,16 --modes $MK
-    warm 1 8b-t $B8 --batch 1,4,8,16 --modes $MT
-    (timeout 170 env CUDA_VISIBLE_DEVICES=0 python3 scripts/invariance_check.py llama-3.2-1b \
-        --modes eager,graph,pdl,megakernel --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
-    (timeout 170 env CUDA_VISIBLE_DEVICES=0 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
-        -k "mma or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 170 python3 scripts/tp_check.py --models llama-3.2-1b --steps 8 --modes megakernel-gluon,pdl \
-        --out "$W/tp/tp-check-1b.json" >"$W/tp/tp-check-1b.log" 2>&1; echo "rc=$?" >>"$W/tp/tp-check-1b.log") &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    log "tp_check: $(tail -n 1 "$W/tp/tp-check-1b.log")"
-    grep -h '^{' "$W/tp/tp-check-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    (step 170 bench-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50) &
-    (step 210 bench-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench $B8 --batch 1,4,8,16 --modes $MT,$MK --steps 50) &
-    wait
-    step 100 bench-tp-8b $bench/tp --tp 2 $B8 --batch 1,8 --modes torch+graph,graph,pdl,megakernel --allreduce nccl \
-        --steps 50
-    ;;
-71) # at once after 70 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
-    # every mode) on GPU 0 beside cold / warm start times on GPU 1; then the SmolLM2 table, the streaming
-    # megakernel's profile (Llama-3.2-1B batch 1 and 8), the TP=2 megakernel profile (Llama-3.1-8B batch 1)
-    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
-    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench" "$W/profile" "$W/tp"
-    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
-    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
-    (step 150 compile-times env CUDA_VISIBLE_DEVICES=1 python3 scripts/compile_times.py --out "$W" --jobs 3 \
-        --timeout 60 --cases "$CT") &
-    (step 110 greedy-real env CUDA_VISIBLE_DEVICES=0 python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
-    wait
-    step 60 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
-    step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
-    step 25 profile-1b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
-    step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
-    ;;
-72) # session 9, one H200 (~4.5 min) at the final kernel commit: 1,000 replays of graph / pdl / megakernel at batch
-    # 1 and 8 and the streaming megakernel's forced timeout (scripts/replay_check.py) beside the compiles; then
-    # the Llama-3.1-8B batch-1 streaming profile, and the torch.compile comparison on Qwen3-8B and SmolLM2-135M
-    # (random weights) at batch 1 and 8
-    mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    Q="--model qwen3-8b --random-weights --batch 1,8" SM="--model smollm2-135m --random-weights --batch 1,8"
-    (timeout 120 python3 scripts/replay_check.py --out "$W/replays.json" >"$W/replays.log" 2>&1) &
-    (timeout 130 python3 -m onekernel.cli bench --out /tmp/warm/q $Q --modes torch+compile,graph,pdl --steps 2 \
-        >/tmp/warm/q.log 2>&1) &
-    (timeout 130 python3 -m onekernel.cli bench --out /tmp/warm/s $SM --modes torch+compile,graph,pdl,megakernel \
-        --steps 2 >/tmp/warm/s.log 2>&1) &
-    (timeout 100 python3 scripts/stream_profile.py --out /tmp/warm --model llama-3.1-8b >/tmp/warm/p.log 2>&1) &
-    wait
-    grep -h '^{' "$W/replays.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    step 25 profile-8b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b
-    step 75 bench-qwen3-8b $bench/bench $Q --modes torch+compile,graph,pdl --steps 50
-    step 40 bench-135m-random $bench/bench $SM --modes torch+compile,graph,pdl,megakernel --steps 50
     ;;
 90) # session 10's final commit, kind nvidia-h200-x2 (~9 min; carry .model/smol.p1, parked for 91). Compiles warmed
     # in parallel with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every
