@@ -7,9 +7,16 @@ counters), the Triton megakernel's layout.
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
+
+# EXPERIMENT (session 11, removed once measured): independent MMA accumulator chains per chunk and the proxy
+# fence in the consumer's slot release
+MMA_SPLIT = gl.constexpr(int(os.environ.get("ONEKERNEL_MMA_SPLIT", "1")))
+RELEASE_FENCE = gl.constexpr(os.environ.get("ONEKERNEL_RELEASE_FENCE", "1") == "1")
 
 # Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
 # (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
@@ -105,6 +112,38 @@ def mma_act_bases(ck: int) -> tuple:
     0-3 are swizzled: A's ldmatrix phases (rows m and m + 4 share a unit) take 2 wavefronts where 1 would do,
     once per staged tile (A is loaded into registers once per GB chunks)."""
     return _swizzled_bases(MMA_ROW_BITS, ck // MMA_WARPS, 1, 2, swz_rows=2, outer_rows=2)
+
+
+@gluon.constexpr_function
+def split_k_bases(bases: tuple, k_dim: int, ks: int, split: int) -> tuple:
+    """The bases of a [4, ..., CK/4, ...] operand buffer viewed as [4 * split, ..., CK/4/split, ...]: k's top
+    log2(split) bits become the batch dimension's bits above the warp (batch b' = s * 4 + w holds k-slice w's
+    part s), the buffer's bytes unchanged. An MMA over the view runs ``split`` independent accumulator chains per
+    warp (mma_v2 repeats the batch over registers), each over CK/4/split of k."""
+    sub = ks // split
+    out = []
+    for b in bases:
+        c = list(b)
+        hi, lo = c[k_dim] // sub, c[k_dim] % sub
+        c[k_dim] = lo
+        c[0] = c[0] + hi * MMA_WARPS
+        out.append(c)
+    return tuple(tuple(c) for c in out)
+
+
+@gluon.constexpr_function
+def mma_split(CK, want):
+    """Independent accumulator chains per warp and chunk: ``want``, at most CK/4/64 (split_k_bases keeps the
+    64-k lines and their swizzle whole)."""
+    return max(1, min(int(want), CK // MMA_WARPS // 64))
+
+
+@gluon.constexpr_function
+def mma_split_layouts(CK, RG, SPLIT):
+    """mma_shared_layouts viewed as [4 * SPLIT, CK/4/SPLIT, RG] and [4 * SPLIT, 16, CK/4/SPLIT] (split_k_bases)."""
+    w = split_k_bases(mma_weight_bases(CK, RG), 1, CK // MMA_WARPS, SPLIT)
+    a = split_k_bases(mma_act_bases(CK), 2, CK // MMA_WARPS, SPLIT)
+    return (gl.SharedLinearLayout([list(b) for b in w]), gl.SharedLinearLayout([list(b) for b in a]))
 
 
 @gluon.constexpr_function
@@ -250,10 +289,16 @@ def warp_release(addr, ok):
     """Every lane: ``fence.proxy.async`` (its generic-proxy reads of the slot before the TMA's next write),
     ``bar.warp.sync``, then lane 0 arrives on the mbarrier at shared address ``addr`` (count: one per consumer
     warp), unless ok == 0. No CTA-wide barrier per chunk."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 l; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 l, %laneid;"
-        " setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $2, 0, p; @p mbarrier.arrive.shared::cta.b64 _, [$1];"
-        " mov.b32 $0, 0; }", "=r,r,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+    if RELEASE_FENCE:
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 l; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 l, %laneid;"
+            " setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $2, 0, p; @p mbarrier.arrive.shared::cta.b64 _, [$1];"
+            " mov.b32 $0, 0; }", "=r,r,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 l; bar.warp.sync -1; mov.u32 l, %laneid;"
+            " setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $2, 0, p; @p mbarrier.arrive.shared::cta.b64 _, [$1];"
+            " mov.b32 $0, 0; }", "=r,r,r", [addr, ok], dtype=gl.int32, is_pure=False, pack=1)
 
 
 

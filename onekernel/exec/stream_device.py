@@ -256,6 +256,11 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
         if PROFILE:
             gl.store(prof + t * 4, now())
         a = argtab + gl.load(rec + F_OP) * MAXA
+        if MMA:  # the task's signal, a GEMV task's fields and operand addresses (the records and the argument
+            # table are written before the step): loaded for every task before its wait, in registers when it ends
+            # (the CUDA-core body's registers do not hold them: SmolLM2 batch 3 spilled 28 B)
+            sig = gl.load(rec + F_SIGNAL)
+            gt = gemv_task(rec, a, base_t, True)
         if kind == K_ATTN:  # it loads the old KV rows before it waits
             attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS, HQ, HKV, HD, S,
                   SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA)
@@ -275,13 +280,14 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
             argmax_task(a, base_f, base_i, B, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
-                ok, i = gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP, KXB,
-                                  RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS)
+                ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
+                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                               RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
         barrier()  # every store of the task issued (and xbuf free for the next one)
-        sig = gl.load(rec + F_SIGNAL)
+        if not MMA:
+            sig = gl.load(rec + F_SIGNAL)
         if sig >= 0:
             if TP:  # another rank reads this event (and the rows behind it): a system-scope release
                 if gl.load(rec + F_SYS) != 0:

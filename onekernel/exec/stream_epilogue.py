@@ -32,6 +32,15 @@ def rope_angles(pos, inv_freq, c, r, dt: gl.constexpr, RG: gl.constexpr):
 
 
 @gluon.jit
+def rope_cos_sin(pos, f, dt: gl.constexpr):
+    """rope_angles from the rows' inverse frequencies f [RG] (fp32) loaded earlier: positions pos [BP] (int32)
+    -> cos, sin [BP, RG] (rope_angles keeps its own copy of these two lines: calling this from it changed the
+    CUDA-core kernel's register allocation, SmolLM2 batch 3 spilling 28 B instead of 8)."""
+    ang = pos.to(gl.float32)[:, None] * f[None, :]
+    return rnd(libdevice.cos(ang), dt), rnd(libdevice.sin(ang), dt)
+
+
+@gluon.jit
 def qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV: gl.constexpr,
              HD: gl.constexpr, S: gl.constexpr, RG: gl.constexpr, BP: gl.constexpr, AL: gl.constexpr):
     """Unit (head h, pair chunk c): tile row j < P is head row c*P + j, j >= P is head row HD/2 + c*P + (j - P)
@@ -86,8 +95,9 @@ def gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
 
 
 @gluon.jit
-def qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr):
-    """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq)."""
+def qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr, live=True):
+    """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq);
+    the positions are loaded only where ``live`` (a caller that has not branched on the task's kind yet)."""
     return (base_t + gl.load(a + 2) * 8, base_t + gl.load(a + 3) * 8, base_t + gl.load(a + 4) * 8,
-            gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=bidx < B, other=0, cache_modifier=".cg"),
+            gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=(bidx < B) & live, other=0, cache_modifier=".cg"),
             base_f + gl.load(a + 6) * 4)

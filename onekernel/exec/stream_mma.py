@@ -11,9 +11,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, mma_async_a,
-                                        mma_shared_layouts, smem_addr, view, wait_bounded, warp_release)
-from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_SPLIT, barrier, mma_async_a,
+                                        mma_shared_layouts, mma_split, mma_split_layouts, smem_addr, view, wait_bounded,
+                                        warp_release)
+from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
 
 
@@ -34,11 +35,13 @@ def stage_layout(CK):
 
 
 @gluon.jit
-def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
+def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr, D: gl.constexpr):
     """RMSNorm's rstd of every batch row of x [B, K], as 4 quads of fp32 [4] (rows 4q..4q+3, in the staging
     layout's row slice; rows >= B: 0). Per k-chunk (a runtime loop: registers do not grow with K) a [4, CK] tile
     per quad that holds a row < B (quads past B: compile-time zeros), its squares summed along the chunk and
-    added to the quad's sums in k order: row b's sum has the same operands and order for every B."""
+    added to the quad's sums in k order: row b's sum has the same operands and order for every B. A normed
+    task's K is the hidden size D: where its k-chunks' tiles fit in registers together (quads x D / CK <= 4) the
+    loop is unrolled over D (masked by K), so every load is in flight at once (one L2 round trip, not D / CK)."""
     SL3: gl.constexpr = stage_layout(CK)
     RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
     TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
@@ -47,22 +50,32 @@ def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
     ss = ()
     for q in gl.static_range(4):
         ss = ss + (gl.zeros([4], gl.float32, gl.SliceLayout(1, TL)),)
-    for k0 in range(0, K, CK):
-        new = ()
-        for q in gl.static_range(4):
-            s = ss[q]
-            if q * 4 < B:
-                rows = q * 4 + r4
-                v = gl.load(x + rows[:, None] * K + k0 + cols, mask=(rows[:, None] < B) & (k0 + cols < K), other=0.0,
-                            cache_modifier=".cg").to(gl.float32)
-                s = s + gl.sum(v * v, axis=1)
-            new = new + (s,)
-        ss = new
+    if ((B + 3) // 4) * (D // CK) <= 4:
+        for k0 in gl.static_range(0, D, CK):
+            ss = _rstd_step(x, K, k0, ss, r4, cols, B)
+    else:
+        for k0 in range(0, K, CK):
+            ss = _rstd_step(x, K, k0, ss, r4, cols, B)
     rs = ()
     for q in gl.static_range(4):
         rows = q * 4 + r4
         rs = rs + (gl.convert_layout(gl.where(rows < B, gl.rsqrt(ss[q] / K + EPS), 0.0), RQ),)
     return rs
+
+
+@gluon.jit
+def _rstd_step(x, K, k0, ss, r4, cols, B: gl.constexpr):
+    """_rstd16's quads' sums of squares plus k-chunk k0's."""
+    new = ()
+    for q in gl.static_range(4):
+        s = ss[q]
+        if q * 4 < B:
+            rows = q * 4 + r4
+            v = gl.load(x + rows[:, None] * K + k0 + cols, mask=(rows[:, None] < B) & (k0 + cols < K), other=0.0,
+                        cache_modifier=".cg").to(gl.float32)
+            s = s + gl.sum(v * v, axis=1)
+        new = new + (s,)
+    return new
 
 
 @gluon.jit
@@ -150,12 +163,18 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    WSL: gl.constexpr = mma_shared_layouts(CK, RG)[0]
+    SP: gl.constexpr = mma_split(CK, MMA_SPLIT)
+    WSL: gl.constexpr = mma_split_layouts(CK, RG, SP)[0]
+    ASL: gl.constexpr = mma_split_layouts(CK, RG, SP)[1]
     ready0 = smem_addr(BARS)
     empty0 = smem_addr(BARS + 8 * SLOTS)
+    z = gl.zeros([4 * SP, 16, RG], gl.float32, MMA)
     accs = ()
     for g in gl.static_range(GB):
-        accs = accs + (gl.zeros([4, 16, RG], gl.float32, MMA),)
+        if SP == 1:
+            accs = accs + (z,)
+        else:
+            accs = accs + (gl.sum(gl.reshape(z, [SP, 4, 16, RG]), axis=0),)
     for kb in range(nkb):
         if ASYNC:
             async_copy.wait_group(0)  # this thread's copies of tile kb landed (the barrier: every thread's)
@@ -172,17 +191,20 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
             pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
         else:
             pre = _load_a(x, nw, K, nxt, norm, B, CK)
-        xa = abuf.load(DA)
+        xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
         new = ()
         for g in gl.static_range(GB):
             acc = accs[g]
             if g < ng:
                 slot = i % SLOTS
                 ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                wb = view(ring.index(slot), ring.dtype, [4, KS, RG], WSL).load(DB)
+                wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
                 warp_release(empty0 + 8 * slot, ok)
                 i += 1
-                acc = mma_v2(xa, wb, acc)
+                if SP == 1:
+                    acc = mma_v2(xa, wb, acc)
+                else:  # SP independent chains from 0, summed into the group's sums in a fixed order
+                    acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
             new = new + (acc,)
         accs = new
     for g in gl.static_range(GB):
@@ -208,16 +230,20 @@ def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
 
 
 @gluon.jit
-def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
-              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
-              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
-              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr):
+def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
+             B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
+             GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
+             HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
+             D: gl.constexpr):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
-    epilogues as _gemv per unit of the block (sums read back by _acc_of)."""
+    epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
+    (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
+    (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
+    round trip follows the last chunk but the stores."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
-    t, u0, nu, K, nkb, N, x, nw = gemv_task(rec, a, base_t, True)
+    t, u0, nu, K, nkb, N, x, nw = gt
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
@@ -229,44 +255,55 @@ def gemv_mma(kind, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok,
         pre = _copy_a(rbuf, x, nw, K, 0, norm, B, CK)
     else:
         pre = _load_a(x, nw, K, 0, norm, B, CK)
-    if norm != 0:
-        rs = _rstd16(x, K, B, CK, EPS)
-    else:
-        rs = _rstd16(x, K, 0, CK, EPS)          # zeros, no loads
     bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
     r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
     bm = bidx[:, None] < B
     b64 = bidx.to(gl.int64)[:, None]
+    isq = kind == K_QKV
+    isr = kind == K_RESID
+    q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B, isq)
+    res = base_t + gl.load(a + 1) * 8
+    out = base_t + gl.load(a + 2) * 8
+    if norm != 0:
+        rs = _rstd16(x, K, B, CK, EPS, D)
+    else:
+        rs = _rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
+    CH: gl.constexpr = HD // RG
+    P: gl.constexpr = RG // 2
     best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
     for ub in range(u0, u0 + nu, UB):
         ue = gl.minimum(ub + UB, u0 + nu)
+        # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
+        pf = ()
+        for j in gl.static_range(GB):
+            u = ub + j
+            offs = b64 * N + (u * RG + r)[None, :]
+            m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
+            pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
+                        gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
         ok, i, pre = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t,
                                 B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC)
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
-            res = base_t + gl.load(a + 1) * 8
-            out = base_t + gl.load(a + 2) * 8
-            for u in range(ub, ue):
-                offs = b64 * N + (u * RG + r)[None, :]
-                m = bm & ((u * RG + r) < N)[None, :]
-                rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")
-                acc = _acc_of(accbuf, u - ub, BP, RG, AL)
-                gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
+            for j in gl.static_range(GB):
+                u = ub + j
+                if u < ue:
+                    offs = b64 * N + (u * RG + r)[None, :]
+                    m = bm & ((u * RG + r) < N)[None, :]
+                    acc = _acc_of(accbuf, j, BP, RG, AL)
+                    gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
         elif kind == K_GATEUP:
-            out = base_t + gl.load(a + 2) * 8
             for u in range(ub, ue):
                 gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
-                            b64, bm, N, out, RG)
+                           b64, bm, N, out, RG)
         elif kind == K_QKV:
-            CH: gl.constexpr = HD // RG
-            q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B)
-            for u in range(ub, ue):
-                h = u // CH
-                c = u % CH
-                cs, sn = rope_angles(pos, inv_freq, c, r, dt, RG)
-                qkv_out(_acc_of(accbuf, u - ub, BP, RG, AL), cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S,
-                         RG, BP, AL)
+            for j in gl.static_range(GB):
+                u = ub + j
+                if u < ue:
+                    cs, sn = rope_cos_sin(pos, pf[j][1], dt)
+                    qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ,
+                            HKV, HD, S, RG, BP, AL)
         else:  # K_LMHEAD
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
