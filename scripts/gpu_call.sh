@@ -61,33 +61,6 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
-101) # session 11, one H200 (~5 min): the raw-tile cp.async ring at batch <= 4 (ONEKERNEL_MMA_DEEP=1, 4 tiles ahead)
-    # against the one-tile register prefetch (=0), both with 4 MMA chains and no proxy fence; compiles warmed in
-    # parallel with the streaming GPU tests (DEEP=1)
-    export ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0
-    mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    wb() { local name=$1 deep=$2; shift 2; (timeout 170 env ONEKERNEL_MMA_DEEP=$deep python3 -m onekernel.cli bench \
-           --steps 2 --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    log "warm-up and checks"
-    wb d1 1 $B1 --batch 1,4,8,16 --modes megakernel
-    wb d0 0 $B1 --batch 1,4 --modes megakernel
-    wb d1-8 1 $B8 --batch 1,4 --modes megakernel
-    wb d0-8 0 $B8 --batch 1 --modes megakernel
-    (timeout 170 env ONEKERNEL_MMA_DEEP=1 python3 scripts/stream_profile.py --out /tmp/warm/p --model llama-3.2-1b \
-        --batch 1 >/dev/null 2>&1) &
-    (timeout 170 env ONEKERNEL_MMA_DEEP=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
-        -k "mma or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    step 40 d1-1b env ONEKERNEL_MMA_DEEP=1 $bench/d1 $B1 --batch 1,4,8,16 --modes megakernel --steps 50
-    step 30 d0-1b env ONEKERNEL_MMA_DEEP=0 $bench/d0 $B1 --batch 1,4 --modes megakernel --steps 50
-    step 50 d1-8b env ONEKERNEL_MMA_DEEP=1 $bench/d1 $B8 --batch 1,4 --modes megakernel --steps 50
-    step 50 d0-8b env ONEKERNEL_MMA_DEEP=0 $bench/d0 $B8 --batch 1 --modes megakernel --steps 50
-    step 30 profile-d1 env ONEKERNEL_MMA_DEEP=1 python3 scripts/stream_profile.py --out "$W/profile" \
-        --model llama-3.2-1b --batch 1
-    ;;
 100) # session 11, one H200 (~9 min): latency cuts of the tensor-core GEMV task (fields before the wait, unrolled
     # rstd, epilogue operands before the block) and two switches, each variant in its own process: independent MMA
     # chains per chunk (ONEKERNEL_MMA_SPLIT 1/4) and the proxy fence in the slot release (ONEKERNEL_RELEASE_FENCE);

@@ -5,7 +5,7 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
 
 prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
 and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
-the activation-tile prefetch, ``stream_base.mma_raw_tiles``). GEMV: "fma" (CUDA cores, the default) or
+the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
 
 Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on

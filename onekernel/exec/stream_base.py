@@ -17,7 +17,6 @@ from triton.experimental.gluon.language.nvidia.hopper import tma
 # fence in the consumer's slot release
 MMA_SPLIT = gl.constexpr(int(os.environ.get("ONEKERNEL_MMA_SPLIT", "1")))
 RELEASE_FENCE = gl.constexpr(os.environ.get("ONEKERNEL_RELEASE_FENCE", "1") == "1")
-MMA_DEEP = os.environ.get("ONEKERNEL_MMA_DEEP", "1") == "1"
 
 # Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
 # (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
@@ -92,24 +91,12 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
     return tuple(tuple(b) for b in bases)
 
 
-def mma_raw_tiles(B: int, CK: int) -> int:
-    """NRAW: the raw activation tiles [4, mma_raw_rows(B), CK/4] in shared memory that the MMA path's cp.async
-    prefetch cycles through (exec.stream_mma._copy_x), 0 where the tiles are prefetched into registers instead.
-    Batch <= 4 (one 4-row quad): 4 tiles (32 KB at CK 1024), so each tile's copies are issued 4 tiles before it
-    is staged (a task of few units per block, such as down_proj's 2 on Llama-3.2-1B, stages a tile every 2
-    chunks: one tile ahead, its L2 round trip was exposed at every tile). Batch 5-8: registers, one tile ahead.
-    Above (a quad per 4 rows holds more than 2048 values: CK 1024, batch > 8; in registers batch 16 spilled
-    208 B): 1 tile of 16 rows (32 KB)."""
-    q = (B + 3) // 4
-    if q == 1 and MMA_DEEP:
-        return 4
-    return 0 if q * CK <= 2048 else 1
-
-
 @gluon.constexpr_function
-def mma_raw_rows(B: int) -> int:
-    """Rows of a raw activation tile (mma_raw_tiles): the batch's 4-row quads, 16 above one quad."""
-    return 4 if B <= 4 else 16
+def mma_async_a(B: int, CK: int) -> bool:
+    """Whether the MMA path prefetches its activation tiles with cp.async into a raw [4, 16, CK/4] buffer in
+    shared memory (exec.stream_mma._copy_a) rather than in registers: when a tile's 4-row quads hold more than
+    2048 values per 4-row group (CK = 1024: batch > 8; in registers, batch 16 spilled 208 B)."""
+    return ((B + 3) // 4) * CK > 2048
 
 
 @gluon.constexpr_function

@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
                                         K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC, barrier,
-                                        mma_raw_rows, mma_shared_layouts, now, record, smem_addr, tma_load, view,
+                                        mma_async_a, mma_shared_layouts, now, record, smem_addr, tma_load, view,
                                         wait_bounded, wait_deps, wait_remote, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
@@ -234,7 +234,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
               HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr,
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
-              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, NRAW: gl.constexpr):
+              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -281,7 +281,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
-                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, NRAW)
+                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                               RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -314,7 +314,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
                       EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr = False,
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
-                      NTA: gl.constexpr = 1, NRAW: gl.constexpr = 0):
+                      NTA: gl.constexpr = 1):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -323,8 +323,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     satisfied, end in ns of %globaltimer, worker). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
     chunk), 2 SLOTS mbarriers at byte BARS. MMA (gemv="mma"): instead of xbuf, the staged activation tile
-    [4, 16, CK/4], the block's per-warp partial sums [GB, 4, 16, RG] fp32 and the NRAW raw tiles its cp.async
-    prefetch cycles through [NRAW, 4, 4 or 16, CK/4] (stream_base.mma_raw_tiles); the ring slots hold
+    [4, 16, CK/4], the block's per-warp partial sums [GB, 4, 16, RG] fp32 and (stream_base.mma_async_a) the raw
+    tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold
     chunks in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
     Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD
@@ -339,9 +339,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     if MMA:
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [GB, 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        if NRAW > 0:  # the raw activation tiles the cp.async prefetch fills (stream_mma._copy_x)
-            rbuf = gl.allocate_shared_memory(w_desc.dtype, [NRAW, 4, mma_raw_rows(B), CK // 4],
-                                             gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
+            rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:
             rbuf = xbuf
     else:
@@ -359,7 +358,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, NRAW)),
+                     NTA)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")

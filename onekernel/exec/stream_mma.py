@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_SPLIT, barrier,
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_SPLIT, barrier, mma_async_a,
                                         mma_shared_layouts, mma_split, mma_split_layouts, smem_addr, view, wait_bounded,
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
@@ -122,48 +122,39 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _copy_x(rtile, x, K, kb, live, B: gl.constexpr, CK: gl.constexpr):
-    """NRAW > 0 (stream_base.mma_raw_tiles): activation tile kb's loads as cp.async copies into the raw tile
-    rtile [4, 4 or 16, CK/4] (the quads that hold a row < B; 0 past B and K; nothing read unless live), one commit
-    group. ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
+def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
+    """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, 16, CK/4] (the quads
+    that hold a row < B; 0 past B and K), one commit group; returns the tile's norm weights (registers, as
+    _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
     kk, r4 = _tile_index(kb, CK)
     for q in gl.static_range(4):
         if q * 4 < B:
-            async_copy.async_copy_global_to_shared(rtile.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
-                                                   mask=((q * 4 + r4) < B) & (kk < K) & live, cache_modifier=".cg")
+            async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
+                                                   mask=((q * 4 + r4) < B) & (kk < K), cache_modifier=".cg")
     async_copy.commit_group()
-
-
-@gluon.jit
-def _load_g(nw, K, kb, norm, CK: gl.constexpr):
-    """The norm weights of activation tile kb in the staging layout (registers; 0 unless norm), as _load_a's."""
-    kk, r4 = _tile_index(kb, CK)
     return gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
 
 
 @gluon.jit
-def _raw_a(rtile, g, B: gl.constexpr, CK: gl.constexpr):
-    """The tile _copy_x copied into rtile (after its wait and a CTA barrier), read back as _load_a returns it:
-    (g, quads)."""
+def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
+    """The tile _copy_a copied (after its wait and a CTA barrier), read back as _load_a returns it: (g, quads)."""
     SL3: gl.constexpr = stage_layout(CK)
     vs = (g,)
     for q in gl.static_range(4):
         if q * 4 < B:
-            vs = vs + (rtile.slice(q * 4, 4, dim=1).load(SL3),)
+            vs = vs + (rbuf.slice(q * 4, 4, dim=1).load(SL3),)
     return vs
 
 
 @gluon.jit
-def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, p, n_pos, ok, i, err, t,
-               B: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr,
-               BARS: gl.constexpr, WAIT_NS: gl.constexpr, NRAW: gl.constexpr):
+def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
+               RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
-    tile's chunks (registers), and the loads of the next tile (the next block's first one after the last) are
-    issued; with NRAW > 0 ``pre`` holds only the norm weights and the tile comes from raw tile p % NRAW (p: the
-    task's staging position, n_pos of them), whose copies were issued NRAW positions earlier; the copies of
-    position p + NRAW go into it once it is read. The staged tile is loaded into registers once (operand A),
-    then each
+    tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
+    loads of the next tile (the next block's first one after the last) are issued; it is loaded into registers
+    once (operand A), then each
     group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
     ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
@@ -185,23 +176,21 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, p, n_
         else:
             accs = accs + (gl.sum(gl.reshape(z, [SP, 4, 16, RG]), axis=0),)
     for kb in range(nkb):
-        if NRAW > 0:
-            async_copy.wait_group(NRAW - 1)  # this thread's copies of position p landed (the barrier: every thread's)
+        if ASYNC:
+            async_copy.wait_group(0)  # this thread's copies of tile kb landed (the barrier: every thread's)
         barrier()  # every warp done with the previous tile
-        if NRAW > 0:
-            _store_a(abuf, _raw_a(rbuf.index(p % NRAW), pre, B, CK), rs, norm, B, CK)
+        if ASYNC:
+            _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
         else:
             _store_a(abuf, pre, rs, norm, B, CK)
-        barrier()  # (NRAW: every read of the raw tile done before the next copies overwrite it)
+        barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
         # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
         # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
         nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
-        if NRAW > 0:
-            _copy_x(rbuf.index(p % NRAW), x, K, (p + NRAW) % nkb, p + NRAW < n_pos, B, CK)
-            pre = _load_g(nw, K, nxt, norm, CK)
+        if ASYNC:
+            pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
         else:
             pre = _load_a(x, nw, K, nxt, norm, B, CK)
-        p += 1
         xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
         new = ()
         for g in gl.static_range(GB):
@@ -220,7 +209,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, p, n_
         accs = new
     for g in gl.static_range(GB):
         accbuf.index(g).store(accs[g])
-    return ok, i, pre, p
+    return ok, i, pre
 
 
 @gluon.constexpr_function
@@ -245,7 +234,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, NRAW: gl.constexpr):
+             D: gl.constexpr):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -258,16 +247,14 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
-    # the activation tiles' loads: NRAW tiles ahead as cp.async copies into the raw tiles (stream_base.mma_raw_tiles),
-    # else one tile ahead in registers (_mma_block). The first tiles' loads fly during the rstd pass
-    n_pos = (nu + UB - 1) // UB * nkb           # staging positions of the task: blocks x k-tiles
-    if NRAW > 0:
-        for j in gl.static_range(NRAW):
-            _copy_x(rbuf.index(j), x, K, j % nkb, j < n_pos, B, CK)
-        pre = _load_g(nw, K, 0, norm, CK)
+    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (a 4-row
+    # quad per 4 batch rows: at CK = 1024 up to batch 8; batch 16 spilled 208 B), else (ASYNC) as cp.async
+    # copies into rbuf. The first tile's loads fly during the rstd pass
+    ASYNC: gl.constexpr = mma_async_a(B, CK)
+    if ASYNC:
+        pre = _copy_a(rbuf, x, nw, K, 0, norm, B, CK)
     else:
         pre = _load_a(x, nw, K, 0, norm, B, CK)
-    p = 0
     bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
     r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
     bm = bidx[:, None] < B
@@ -295,8 +282,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
             pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
                         gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
-        ok, i, pre, p = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, p, n_pos, ok,
-                                   i, err, t, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, NRAW)
+        ok, i, pre = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t,
+                                B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC)
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
             for j in gl.static_range(GB):
@@ -321,7 +308,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
                 best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
-    if NRAW > 0:  # the last copies (masked: zeros): landed before the next task's copies target the raw tiles
+    if ASYNC:  # the wrap-around copy: landed before the next task's copies can target rbuf
         async_copy.wait_group(0)
     if kind == K_LMHEAD:
         pmax = base_f + gl.load(a + 3) * 4

@@ -168,9 +168,9 @@ def mma_groups(rg: int) -> int:
 def mma_smem(ck: int, rg: int, batch: int) -> int:
     """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
     per-warp fp32 partial sums of one block [GB, 4, 16, RG], and at batches whose tile prefetch goes through
-    cp.async the raw tiles (stream_base.mma_raw_tiles x [mma_raw_rows, CK])."""
-    raw = sd.mma_raw_tiles(batch, ck) * sd.mma_raw_rows(batch) * ck * 2
-    return MMA_ROWS * ck * 2 + raw + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
+    cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
+    tiles = 2 if sd.mma_async_a(batch, ck) else 1
+    return tiles * MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
@@ -337,8 +337,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
-                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg),
-                  NRAW=sd.mma_raw_tiles(B, ck) if mma else 0, **_tp_consts(g, kinds, emb["D"]),
+                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
