@@ -11,6 +11,8 @@
 # 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
+# 110 + 111 (one H200, back to back): session 11's final commit; 100 measured its GEMV changes against main, and
+# 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) is in git history (`git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
 #    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
@@ -61,7 +63,47 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
-100) # session 11, one H200 (~9 min): latency cuts of the tensor-core GEMV task (fields before the wait, unrolled
+110) # session 11's final commit, one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in parallel
+    # with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every mode); then the
+    # batch tables, Llama-3.2-1B then Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph)
+    cp .model/smol.p1 /tmp/model/ 2>/dev/null
+    warm() { local name=$1; shift; (timeout 175 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    mkdir -p "$W/bench" /tmp/warm
+    log "warm-up and checks"
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,2,4,8,16 --modes $MK
+    warm 8b-t $B8 --batch 1,2,4,8,16 --modes $MT
+    (timeout 175 python3 scripts/invariance_check.py llama-3.2-1b --modes eager,graph,pdl,megakernel \
+        --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+    (timeout 175 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 125 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 245 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    ;;
+111) # at once after 110 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
+    # every mode), then 1,000 replays and the forced timeout, beside cold / warm start times; the SmolLM2 table; the
+    # streaming megakernel's profiles (Llama-3.2-1B batch 1 and 16)
+    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench" "$W/profile"
+    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
+    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
+    (step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 3 --timeout 60 --cases "$CT") &
+    (step 80 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
+     step 70 replays python3 scripts/replay_check.py --out "$W/replays.json") &
+    wait
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
+100) # session 11, one H200 (~4 min; the switches it sets are gone: 4 chains and no fence are built in): latency cuts of the tensor-core GEMV task (fields before the wait, unrolled
     # rstd, epilogue operands before the block) and two switches, each variant in its own process: independent MMA
     # chains per chunk (ONEKERNEL_MMA_SPLIT 1/4) and the proxy fence in the slot release (ONEKERNEL_RELEASE_FENCE);
     # against main (/tmp/base, carried as .base.tgz). Compiles warmed in parallel with the GPU tests and invariance

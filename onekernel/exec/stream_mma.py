@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_SPLIT, barrier, mma_async_a,
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_shared_layouts, mma_split, mma_split_layouts, smem_addr, view, wait_bounded,
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
@@ -23,8 +23,10 @@ from onekernel.ops.gemv_rows import rnd
 # m16n8k16 (fp32 accumulate), warp w taking the chunk's k-slice w (A: the [16, CK] activation tile staged in
 # shared memory, batch rows >= B zero; W: the ring slot, chunk packed as [4, CK/4, RG] by stream_plan); per task
 # the chunks come in k-major blocks of GB groups (stream_pack.mma_chunk_order) so one staged tile serves GB
-# chunks; at a block's end the 4 warps' partials go to shared memory and each output is
-# ((w0 + w1) + w2) + w3: the same instructions, shapes and sum order for every B (batch invariance).
+# chunks; per chunk each warp runs SP = MMA_CHAINS independent chains over its k-slice's SP parts (the operands
+# viewed as [4 * SP, ...], stream_base.split_k_bases), summed ((c0 + c1) + c2) + c3 into the group's sums; at a
+# block's end the 4 warps' partials go to shared memory and each output is ((w0 + w1) + w2) + w3: the same
+# instructions, shapes and sum order for every B (batch invariance).
 @gluon.constexpr_function
 def stage_layout(CK):
     """[4 warps, 4 batch rows, CK/4] staging layout: 8 consecutive k per thread (16-byte accesses), warp w holds
@@ -156,14 +158,15 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
     loads of the next tile (the next block's first one after the last) are issued; it is loaded into registers
     once (operand A), then each
     group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
-    ``mma_v2`` accumulates into the group's fp32 [4, 16, RG] (per warp: its k-slice). Groups g >= ng are skipped
+    ``mma_v2`` computes the chunk's SP chains from 0 (per warp: its k-slice's SP parts, [4 * SP, 16, RG]), summed
+    into the group's fp32 [4, 16, RG] in a fixed order. Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
     after a barrier)."""
     KS: gl.constexpr = CK // 4
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    SP: gl.constexpr = mma_split(CK, MMA_SPLIT)
+    SP: gl.constexpr = mma_split(CK, MMA_CHAINS)
     WSL: gl.constexpr = mma_split_layouts(CK, RG, SP)[0]
     ASL: gl.constexpr = mma_split_layouts(CK, RG, SP)[1]
     ready0 = smem_addr(BARS)
