@@ -11,7 +11,7 @@
 # 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
-# 110 + 111 (one H200, back to back): session 11's final commit; 100 measured its GEMV changes against main, and
+# 110 + 111 (one H200, back to back) and 112 (two): session 11's final commit; 100 measured its GEMV changes against main, and
 # 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) is in git history (`git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
 #    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
@@ -102,6 +102,23 @@ case "$1" in
     step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
+112) # after 110 + 111, kind nvidia-h200-x2 (~7 min): the TP=2 megakernel at this commit (its Gluon kernel is the
+    # single-GPU one with TP on, so session 11's GEMV changes reach it): tp_check of the megakernel rows (both
+    # backends) on Llama-3.2-1B beside the compile warm-up, `bench --tp 2` of Llama-3.1-8B, then tp_check on it
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    B8="--model llama-3.1-8b --random-weights" TPM="torch+graph,graph,pdl,megakernel"
+    mkdir -p "$W/bench" "$W/tp" /tmp/warm
+    log "warm-up and tp_check (Llama-3.2-1B)"
+    (timeout 170 python3 -m onekernel.cli bench --tp 2 $B8 --batch 1,8 --modes $TPM --allreduce nccl --steps 2 \
+        --out /tmp/warm/tp >"$W/warm-tp.log" 2>&1) &
+    (timeout 170 python3 scripts/tp_check.py --models llama-3.2-1b --batches 1,8 --steps 8 \
+        --modes reference,megakernel,megakernel-gluon --out "$W/tp/tp-check-1b.json" >"$W/tp/tp-check-1b.log" 2>&1) &
+    wait
+    grep -h '^{' "$W/tp/tp-check-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    step 100 bench-tp-8b $bench/tp --tp 2 $B8 --batch 1,8 --modes $TPM --allreduce nccl --steps 50
+    step 150 tp-check-8b python3 scripts/tp_check.py --models llama-3.1-8b --batches 1,8 --steps 8 \
+        --modes reference,megakernel,megakernel-gluon --out "$W/tp/tp-check-8b.json"
     ;;
 100) # session 11, one H200 (~4 min; the switches it sets are gone: 4 chains and no fence are built in): latency cuts of the tensor-core GEMV task (fields before the wait, unrolled
     # rstd, epilogue operands before the block) and two switches, each variant in its own process: independent MMA
