@@ -205,6 +205,30 @@ def test_mma_operand_layouts_are_free_of_bank_conflicts(ck, rg):
         assert worst == want, (ck, rg, rows, worst)
 
 
+@pytest.mark.parametrize("ck,rg", [(1024, 8), (256, 32), (512, 16)])
+def test_mma_split_views_address_the_same_bytes(ck, rg):
+    """The MMA chains' views (stream_base.split_k_bases, mma_split_layouts): read as [4 * SP, CK/4/SP, ...], every
+    offset of the slot and of the staged tile holds the element of the unsplit layout at warp b % 4 and k =
+    (b // 4) * CK/4/SP + k' (so chain s of warp w multiplies exactly k-quarter s of the warp's slice), for every
+    SP the kernel may take (mma_split: at most CK/4/64, the swizzled 64-k lines kept whole)."""
+    from onekernel.exec.stream_base import mma_act_bases, mma_split, mma_weight_bases, split_k_bases
+    ks = ck // 4
+    assert mma_split(ck, 4) == min(4, ks // 64) and mma_split(ck, 1) == 1
+    for sp in {1, 2, mma_split(ck, 4)}:
+        if ks // sp < 64:
+            continue
+        sub = ks // sp
+        for bases, kd, n in ((mma_weight_bases(ck, rg), 1, 4 * ks * rg), (mma_act_bases(ck), 2, 4 * ks * 16)):
+            whole = _slot_coords(bases, n)
+            split = _slot_coords(split_k_bases(bases, kd, ks, sp), n)
+            assert split[:, 0].max() == 4 * sp - 1 and split[:, kd].max() == sub - 1
+            back = split.clone()
+            back[:, 0] = split[:, 0] % 4
+            back[:, kd] = (split[:, 0] // 4) * sub + split[:, kd]
+            assert torch.equal(back, whole), (ck, rg, sp, kd)
+            assert len({tuple(v) for v in split.tolist()}) == n  # one offset per element of the view
+
+
 def test_schedule_records_and_tables(seed):
     step, W = _step(2, seed)
     plan = make_plan(step, W)
@@ -311,7 +335,8 @@ def test_backend_option_is_checked(seed):
 
 
 @pytest.mark.parametrize("model,batch,gemv", [("llama-3.2-1b", 1, "fma"), ("smollm2-135m", 3, "fma"),
-                                              ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 16, "mma")])
+                                              ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 1, "mma"),
+                                              ("llama-3.2-1b", 16, "mma")])
 def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): at most 16 bytes of register
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-12 bytes in
