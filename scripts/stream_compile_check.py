@@ -3,7 +3,7 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
 
     python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV]  # e.g. llama-3.2-1b 1 132 mma
 
-prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
+(``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
 and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
 the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
@@ -66,7 +66,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32, i32, i64]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=False)
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
     consts["BARS"] = bars_guess(consts)
     sig = {n: mangle_type(a) for n, a in zip(fn.arg_names, args)}
     sig.update({n: "constexpr" for n in consts})

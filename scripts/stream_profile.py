@@ -5,7 +5,8 @@
 Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
-layers: median and max task time. Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
+layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
+(``prof_sub``: staging activation tiles, waiting on ring slots, epilogues, the rest). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
 one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
@@ -58,16 +59,31 @@ def main() -> None:
                     "last_ready_us": (max(p[1] for p in st) - t0) / 1e3, "last_end_us": (max(p[2] for p in st) - t0) / 1e3,
                     "median_task_us": statistics.median(dur), "max_task_us": max(dur)})
     per_kind = {k: {"median_us": statistics.median(v), "max_us": max(v), "tasks": len(v)} for k, v in kinds.items()}
+    # inside the tensor-core GEMV tasks (runner.prof_sub, exec.stream_mma.gemv_mma): medians per op kind
+    inside = defaultdict(lambda: defaultdict(list))
+    sub = r.prof_sub.cpu().tolist() if hasattr(r, "prof_sub") else []
+    for op in g.ops:
+        for t in op.task_ids:
+            if t < len(sub) and sub[t][3] > 0:  # tiles staged: a tensor-core GEMV task
+                d, task_us = inside[op.kind.name], (prof[t][2] - prof[t][1]) / 1e3
+                for name, v in zip(("staging_us", "ring_wait_us", "epilogue_us"), sub[t][:3]):
+                    d[name].append(v / 1e3)
+                d["tiles"].append(sub[t][3])
+                d["rest_us"].append(task_us - sum(sub[t][:3]) / 1e3)
+    gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
     busy = defaultdict(float)
     for p in prof:
         busy[p[3]] += (p[2] - p[1]) / 1e3
     res = {"model": a.model, "batch": a.batch, "step_us": total, "per_kind": per_kind,
            "worker_busy_us": {"median": statistics.median(busy.values()), "max": max(busy.values())},
-           "ops": ops}
+           "ops": ops, "gemv_inside": gemv_inside}
     sel = [o for o in ops if o["op"].endswith(".1") or "lm_head" in o["op"] or o["op"] == "embed"]
     print(f"{a.model} b{a.batch}: step {total:.1f} us; busy per worker median {res['worker_busy_us']['median']:.1f} us")
     for k, v in per_kind.items():
         print(f"  {k:14s} tasks {v['tasks']:6d} median {v['median_us']:7.2f} us  max {v['max_us']:7.2f} us")
+    for k, v in gemv_inside.items():
+        print(f"  inside {k:14s} staging {v['staging_us']:6.2f} ring wait {v['ring_wait_us']:6.2f} epilogue"
+              f" {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles {v['tiles']:.0f} (medians)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"
               f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f}")

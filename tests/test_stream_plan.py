@@ -229,6 +229,18 @@ def test_mma_split_views_address_the_same_bytes(ck, rg):
             assert len({tuple(v) for v in split.tolist()}) == n  # one offset per element of the view
 
 
+def test_profile_kernel_compiles_for_sm90():
+    """The profiling build (``profile=True``: task stamps, and inside each tensor-core GEMV task the staging, ring
+    wait and epilogue times, stream_mma.gemv_mma) compiles for sm_90a within the spill bound, on Llama-3.2-1B
+    batch 1 (the non-profiling kernels' PTX does not change with it: scripts/ptx_compare.py)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", STREAM_PROFILE="1")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/stream_compile_check.py"), "llama-3.2-1b", "1", "132",
+                          "mma"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["spill_bytes"] <= 16 and rec["smem"] <= 232448 and rec["mma_sync"] > 0, rec
+
+
 def test_schedule_records_and_tables(seed):
     step, W = _step(2, seed)
     plan = make_plan(step, W)

@@ -244,6 +244,9 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
     LM: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TM, TM], [4, 1], [1, 0])
     q0 = gl.load(qoff + wid)
     q1 = gl.load(qoff + wid + 1)
+    n_prof = 0
+    if PROFILE:  # prof holds n_prof task rows (every queue position is one task), then as many sub-timing rows
+        n_prof = gl.load(qoff + gl.num_programs(0))
     ok = 1
     i = 0
     if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
@@ -281,7 +284,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
-                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D)
+                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
+                                 prof + (n_prof + t) * 4)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                               RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -319,8 +323,9 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
-    counters), epoch / done int32 [1], err int32 [5], prof int64 [tasks, 4] (PROFILE: start, dependencies
-    satisfied, end in ns of %globaltimer, worker). Shared memory: the ring (SLOTS x 16 KB), xbuf
+    counters), epoch / done int32 [1], err int32 [5], prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
+    satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
+    stream_mma.gemv_mma). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
     chunk), 2 SLOTS mbarriers at byte BARS. MMA (gemv="mma"): instead of xbuf, the staged activation tile
     [4, 16, CK/4], the block's per-warp partial sums [GB, 4, 16, RG] fp32 and (stream_base.mma_async_a) the raw

@@ -12,8 +12,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
-                                        mma_shared_layouts, mma_split, mma_split_layouts, smem_addr, view, wait_bounded,
-                                        warp_release)
+                                        mma_shared_layouts, mma_split, mma_split_layouts, now, smem_addr, view,
+                                        wait_bounded, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
 
@@ -149,9 +149,9 @@ def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, B: gl.constexpr,
+def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr):
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
@@ -161,7 +161,9 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
     ``mma_v2`` computes the chunk's SP chains from 0 (per warp: its k-slice's SP parts, [4 * SP, 16, RG]), summed
     into the group's fp32 [4, 16, RG] in a fixed order. Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
-    after a barrier)."""
+    after a barrier). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged) accumulates
+    (the staging time runs from the tile's first barrier to the barrier after it: the wait for its loads
+    included)."""
     KS: gl.constexpr = CK // 4
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -179,6 +181,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         else:
             accs = accs + (gl.sum(gl.reshape(z, [SP, 4, 16, RG]), axis=0),)
     for kb in range(nkb):
+        if PROFILE:
+            t_a = now()
         if ASYNC:
             async_copy.wait_group(0)  # this thread's copies of tile kb landed (the barrier: every thread's)
         barrier()  # every warp done with the previous tile
@@ -187,6 +191,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         else:
             _store_a(abuf, pre, rs, norm, B, CK)
         barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
+        if PROFILE:
+            ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
         # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
         # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
         nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
@@ -200,7 +206,11 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
             acc = accs[g]
             if g < ng:
                 slot = i % SLOTS
+                if PROFILE:
+                    t_w = now()
                 ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
+                if PROFILE:
+                    ps = (ps[0], ps[1] + (now() - t_w), ps[2])
                 wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
                 warp_release(empty0 + 8 * slot, ok)
                 i += 1
@@ -212,7 +222,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         accs = new
     for g in gl.static_range(GB):
         accbuf.index(g).store(accs[g])
-    return ok, i, pre
+    return ok, i, pre, ps
 
 
 @gluon.constexpr_function
@@ -237,13 +247,16 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
     (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
     (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
-    round trip follows the last chunk but the stores."""
+    round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the
+    runner's ``prof_sub``) = ns staging activation tiles, ns waiting on ring slots, ns in the epilogues (from the
+    block's end to its outputs' stores), tiles staged; the rest of the task's time (prof: end - ready) is the
+    fields, the rstd pass, the chunks' ldmatrix / MMA and the release."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
     t, u0, nu, K, nkb, N, x, nw = gt
@@ -275,6 +288,12 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     P: gl.constexpr = RG // 2
     best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
+    ps = (0, 0, 0)
+    epi = 0
+    if PROFILE:
+        z = now() * 0
+        ps = (z, z, z)
+        epi = z
     for ub in range(u0, u0 + nu, UB):
         ue = gl.minimum(ub + UB, u0 + nu)
         # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
@@ -285,8 +304,10 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
             pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
                         gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
-        ok, i, pre = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err, t,
-                                B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC)
+        ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err,
+                                    t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, PROFILE)
+        if PROFILE:
+            t_e = now()
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
             for j in gl.static_range(GB):
@@ -311,6 +332,13 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
                 best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
+        if PROFILE:
+            epi = epi + (now() - t_e)
+    if PROFILE:
+        gl.store(sub, ps[0])
+        gl.store(sub + 1, ps[1])
+        gl.store(sub + 2, epi)
+        gl.store(sub + 3, ps[2])
     if ASYNC:  # the wrap-around copy: landed before the next task's copies can target rbuf
         async_copy.wait_group(0)
     if kind == K_LMHEAD:

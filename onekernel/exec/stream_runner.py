@@ -89,7 +89,8 @@ class StreamMegakernelRunner(PersistentRunner):
     ``check_every`` (steps between error-word reads; 0: only ``check()`` / ``poll()``), ``wait_ms`` (a
     dependency or ring wait gives up after this long, and records where it stopped), ``profile`` (stamp
     every task of ``task_graph`` into ``prof`` int64 [tasks, 4]: start, dependencies satisfied, end (ns),
-    worker).
+    worker; and each tensor-core GEMV task's time inside into ``prof_sub`` int64 [tasks, 4]: ns staging
+    activation tiles, ns waiting on ring slots, ns in epilogues, tiles staged: ``exec.stream_mma.gemv_mma``).
 
     Tensor parallel (a graph with all-reduce ops reading peer buffers; dist/tp_megakernel.py): ``rank`` and
     ``counters`` (every rank's event-counter array as mapped in this process, int32, zeroed, rank order, at least
@@ -146,8 +147,11 @@ class StreamMegakernelRunner(PersistentRunner):
         self.epoch, self.done = torch.ones(1, **i32), torch.zeros(1, **i32)
         # TP: err[ERR_RSLOT:ERR_RSLOT + 6] the remote failure (stream_base; PersistentRunner reports it first)
         self.err = torch.zeros(int(ERR_RSLOT) + 6 if self.tp else 5, **i32)
-        # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph
-        self.prof = torch.zeros(max(len(g.tasks), 1) if profile else 1, 4, dtype=torch.int64, device=dev)
+        # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph; the kernel writes its rows,
+        # then (tensor-core GEMV tasks) as many sub-timing rows: prof_sub (stream_mma.gemv_mma)
+        n = max(len(g.tasks), 1) if profile else 1
+        self._prof_all = torch.zeros(2 * n, 4, dtype=torch.int64, device=dev)
+        self.prof, self.prof_sub = self._prof_all[:n], self._prof_all[n:]
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
@@ -170,7 +174,7 @@ class StreamMegakernelRunner(PersistentRunner):
     def _args(self):
         b = list(self.bases.values())
         return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
-                self.done, self.err, self.prof, b[0], b[1], b[2], self.rwl, self.peer_off)
+                self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off)
 
     def fingerprint(self) -> int:
         """``stream_records.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
