@@ -348,7 +348,7 @@ def test_backend_option_is_checked(seed):
 
 @pytest.mark.parametrize("model,batch,gemv", [("llama-3.2-1b", 1, "fma"), ("smollm2-135m", 3, "fma"),
                                               ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 1, "mma"),
-                                              ("llama-3.2-1b", 16, "mma")])
+                                              ("llama-3.2-1b", 16, "mma"), ("smollm2-1.7b", 1, "mma")])
 def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): at most 16 bytes of register
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-12 bytes in

@@ -331,11 +331,14 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
+    # attention's BN-block: RP x BN x HD products per block within 8192, and BN <= 32: a multi-head model (RP 1,
+    # SmolLM2-1.7B) took BN 64, and the run's double-buffered K/V blocks spilled ~1 KB in every kernel (session 11)
+    bn = max(8, min(32, 8192 // (rp * hd)))
     mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
     consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
-                  NSPLIT=attn["NSPLIT"], RP=rp, BN=max(8, min(64, 8192 // (rp * hd))), NSP2=merge["NSP2"],
+                  NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), **_tp_consts(g, kinds, emb["D"]),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
