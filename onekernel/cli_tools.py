@@ -162,7 +162,7 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
         raise InputError(f"--steps must be >= 1 (200 or more for published numbers), got {args.steps}")
     bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
     if bad:
-        raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got {bad}")
+        raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got {', '.join(map(str, bad))}")
     if args.context is not None and args.context < 2:
         raise InputError(f"--context must be >= 2, got {args.context}")
     return batches, modes

@@ -49,7 +49,8 @@ def parse_cases(batch: str, mode: str) -> tuple[list[int], list[str]]:
         raise InputError(f"--batch must be comma-separated integers, got {batch!r}") from None
     bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
     if not batches or bad:
-        raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got {batch!r}")
+        raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got "
+                         f"{', '.join(map(str, bad)) if bad else repr(batch)}")
     modes = list(MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if not modes or bad:

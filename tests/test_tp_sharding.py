@@ -82,8 +82,7 @@ def test_tp_sizes_that_do_not_divide_are_refused(name, tp, named, valid):
         check_tp(get_config(name), tp)
     msg = str(e.value)
     assert f"tensor-parallel size {tp} does not divide {named}; " in msg
-    cfg = get_config(name)
-    assert f"n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, ffn_dim={cfg.ffn_dim}" in msg
+    assert "same number of q heads, KV heads and FFN rows" in msg and msg.count("n_heads=") <= 1  # said once
     assert msg.endswith(f"valid TP sizes for this model: {valid}")
 
 

@@ -50,9 +50,8 @@ def check_tp(cfg: ModelConfig, tp, device="cpu") -> int:
     bad = [f"{k}={v}" for k, v in counts.items() if v % tp]
     if bad:
         raise UnsupportedModelError(
-            f"{cfg.name}: tensor-parallel size {tp} does not divide {', '.join(bad)}; the TP size must divide "
-            f"{', '.join(f'{k}={v}' for k, v in counts.items())} (every rank gets the same number of q heads, KV "
-            f"heads and FFN rows); valid TP sizes for this model: "
+            f"{cfg.name}: tensor-parallel size {tp} does not divide {', '.join(bad)}; every rank must get the same "
+            f"number of q heads, KV heads and FFN rows; valid TP sizes for this model: "
             f"{', '.join(map(str, valid_tp_sizes(cfg)))}")
     if torch.device(device).type == "cuda" and tp > torch.cuda.device_count():
         raise DeviceError(f"--tp {tp} needs {tp} GPUs (one process per GPU), but {torch.cuda.device_count()} "
