@@ -54,7 +54,7 @@ NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.releas
 
 GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"},
                 "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
-# The streaming kernel's spill bytes allowed, as at TP=1 (tests/test_stream_plan.py: the attention run's flattened
+# The streaming kernel's spill bytes allowed, as at TP=1 (tests/test_stream_compile.py: the attention run's flattened
 # loop carries the next block's K/V and the next tile's q, 0-12 bytes in both GEMV bodies)
 SPILL_LIMIT = 16
 

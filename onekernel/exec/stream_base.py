@@ -136,18 +136,13 @@ def mma_split(CK, want):
 
 
 @gluon.constexpr_function
-def mma_split_layouts(CK, RG, SPLIT):
-    """mma_shared_layouts viewed as [4 * SPLIT, CK/4/SPLIT, RG] and [4 * SPLIT, 16, CK/4/SPLIT] (split_k_bases)."""
+def mma_shared_layouts(CK, RG, SPLIT=1):
+    """(weight chunk layout [4, CK/4, RG], activation tile layout [4, 16, CK/4]) as Gluon SharedLinearLayouts;
+    with SPLIT > 1 the same bytes viewed as [4 * SPLIT, CK/4/SPLIT, RG] and [4 * SPLIT, 16, CK/4/SPLIT]
+    (split_k_bases: the MMA chains)."""
     w = split_k_bases(mma_weight_bases(CK, RG), 1, CK // MMA_WARPS, SPLIT)
     a = split_k_bases(mma_act_bases(CK), 2, CK // MMA_WARPS, SPLIT)
     return (gl.SharedLinearLayout([list(b) for b in w]), gl.SharedLinearLayout([list(b) for b in a]))
-
-
-@gluon.constexpr_function
-def mma_shared_layouts(CK, RG):
-    """(weight chunk layout [4, CK/4, RG], activation tile layout [4, 16, CK/4]) as Gluon SharedLinearLayouts."""
-    return (gl.SharedLinearLayout([list(b) for b in mma_weight_bases(CK, RG)]),
-            gl.SharedLinearLayout([list(b) for b in mma_act_bases(CK)]))
 
 
 # ----------------------------------------------------------------------------------------------- primitives

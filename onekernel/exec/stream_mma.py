@@ -12,8 +12,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
-                                        mma_shared_layouts, mma_split, mma_split_layouts, now, smem_addr, view,
-                                        wait_bounded, warp_release)
+                                        mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
+                                        warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
 
@@ -169,8 +169,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
     DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     SP: gl.constexpr = mma_split(CK, MMA_CHAINS)
-    WSL: gl.constexpr = mma_split_layouts(CK, RG, SP)[0]
-    ASL: gl.constexpr = mma_split_layouts(CK, RG, SP)[1]
+    WSL: gl.constexpr = mma_shared_layouts(CK, RG, SP)[0]
+    ASL: gl.constexpr = mma_shared_layouts(CK, RG, SP)[1]
     ready0 = smem_addr(BARS)
     empty0 = smem_addr(BARS + 8 * SLOTS)
     z = gl.zeros([4 * SP, 16, RG], gl.float32, MMA)
