@@ -11,8 +11,9 @@
 # 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
-# 110 + 111 (one H200, back to back) and 112 (two): session 11's final commit; 100 measured its GEMV changes against main, and
-# 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) is in git history (`git show f2fd7e2:...`).
+# 110 + 111 (one H200, back to back) and 112 (two): session 11's final commit; 100 (its GEMV changes against main,
+# by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
+# git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
 #    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
@@ -119,41 +120,6 @@ case "$1" in
     step 100 bench-tp-8b $bench/tp --tp 2 $B8 --batch 1,8 --modes $TPM --allreduce nccl --steps 50
     step 150 tp-check-8b python3 scripts/tp_check.py --models llama-3.1-8b --batches 1,8 --steps 8 \
         --modes reference,megakernel,megakernel-gluon --out "$W/tp/tp-check-8b.json"
-    ;;
-100) # session 11, one H200 (~4 min; the switches it sets are gone: 4 chains and no fence are built in): latency cuts of the tensor-core GEMV task (fields before the wait, unrolled
-    # rstd, epilogue operands before the block) and two switches, each variant in its own process: independent MMA
-    # chains per chunk (ONEKERNEL_MMA_SPLIT 1/4) and the proxy fence in the slot release (ONEKERNEL_RELEASE_FENCE);
-    # against main (/tmp/base, carried as .base.tgz). Compiles warmed in parallel with the GPU tests and invariance
-    mkdir -p "$W/bench" "$W/profile" /tmp/warm /tmp/base
-    tar -xzf .base.tgz -C /tmp/base
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    wb() { local name=$1 dir=$2 sp=$3 fe=$4; shift 4; (cd "$dir" && timeout 200 env PYTHONPATH=/tmp/site:$dir \
-           ONEKERNEL_MMA_SPLIT=$sp ONEKERNEL_RELEASE_FENCE=$fe python3 -m onekernel.cli bench --steps 2 \
-           --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    log "warm-up and checks"
-    wb m1 /tmp/base 1 1 $B1 --batch 1,8,16 --modes megakernel
-    wb m8 /tmp/base 1 1 $B8 --batch 1 --modes megakernel
-    for v in "11" "41" "40"; do wb v$v "$PWD" ${v:0:1} ${v:1:1} $B1 --batch 1,8,16 --modes megakernel; done
-    wb v40-8 "$PWD" 4 0 $B8 --batch 1,8 --modes megakernel
-    (timeout 200 env ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0 python3 scripts/stream_profile.py --out /tmp/warm/p \
-        --model llama-3.2-1b --batch 1 >/dev/null 2>&1) &
-    (timeout 200 env ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0 python3 scripts/invariance_check.py llama-3.2-1b \
-        --modes megakernel --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
-    (timeout 200 env ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0 TRITON_INTERPRET=0 python3 -m pytest -q \
-        tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 6 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base step 45 base-1b $bench/base $B1 --batch 1,8,16 --modes megakernel --steps 50)
-    for v in "11" "41" "40"; do
-        step 45 v$v-1b env ONEKERNEL_MMA_SPLIT=${v:0:1} ONEKERNEL_RELEASE_FENCE=${v:1:1} $bench/v$v $B1 \
-            --batch 1,8,16 --modes megakernel --steps 50; done
-    (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base step 50 base-8b $bench/base $B8 --batch 1 --modes megakernel --steps 50)
-    step 60 v40-8b env ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0 $bench/v40 $B8 --batch 1,8 --modes megakernel \
-        --steps 50
-    step 30 profile-v40 env ONEKERNEL_MMA_SPLIT=4 ONEKERNEL_RELEASE_FENCE=0 python3 scripts/stream_profile.py \
-        --out "$W/profile" --model llama-3.2-1b --batch 1
     ;;
 90) # session 10's final commit, kind nvidia-h200-x2 (~9 min; carry .model/smol.p1, parked for 91). Compiles warmed
     # in parallel with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every

@@ -331,8 +331,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    # attention's BN-block: RP x BN x HD products per block within 8192, and BN <= 32: a multi-head model (RP 1,
-    # SmolLM2-1.7B) took BN 64, and the run's double-buffered K/V blocks spilled ~1 KB in every kernel (session 11)
+    # attention's BN-block: RP x BN x HD <= 8192 and BN <= 32 (at BN 64 SmolLM2-1.7B's K/V blocks spilled ~1 KB)
     bn = max(8, min(32, 8192 // (rp * hd)))
     mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
