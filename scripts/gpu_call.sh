@@ -64,6 +64,37 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
+121) # session 12 (branch s12-attn-warps, ~7 min; carry .base.tgz of main): attention with warps splitting each
+    # split's positions (one K/V read per row, merged per tile in shared memory) against main (/tmp/base), each in
+    # its own process: streaming GPU tests and bitwise invariance beside the warm-ups; Llama-3.2-1B batch 1/8/16,
+    # Llama-3.1-8B batch 1/16; profiles of the branch at batch 1 and 16
+    mkdir -p "$W/bench" "$W/base" "$W/profile" /tmp/warm /tmp/base
+    tar -xzf .base.tgz -C /tmp/base
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,16"
+    wb() { local name=$1 dir=$2; shift 2; (cd "$dir" && timeout 200 env PYTHONPATH=/tmp/site:$dir python3 -m \
+           onekernel.cli bench --steps 2 --modes megakernel --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up and checks"
+    wb m1 /tmp/base $B1
+    wb m8 /tmp/base $B8
+    wb n1 "$PWD" $B1
+    wb n8 "$PWD" $B8
+    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 200 python3 scripts/stream_profile.py --out /tmp/warm/p --model llama-3.2-1b --batch 16 >/dev/null 2>&1;
+     timeout 100 python3 scripts/stream_profile.py --out /tmp/warm/p --model llama-3.2-1b >/dev/null 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 30 new-1b $bench/bench $B1 --modes megakernel --steps 50
+    (cd /tmp/base && step 30 base-1b env PYTHONPATH=/tmp/site:/tmp/base $bench/base $B1 --modes megakernel --steps 50)
+    step 50 new-8b $bench/bench $B8 --modes megakernel --steps 50
+    (cd /tmp/base && step 50 base-8b env PYTHONPATH=/tmp/site:/tmp/base $bench/base $B8 --modes megakernel --steps 50)
+    step 30 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 30 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 110) # session 11's final commit, one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in parallel
     # with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every mode); then the
     # batch tables, Llama-3.2-1B then Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph)

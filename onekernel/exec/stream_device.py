@@ -225,6 +225,14 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 
 # ----------------------------------------------------------------------------------------------- worker
+@gluon.constexpr_function
+def xbuf_alloc_rows(XB, KXB, CK, RP, HD):
+    """Rows of the CUDA-core path's xbuf [rows, KXB, CK]: XB, or more where attention's warp-merge scratch
+    (fp32 [8*RP, HD]) needs them (stream_plan.fma_xbuf_bytes)."""
+    return max(XB, -(-32 * RP * HD // (KXB * CK * 2)))
+
+
+
 @gluon.jit
 def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
               n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
@@ -252,6 +260,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
     if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
         xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, stage_layout(CK)))
         barrier()
+    # attention's scratch for merging its warps' softmax states (free between GEMV tasks): fp32 [8*RP, HD]
+    scr = view(accbuf, gl.float32, [8 * RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     for pos in range(q0, q1):
         rec = qrec + pos * REC
         kind = gl.load(rec + F_KIND)
@@ -265,8 +275,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
             sig = gl.load(rec + F_SIGNAL)
             gt = gemv_task(rec, a, base_t, True)
         if kind == K_ATTN:  # it loads the old KV rows before it waits
-            attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS, HQ, HKV, HD, S,
-                  SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA)
+            attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ, HKV,
+                      HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:
@@ -349,7 +359,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         else:
             rbuf = xbuf
     else:
-        xbuf = gl.allocate_shared_memory(w_desc.dtype, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        xbuf = gl.allocate_shared_memory(w_desc.dtype, [xbuf_alloc_rows(XB, KXB, CK, RP, HD), KXB, CK],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         accbuf = xbuf
         rbuf = xbuf
     bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())

@@ -130,6 +130,11 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
+    at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
+    rp = pow2_ceil(at["HQ"] // at["HKV"])
+    if 4 * rp > at["HD"] or (g.meta.get("gemv") == "mma" and 32 * rp * at["HD"] > mma_groups(rg) * 4 * MMA_ROWS * rg * 4):
+        return (f"{at['HQ'] // at['HKV']} query heads per KV head at head_dim {at['HD']}: attention's warp-merge scratch "
+                "(stream_tasks.attn_task) does not fit")
     if batch > MAX_BATCH:
         return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
     if _slots(1, kxb, ck, rg) < MIN_SLOTS:
@@ -180,8 +185,14 @@ def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     return max(1, min(B, room // (kxb * ck * 2)))
 
 
-def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1) -> int:
-    fixed = (mma_smem(ck, rg, batch) if mma else xb * kxb * ck * 2) + 2048
+def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
+    """Shared bytes of the CUDA-core path's xbuf: XB activation rows, at least attention's warp-merge scratch
+    (fp32 [8*RP, HD], stream_tasks.attn_task; stream_device.xbuf_alloc_rows)."""
+    return max(xb, -(-32 * rp * hd // (kxb * ck * 2))) * kxb * ck * 2
+
+
+def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1, rp: int = 1, hd: int = 0) -> int:
+    fixed = (mma_smem(ck, rg, batch) if mma else fma_xbuf_bytes(xb, kxb, ck, rp, hd)) + 2048
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
@@ -191,7 +202,7 @@ def bars_guess(c: dict) -> int:
     compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
     if c.get("MMA"):
         return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"]) + 1024
-    return c["SLOTS"] * CHUNK_ELEMS * 2 + c["XB"] * c["KXB"] * c["CK"] * 2 + 1024
+    return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
 
 
 @dataclass
@@ -331,11 +342,12 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    # attention's BN-block: RP x BN x HD <= 8192 and BN <= 32 (at BN 64 SmolLM2-1.7B's K/V blocks spilled ~1 KB)
-    bn = max(8, min(32, 8192 // (rp * hd)))
+    # attention's per-warp BN-block (stream_tasks.attn_task: warp w takes a quarter of each split's positions):
+    # RP x BN x HD <= 4096 products per warp and block
+    bn = max(1, min(attn["SPLIT"] // 4, 4096 // (rp * hd)))
     mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
-    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B), MAXA=MAXA,
+    consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B, rp, hd), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),

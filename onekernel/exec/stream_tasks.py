@@ -8,7 +8,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, wait_deps
+from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, barrier, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
@@ -39,7 +39,7 @@ def _pick(vec, idx, j):
 
 
 @gluon.jit
-def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr,
+def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
           NTA: gl.constexpr):
@@ -47,19 +47,25 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, P
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
 
-    One software-pipelined loop over the run's (tile, BN-block) pairs: block i + 1's K/V (and, at a tile's first
-    block, its q) are loaded while block i computes. The first block is loaded before the dependency wait (every
-    position but the one this step writes, seq_lens[b], was written by earlier steps) and that row is patched
-    after it; blocks loaded after the wait need no patch. Warps split the query heads, so every reduction stays
-    inside a warp (no CTA barrier). fp32 CUDA-core products over [RP, BN, HD], online softmax in exp2: per tile
-    the same operations in the same order as one tile alone, so a tile's bits do not depend on its run."""
+    Warp w of the 4 takes the quarter [w*SPLIT/4, (w+1)*SPLIT/4) of every tile's positions, in BN-blocks, for
+    all R query heads (each K/V row is read by one warp, once) and keeps its own online softmax (m, l, acc);
+    at a tile's end the 4 warps' states meet in shared memory ``scr`` (fp32 [8*RP, HD], free between GEMV
+    tasks) and are merged in a fixed order (w0..w3), as flash-decoding merges splits (Dao et al. 2023).
+    One software-pipelined loop over the run's (tile, block) pairs: block i + 1's K/V (and, at a tile's first
+    block, its q) are loaded while block i computes. The first block is loaded before the dependency wait
+    (every position but the one this step writes, seq_lens[b], was written by earlier steps) and that row is
+    patched after it; blocks loaded after the wait need no patch. fp32 CUDA-core products over [4, RP, BN, HD],
+    online softmax in exp2: per tile the same operations in the same order as one tile alone, so a tile's bits
+    do not depend on its run or the batch."""
     R: gl.constexpr = HQ // HKV
-    NB: gl.constexpr = SPLIT // BN
+    SW: gl.constexpr = SPLIT // 4           # positions per warp and tile
+    NB: gl.constexpr = SW // BN             # BN-blocks per warp and tile
     TD: gl.constexpr = 32 if HD >= 256 else HD // 8
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
-    S2: gl.constexpr = gl.SliceLayout(2, L3)  # [RP, BN]
-    S1: gl.constexpr = gl.SliceLayout(1, L3)  # [RP, HD]
-    S0: gl.constexpr = gl.SliceLayout(0, L3)  # [BN, HD]
+    L4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 1, 32 // TD, TD], [4, 1, 1, 1], [3, 2, 1, 0])
+    KL: gl.constexpr = gl.SliceLayout(1, L4)   # [4, BN, HD]: K / V blocks
+    QL: gl.constexpr = gl.SliceLayout(2, L4)   # [4, RP, HD]: q, acc
+    XL: gl.constexpr = gl.SliceLayout(3, L4)   # [4, RP, BN]: scores
+    ML: gl.constexpr = gl.SliceLayout(2, XL)   # [4, RP]: m, l
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     u0 = gl.load(rec + F_U0)
     nu = gl.load(rec + F_NU)
@@ -72,32 +78,35 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, P
     # the position each tile's sequence writes this step (seq_lens is the step's input: read before the wait)
     jv = gl.arange(0, NTA, layout=V1)
     posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
-    nk = gl.arange(0, BN, layout=gl.SliceLayout(1, S0))
-    dk = gl.arange(0, HD, layout=gl.SliceLayout(0, S0))
-    nx = gl.arange(0, BN, layout=gl.SliceLayout(0, S2))
-    rq = gl.arange(0, RP, layout=gl.SliceLayout(1, S1))
-    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, S1))
-    rl = gl.arange(0, RP, layout=gl.SliceLayout(1, S2))
+    wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
+    nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
+    dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
+    wx = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, XL)))[:, None, None] * SW
+    nx = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, XL)))[None, None, :]
+    wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None] * 0
+    rq = gl.arange(0, RP, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
+    dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
     # block 0 of tile u0 before the wait: the old rows only
     b, g, s = _tile_coords(u0, HKV, NSPLIT)
     pos = _pick(posv, jv, 0)
     end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
     kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
-    ptr = (s * SPLIT + nk)[:, None] * HD + dk[None, :]
-    old = ((s * SPLIT + nk) < end) & ((s * SPLIT + nk) != pos)
-    k_c = gl.load(kc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
-    v_c = gl.load(vc + kv_off + ptr, mask=old[:, None], other=0.0, cache_modifier=".cg")
+    rows = s * SPLIT + wk + nk
+    ptr = rows * HD + dk
+    old = (rows < end) & (rows != pos)
+    k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
+    v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    cur = ((s * SPLIT + nk) == pos) & ((s * SPLIT + nk) < end)
-    k_c = gl.where(cur[:, None], gl.load(kc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"), k_c)
-    v_c = gl.where(cur[:, None], gl.load(vc + kv_off + ptr, mask=cur[:, None], other=0.0, cache_modifier=".cg"), v_c)
-    q_c = gl.load(q + (b * HQ + g * R + rq)[:, None] * HD + dq[None, :], mask=(rq < R)[:, None], other=0.0,
+    cur = (rows == pos) & (rows < end)
+    k_c = gl.where(cur, gl.load(kc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), k_c)
+    v_c = gl.where(cur, gl.load(vc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), v_c)
+    q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=rq < R, other=0.0,
                   cache_modifier=".cg")
     q_n = q_c
-    m = gl.full([RP], float("-inf"), gl.float32, gl.SliceLayout(1, S2))
-    l = gl.zeros([RP], gl.float32, gl.SliceLayout(1, S2))
-    acc = gl.zeros([RP, HD], gl.float32, S1)
+    m = gl.full([4, RP], float("-inf"), gl.float32, ML)
+    l = gl.zeros([4, RP], gl.float32, ML)
+    acc = gl.zeros([4, RP, HD], gl.float32, QL)
     total = nu * NB
     for i in range(total):
         j = i // NB
@@ -117,37 +126,67 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, P
         j1 = (i + 1) // NB
         b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
         end1 = gl.minimum(gl.minimum(_pick(posv, jv, j1) + 1, s1 * SPLIT + SPLIT), S)
-        n1 = s1 * SPLIT + ((i + 1) % NB) * BN
-        live1 = ((n1 + nk) < end1) & (i + 1 < total)
-        ptr1 = (n1 + nk)[:, None] * HD + dk[None, :]
+        rows1 = s1 * SPLIT + ((i + 1) % NB) * BN + wk + nk
+        live1 = (rows1 < end1) & (i + 1 < total)
         off1 = (b1 * HKV + g1).to(gl.int64) * (S * HD)
-        k_n = gl.load(kc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
-        v_n = gl.load(vc + off1 + ptr1, mask=live1[:, None], other=0.0, cache_modifier=".cg")
+        k_n = gl.load(kc + off1 + rows1 * HD + dk, mask=live1, other=0.0, cache_modifier=".cg")
+        v_n = gl.load(vc + off1 + rows1 * HD + dk, mask=live1, other=0.0, cache_modifier=".cg")
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
-        q_n = gl.load(q + (b1 * HQ + g1 * R + rq)[:, None] * HD + dq[None, :], mask=((rq < R) & nq)[:, None],
-                      other=0.0, cache_modifier=".cg")
-        # block i
-        q3 = gl.expand_dims(q_c.to(gl.float32) * qk_scale, 1)
-        x = gl.sum(q3 * gl.expand_dims(k_c.to(gl.float32), 0), axis=2)
-        x = gl.where(((n0 + nx) < end)[None, :], x, float("-inf"))
-        m_new = gl.maximum(m, gl.max(x, axis=1))
+        q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
+                      cache_modifier=".cg")
+        # block i: warp w's BN positions n0 + w*SW + [0, BN)
+        q4 = gl.expand_dims(q_c.to(gl.float32) * qk_scale, 2)
+        x = gl.sum(q4 * gl.expand_dims(k_c.to(gl.float32), 1), axis=3)
+        x = gl.where((n0 + wx + nx) < end, x, float("-inf"))
+        m_new = gl.maximum(m, gl.max(x, axis=2))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
         alpha = gl.exp2(m - m_use)
-        p = gl.exp2(x - m_use[:, None])
-        l = l * alpha + gl.sum(p, axis=1)
-        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_c.to(gl.float32), 0), axis=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, S1))[:, None] + pv
+        p = gl.exp2(x - m_use[:, :, None])
+        l = l * alpha + gl.sum(p, axis=2)
+        pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v_c.to(gl.float32), 1), axis=2)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, QL))[:, :, None] + pv
         m = m_new
         k_c = k_n
         v_c = v_n
-        if blk == NB - 1:  # the tile's last block: its partial
-            nonempty = l > 0.0
-            lsafe = gl.where(nonempty, l, 1.0)
-            o = acc / gl.convert_layout(lsafe, gl.SliceLayout(1, S1))[:, None]
-            lse = gl.where(nonempty, (m + gl.log2(lsafe)) * 0.6931471805599453, float("-inf"))
-            slot = (b * HQ + g * R + rq) * NSPLIT + s
-            gl.store(o_part + slot[:, None] * HD + dq[None, :], o, mask=(rq < R)[:, None])
-            gl.store(lse_part + (b * HQ + g * R + rl) * NSPLIT + s, lse, mask=rl < R)
+        if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
+            _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
+
+
+@gluon.jit
+def _attn_merge_warps(scr, m, l, acc, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr,
+                      HD: gl.constexpr, NSPLIT: gl.constexpr):
+    """The tile's partial from its 4 warps' online-softmax states (m, l [4, RP]; acc [4, RP, HD], log2 units):
+    M = max_w m_w, L = sum_w l_w 2^(m_w - M), O = sum_w acc_w 2^(m_w - M) / L, lse = (M + log2 L) ln 2, summed
+    over w in order 0..3 inside each thread (``scr``: fp32 [8*RP, HD] shared memory; 4*RP <= HD)."""
+    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])
+    P2: gl.constexpr = gl.SliceLayout(2, P3)
+    FL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    FL2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    s_acc = scr.slice(0, 4 * RP)._reinterpret(gl.float32, [4, RP, HD], FL)
+    s_m = scr.slice(4 * RP, 1)._reinterpret(gl.float32, [4, RP], FL2)
+    s_l = scr.slice(4 * RP + 1, 1)._reinterpret(gl.float32, [4, RP], FL2)
+    barrier()  # the previous tile's reads of scr are done
+    s_acc.store(acc)
+    s_m.store(m)
+    s_l.store(l)
+    barrier()
+    m4 = s_m.load(P2)
+    l4 = s_l.load(P2)
+    a4 = s_acc.load(P3)
+    mx = gl.max(m4, axis=0)
+    mx = gl.where(mx == float("-inf"), 0.0, mx)
+    wt = gl.exp2(m4 - mx[None, :])
+    tot = gl.sum(l4 * wt, axis=0)
+    o = gl.sum(a4 * wt[:, :, None], axis=0)
+    nonempty = tot > 0.0
+    tsafe = gl.where(nonempty, tot, 1.0)
+    o = o / gl.convert_layout(tsafe, gl.SliceLayout(1, gl.SliceLayout(0, P3)))[:, None]
+    lse = gl.where(nonempty, (mx + gl.log2(tsafe)) * 0.6931471805599453, float("-inf"))
+    ro = gl.arange(0, RP, layout=gl.SliceLayout(1, gl.SliceLayout(0, P3)))
+    do = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(0, P3)))
+    rl = gl.arange(0, RP, layout=gl.SliceLayout(0, P2))
+    gl.store(o_part + ((row0 + ro) * NSPLIT + s)[:, None] * HD + do[None, :], o, mask=(ro < R)[:, None])
+    gl.store(lse_part + (row0 + rl) * NSPLIT + s, lse, mask=rl < R)
 
 
 @gluon.jit
