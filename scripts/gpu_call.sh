@@ -64,6 +64,34 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
+122) # session 12 (branch s12-attn-warps, ~5 min): attention's K/V two blocks ahead (ONEKERNEL_ATTN_PF2=1) and the
+    # merge's one-round-trip rows (ONEKERNEL_MERGE_ONE=1), each variant in its own process; GPU tests and bitwise
+    # invariance of both together beside the 1B warm-ups (no 8B process then: memory), the 8B after
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,16"
+    V1="off:0:0 pf2:1:0 merge:0:1 both:1:1"
+    wv() { local name=$1 pf=$2 mo=$3; shift 3; (timeout 200 env ONEKERNEL_ATTN_PF2=$pf ONEKERNEL_MERGE_ONE=$mo python3 -m \
+           onekernel.cli bench --steps 2 --modes megakernel --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up and checks"
+    for v in $V1; do IFS=: read n p m <<<"$v"; wv $n $p $m $B1; done
+    (timeout 200 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 python3 scripts/invariance_check.py llama-3.2-1b \
+        --modes megakernel --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+    (timeout 200 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 TRITON_INTERPRET=0 python3 -m pytest -q \
+        tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    wv off8 0 0 $B8
+    wv both8 1 1 $B8
+    for v in $V1; do IFS=: read n p m <<<"$v"; step 30 $n-1b env ONEKERNEL_ATTN_PF2=$p ONEKERNEL_MERGE_ONE=$m \
+        $bench/$n $B1 --modes megakernel --steps 50; done
+    wait
+    step 50 off-8b $bench/off $B8 --modes megakernel --steps 50
+    step 50 both-8b env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 $bench/both $B8 --modes megakernel --steps 50
+    step 40 profile-1b-16 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 python3 scripts/stream_profile.py \
+        --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 121) # session 12 (branch s12-attn-warps, ~7 min; carry .base.tgz of main): attention with warps splitting each
     # split's positions (one K/V read per row, merged per tile in shared memory) against main (/tmp/base), each in
     # its own process: streaming GPU tests and bitwise invariance beside the warm-ups; Llama-3.2-1B batch 1/8/16,
