@@ -82,10 +82,10 @@ case "$1" in
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    wv off8 0 0 $B8
-    wv both8 1 1 $B8
     for v in $V1; do IFS=: read n p m <<<"$v"; step 30 $n-1b env ONEKERNEL_ATTN_PF2=$p ONEKERNEL_MERGE_ONE=$m \
         $bench/$n $B1 --modes megakernel --steps 50; done
+    wv off8 0 0 $B8
+    wv both8 1 1 $B8
     wait
     step 50 off-8b $bench/off $B8 --modes megakernel --steps 50
     step 50 both-8b env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 $bench/both $B8 --modes megakernel --steps 50
