@@ -11,7 +11,10 @@
 # 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
-# 110 + 111 (one H200, back to back) and 112 (two): session 11's final commit; 100 (its GEMV changes against main,
+# 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
+# the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
+# no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
+# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11 and 12; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
@@ -64,66 +67,7 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
-122) # session 12 (branch s12-attn-warps, ~5 min): attention's K/V two blocks ahead (ONEKERNEL_ATTN_PF2=1) and the
-    # merge's one-round-trip rows (ONEKERNEL_MERGE_ONE=1), each variant in its own process; GPU tests and bitwise
-    # invariance of both together beside the 1B warm-ups (no 8B process then: memory), the 8B after
-    mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,16"
-    V1="off:0:0 pf2:1:0 merge:0:1 both:1:1"
-    wv() { local name=$1 pf=$2 mo=$3; shift 3; (timeout 200 env ONEKERNEL_ATTN_PF2=$pf ONEKERNEL_MERGE_ONE=$mo python3 -m \
-           onekernel.cli bench --steps 2 --modes megakernel --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    log "warm-up and checks"
-    for v in $V1; do IFS=: read n p m <<<"$v"; wv $n $p $m $B1; done
-    (timeout 200 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 python3 scripts/invariance_check.py llama-3.2-1b \
-        --modes megakernel --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
-    (timeout 200 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 TRITON_INTERPRET=0 python3 -m pytest -q \
-        tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    for v in $V1; do IFS=: read n p m <<<"$v"; step 30 $n-1b env ONEKERNEL_ATTN_PF2=$p ONEKERNEL_MERGE_ONE=$m \
-        $bench/$n $B1 --modes megakernel --steps 50; done
-    wv off8 0 0 $B8
-    wv both8 1 1 $B8
-    wait
-    step 50 off-8b $bench/off $B8 --modes megakernel --steps 50
-    step 50 both-8b env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 $bench/both $B8 --modes megakernel --steps 50
-    step 40 profile-1b-16 env ONEKERNEL_ATTN_PF2=1 ONEKERNEL_MERGE_ONE=1 python3 scripts/stream_profile.py \
-        --out "$W/profile" --model llama-3.2-1b --batch 16
-    ;;
-121) # session 12 (branch s12-attn-warps, ~7 min; carry .base.tgz of main): attention with warps splitting each
-    # split's positions (one K/V read per row, merged per tile in shared memory) against main (/tmp/base), each in
-    # its own process: streaming GPU tests and bitwise invariance beside the warm-ups; Llama-3.2-1B batch 1/8/16,
-    # Llama-3.1-8B batch 1/16; profiles of the branch at batch 1 and 16
-    mkdir -p "$W/bench" "$W/base" "$W/profile" /tmp/warm /tmp/base
-    tar -xzf .base.tgz -C /tmp/base
-    B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,16"
-    wb() { local name=$1 dir=$2; shift 2; (cd "$dir" && timeout 200 env PYTHONPATH=/tmp/site:$dir python3 -m \
-           onekernel.cli bench --steps 2 --modes megakernel --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    log "warm-up and checks"
-    wb m1 /tmp/base $B1
-    wb m8 /tmp/base $B8
-    wb n1 "$PWD" $B1
-    wb n8 "$PWD" $B8
-    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 200 python3 scripts/stream_profile.py --out /tmp/warm/p --model llama-3.2-1b --batch 16 >/dev/null 2>&1;
-     timeout 100 python3 scripts/stream_profile.py --out /tmp/warm/p --model llama-3.2-1b >/dev/null 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    step 30 new-1b $bench/bench $B1 --modes megakernel --steps 50
-    (cd /tmp/base && step 30 base-1b env PYTHONPATH=/tmp/site:/tmp/base $bench/base $B1 --modes megakernel --steps 50)
-    step 50 new-8b $bench/bench $B8 --modes megakernel --steps 50
-    (cd /tmp/base && step 50 base-8b env PYTHONPATH=/tmp/site:/tmp/base $bench/base $B8 --modes megakernel --steps 50)
-    step 30 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
-    step 30 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    ;;
-110) # session 11's final commit, one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in parallel
+110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in parallel
     # with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every mode); then the
     # batch tables, Llama-3.2-1B then Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph)
     cp .model/smol.p1 /tmp/model/ 2>/dev/null

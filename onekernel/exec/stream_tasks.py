@@ -11,13 +11,6 @@ from triton.experimental.gluon import language as gl
 from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, barrier, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
-import os
-
-# EXPERIMENT (s12-attn-warps): the merge's one-round-trip rows
-MERGE_ONE = gl.constexpr(os.environ.get("ONEKERNEL_MERGE_ONE", "0") == "1")
-# EXPERIMENT (s12-attn-warps): attention's K/V two blocks ahead
-ATTN_PF2 = gl.constexpr(os.environ.get("ONEKERNEL_ATTN_PF2", "0") == "1")
-
 @gluon.jit
 def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.constexpr, BD: gl.constexpr):
     """out[b, cols] = table[tokens[b], cols] for the tile's BD columns (a token outside [0, V) gives zeros)."""
@@ -112,8 +105,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
                   cache_modifier=".cg")
     q_n = q_c
     total = nu * NB
-    if ATTN_PF2:  # block 1 (after the wait: no patch)
-        k_n, v_n = _kv_block(kc, vc, u0, 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
@@ -131,12 +122,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         m = gl.where(first, float("-inf"), m)
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
-        # prefetch block i + 1 (PF2: i + 2; the next block of this tile, or the first of the next tile): rows < its
-        # end only
-        if ATTN_PF2:
-            k_n2, v_n2 = _kv_block(kc, vc, u0, i + 2, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
-        else:
-            k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+        # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
+        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
         j1 = (i + 1) // NB
         b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
@@ -156,9 +143,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         m = m_new
         k_c = k_n
         v_c = v_n
-        if ATTN_PF2:
-            k_n = k_n2
-            v_n = v_n2
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
             _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
 
@@ -229,40 +213,20 @@ def merge_task(rec, a, base_t, base_f, HQ: gl.constexpr, HD: gl.constexpr, NSPLI
     SL: gl.constexpr = gl.SliceLayout(1, LM)
     sp = gl.arange(0, NSP2, layout=SL)
     d = gl.arange(0, HD, layout=gl.SliceLayout(0, LM))
-    if MERGE_ONE and (NSP2 <= CHM):
-        # every split in one chunk: a row's lse and O in one L2 round trip (no mask on the O loads: an empty
-        # split's slot holds 0 and weighs exp(-inf) = 0, the same sums), the next row's loads in flight
-        lse_n = gl.load(lse_part + u0 * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-        o_n = gl.load(o_part + (u0 * NSPLIT + sp)[:, None] * HD + d[None, :], mask=(sp < NSPLIT)[:, None], other=0.0,
-                      cache_modifier=".cg")
-        for row in range(u0, u0 + nu):
-            lse = lse_n
-            oc = o_n
-            nx = (row + 1 < u0 + nu) & (sp < NSPLIT)
-            lse_n = gl.load(lse_part + (row + 1) * NSPLIT + sp, mask=nx, other=float("-inf"), cache_modifier=".cg")
-            o_n = gl.load(o_part + ((row + 1) * NSPLIT + sp)[:, None] * HD + d[None, :], mask=nx[:, None], other=0.0,
-                          cache_modifier=".cg")
-            mx = gl.max(lse, axis=0)
-            mx = gl.where(mx == float("-inf"), 0.0, mx)
-            wt = gl.exp(lse - mx)
-            tot = gl.sum(wt, axis=0)
-            acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM)) + gl.sum(oc * wt[:, None], axis=0)
-            gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
-    else:
-        for row in range(u0, u0 + nu):
-            lse = gl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-            mx = gl.max(lse, axis=0)
-            mx = gl.where(mx == float("-inf"), 0.0, mx)
-            tot = gl.sum(gl.exp(lse - mx), axis=0)
-            acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM))
-            for c in range(0, NSPLIT, CHM):
-                idx = c + gl.arange(0, CHM, layout=SL)
-                lc = gl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
-                live = lc > float("-inf")
-                oc = gl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
-                             cache_modifier=".cg")
-                acc += gl.sum(oc * gl.exp(lc - mx)[:, None], axis=0)
-            gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
+    for row in range(u0, u0 + nu):
+        lse = gl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+        mx = gl.max(lse, axis=0)
+        mx = gl.where(mx == float("-inf"), 0.0, mx)
+        tot = gl.sum(gl.exp(lse - mx), axis=0)
+        acc = gl.zeros([HD], gl.float32, gl.SliceLayout(0, LM))
+        for c in range(0, NSPLIT, CHM):
+            idx = c + gl.arange(0, CHM, layout=SL)
+            lc = gl.load(lse_part + row * NSPLIT + idx, mask=idx < NSPLIT, other=float("-inf"), cache_modifier=".cg")
+            live = lc > float("-inf")
+            oc = gl.load(o_part + (row * NSPLIT + idx)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0,
+                         cache_modifier=".cg")
+            acc += gl.sum(oc * gl.exp(lc - mx)[:, None], axis=0)
+        gl.store(out + row * HD + d, (acc / gl.where(tot > 0.0, tot, 1.0)).to(dt))
 
 
 @gluon.jit
