@@ -185,6 +185,12 @@ def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     return max(1, min(B, room // (kxb * ck * 2)))
 
 
+def attn_bn(split: int, rp: int, hd: int) -> int:
+    """Attention's per-warp BN-block (stream_tasks.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
+    tile's positions): at most RP x BN x HD = 4096 products per warp and block, dividing split / 4."""
+    return max(1, min(split // 4, 4096 // (rp * hd)))
+
+
 def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
     """Shared bytes of the CUDA-core path's xbuf: XB activation rows, at least attention's warp-merge scratch
     (fp32 [8*RP, HD], stream_tasks.attn_task; stream_device.xbuf_alloc_rows)."""
@@ -342,9 +348,7 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
-    # attention's per-warp BN-block (stream_tasks.attn_task: warp w takes a quarter of each split's positions):
-    # RP x BN x HD <= 4096 products per warp and block
-    bn = max(1, min(attn["SPLIT"] // 4, 4096 // (rp * hd)))
+    bn = attn_bn(attn["SPLIT"], rp, hd)
     mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
     consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B, rp, hd), MAXA=MAXA,

@@ -1,0 +1,67 @@
+"""The streaming megakernel's attention constants (stream_plan, stream_tasks.attn_task): the 4 warps split each
+split-KV tile's positions in BN-blocks, and merge their softmax states in a shared-memory scratch of fp32
+[8 * RP, HD] (the MMA path's partial-sum buffer, or the CUDA-core path's xbuf, grown where it is smaller). CPU
+only: the plan's numbers and refusals; the kernel itself runs in tests/test_stream_gpu.py."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from onekernel.exec import stream_plan as sp
+from onekernel.models.config import get_config
+from onekernel.models.decode_graph import decode_graph
+
+
+def _cuda_step(monkeypatch, cfg, batch=1):
+    """The bf16 decode graph of ``cfg`` (cache of 1024 positions, the model's GEMV path) and a step stand-in on a
+    Hopper device for ``stream_plan.unsupported``."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    g, _, _ = decode_graph(cfg, batch, 1024, torch.bfloat16)
+    return g, SimpleNamespace(graph=g, device=SimpleNamespace(type="cuda"), batch=batch)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b", "llama-3.2-3b"])
+def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
+    """BN divides the quarter SPLIT / 4 of a tile that each warp takes, a warp's block has at most 4096 products
+    (RP x BN x HD), and the scratch fp32 [8 * RP, HD] fits the buffer it views (MMA: the partial sums)."""
+    g, step = _cuda_step(monkeypatch, get_config(name))
+    assert sp.unsupported(step) is None
+    at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
+    rp = sp.pow2_ceil(at["HQ"] // at["HKV"])
+    bn = sp.attn_bn(at["SPLIT"], rp, at["HD"])
+    assert (at["SPLIT"] // 4) % bn == 0 and rp * bn * at["HD"] <= 4096
+    assert 4 * rp <= at["HD"]
+    _, ck, rg, _ = sp.chunk_shape(g)
+    if g.meta.get("gemv") == "mma":
+        assert 32 * rp * at["HD"] <= sp.mma_groups(rg) * 4 * sp.MMA_ROWS * rg * 4
+
+
+def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
+    """16 query heads per KV head at head_dim 64: the 4 warps' states (4 * RP rows of HD) plus m and l do not fit
+    the scratch, so the streaming plan refuses the step with the counts in the reason; 4 per KV head passes."""
+    base = get_config("llama-3.2-1b")
+    wide = dataclasses.replace(base, name="gqa-16", n_heads=32, n_kv_heads=2, head_dim=64, n_layers=1)
+    _, step = _cuda_step(monkeypatch, wide)
+    why = sp.unsupported(step)
+    assert why is not None and "16 query heads per KV head" in why and "head_dim 64" in why, why
+    ok = dataclasses.replace(base, name="gqa-4", n_heads=32, n_kv_heads=8, head_dim=64, n_layers=1)
+    _, step = _cuda_step(monkeypatch, ok)
+    assert sp.unsupported(step) is None
+
+
+@pytest.mark.parametrize("xb,kxb,ck,rp,hd", [(1, 6, 256, 4, 64), (3, 6, 256, 4, 64), (1, 8, 1024, 4, 64),
+                                             (2, 2, 256, 8, 128)])
+def test_fma_xbuf_holds_the_attention_scratch(xb, kxb, ck, rp, hd):
+    """The CUDA-core path's xbuf [rows, KXB, CK] (2-byte) has at least XB rows and at least the scratch's
+    32 * RP * HD bytes, in whole rows, and no more rows than either needs; stream_device allocates the same
+    rows (xbuf_alloc_rows), so the mbarrier offset guess and the ring's slot count agree with the kernel."""
+    from onekernel.exec.stream_device import xbuf_alloc_rows
+
+    row = kxb * ck * 2
+    got = sp.fma_xbuf_bytes(xb, kxb, ck, rp, hd)
+    assert got % row == 0 and got >= xb * row and got >= 32 * rp * hd
+    assert got // row == max(xb, -(-32 * rp * hd // row))
+    assert xbuf_alloc_rows(xb, kxb, ck, rp, hd) == got // row
