@@ -226,6 +226,14 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 # ----------------------------------------------------------------------------------------------- worker
 @gluon.constexpr_function
+def acc_groups(GB, RG, RP, HD):
+    """Groups of the MMA path's accbuf [groups, 4, 16, RG] fp32: GB, or more where attention's warp-merge
+    scratch (fp32 [8*RP, HD]) needs them (Llama-3.1-70B; stream_plan.mma_smem)."""
+    need = -(-8 * RP * HD // (4 * 16 * RG))
+    return max(GB, 1 << (need - 1).bit_length())
+
+
+@gluon.constexpr_function
 def xbuf_alloc_rows(XB, KXB, CK, RP, HD):
     """Rows of the CUDA-core path's xbuf [rows, KXB, CK]: XB, or more where attention's warp-merge scratch
     (fp32 [8*RP, HD]) needs them (stream_plan.fma_xbuf_bytes)."""
@@ -353,7 +361,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if MMA:
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
-        accbuf = gl.allocate_shared_memory(gl.float32, [GB, 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        accbuf = gl.allocate_shared_memory(gl.float32, [acc_groups(GB, RG, RP, HD), 4, 16, RG],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
             rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:

@@ -132,9 +132,9 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
     at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
     rp = pow2_ceil(at["HQ"] // at["HKV"])
-    if 4 * rp > at["HD"] or (g.meta.get("gemv") == "mma" and 32 * rp * at["HD"] > mma_groups(rg) * 4 * MMA_ROWS * rg * 4):
+    if 4 * rp > at["HD"]:
         return (f"{at['HQ'] // at['HKV']} query heads per KV head at head_dim {at['HD']}: attention's warp-merge scratch "
-                "(stream_tasks.attn_task) does not fit")
+                "(stream_tasks.attn_task) keeps m and l of 4 warps x RP heads in one row of head_dim floats")
     if batch > MAX_BATCH:
         return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
     if _slots(1, kxb, ck, rg) < MIN_SLOTS:
@@ -170,12 +170,14 @@ def mma_groups(rg: int) -> int:
     return max(2, MMA_BLOCK_ROWS // rg)
 
 
-def mma_smem(ck: int, rg: int, batch: int) -> int:
+def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
     """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
-    per-warp fp32 partial sums of one block [GB, 4, 16, RG], and at batches whose tile prefetch goes through
-    cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
+    per-warp fp32 partial sums of one block [GB, 4, 16, RG] (grown where attention's warp-merge scratch, fp32
+    [8*RP, HD], needs more: Llama-3.1-70B; stream_device.acc_groups), and at batches whose tile prefetch goes
+    through cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
     tiles = 2 if sd.mma_async_a(batch, ck) else 1
-    return tiles * MMA_ROWS * ck * 2 + mma_groups(rg) * MMA_WARPS * MMA_ROWS * rg * 4
+    group = MMA_WARPS * MMA_ROWS * rg * 4
+    return tiles * MMA_ROWS * ck * 2 + max(mma_groups(rg), pow2_ceil(-(-32 * rp * hd // group))) * group
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
@@ -198,7 +200,7 @@ def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
 
 
 def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1, rp: int = 1, hd: int = 0) -> int:
-    fixed = (mma_smem(ck, rg, batch) if mma else fma_xbuf_bytes(xb, kxb, ck, rp, hd)) + 2048
+    fixed = (mma_smem(ck, rg, batch, rp, hd) if mma else fma_xbuf_bytes(xb, kxb, ck, rp, hd)) + 2048
     return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
 
 
@@ -207,7 +209,7 @@ def bars_guess(c: dict) -> int:
     batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
     compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
     if c.get("MMA"):
-        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"]) + 1024
+        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"], c["RP"], c["HD"]) + 1024
     return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
 
 
