@@ -240,7 +240,6 @@ def xbuf_alloc_rows(XB, KXB, CK, RP, HD):
     return max(XB, -(-32 * RP * HD // (KXB * CK * 2)))
 
 
-
 @gluon.jit
 def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
               n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
@@ -345,10 +344,11 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
     stream_mma.gemv_mma). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
-    chunk), 2 SLOTS mbarriers at byte BARS. MMA (gemv="mma"): instead of xbuf, the staged activation tile
-    [4, 16, CK/4], the block's per-warp partial sums [GB, 4, 16, RG] fp32 and (stream_base.mma_async_a) the raw
-    tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold
-    chunks in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
+    chunk; at least attention's warp-merge scratch, xbuf_alloc_rows), 2 SLOTS mbarriers at byte BARS. MMA
+    (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums
+    [GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: acc_groups) and
+    (stream_base.mma_async_a) the raw tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold chunks
+    in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
     Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD
     columns per tile) wait on their local producers, then on the same events in every peer's counters
