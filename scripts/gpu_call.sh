@@ -67,9 +67,10 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
-110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in parallel
-    # with the checks (the streaming kernel's GPU tests, bitwise batch invariance at 2/8/16 in every mode); then the
-    # batch tables, Llama-3.2-1B then Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph)
+110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
+    # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
+    # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside
+    # four warm-ups they needed more than 175 s (run 12 call 110: 4 of 5 done)
     cp .model/smol.p1 /tmp/model/ 2>/dev/null
     warm() { local name=$1; shift; (timeout 175 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
              >"$W/warm-$name.log" 2>&1) & }
@@ -83,27 +84,26 @@ case "$1" in
     warm 8b-t $B8 --batch 1,2,4,8,16 --modes $MT
     (timeout 175 python3 scripts/invariance_check.py llama-3.2-1b --modes eager,graph,pdl,megakernel \
         --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
-    (timeout 175 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
     step 125 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 245 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     ;;
 111) # at once after 110 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
     # every mode), then 1,000 replays and the forced timeout, beside cold / warm start times; the SmolLM2 table; the
-    # streaming megakernel's profiles (Llama-3.2-1B batch 1 and 16)
+    # streaming kernel's GPU tests; its profiles (Llama-3.2-1B batch 1 and 16). ~5 min
     cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
     mkdir -p "$W/bench" "$W/profile"
     CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
     CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
     (step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 3 --timeout 60 --cases "$CT") &
-    (step 80 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
+    (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
      step 70 replays python3 scripts/replay_check.py --out "$W/replays.json") &
     wait
     step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
@@ -175,6 +175,8 @@ case "$1" in
     step 170 tp-check python3 scripts/tp_check.py --models llama-3.2-1b,llama-3.1-8b --batches 1,8 --steps 8 \
         --out "$W/tp/tp-check.json"
     step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
