@@ -34,7 +34,6 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
     rp = sp.pow2_ceil(at["HQ"] // at["HKV"])
     bn = sp.attn_bn(at["SPLIT"], rp, at["HD"])
     assert (at["SPLIT"] // 4) % bn == 0 and rp * bn * at["HD"] <= 4096
-    assert 4 * rp <= at["HD"]
     _, ck, rg, _ = sp.chunk_shape(g)
     if g.meta.get("gemv") == "mma":  # the accbuf the kernel allocates holds the scratch, and the plan counts it
         from onekernel.exec.stream_device import acc_groups
@@ -46,28 +45,30 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
 
 def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     """32 query heads per KV head at head_dim 64: m and l of the 4 warps x RP heads do not fit one row of the
-    scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 4 per KV head
-    passes."""
+    scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 8 per KV head at
+    head_dim 128 (Llama-3.1-70B's group) passes, its partial-sum buffer grown to hold the scratch, whose rows
+    (the whole buffer viewed as [rows, RP, HD]) stay a power of two."""
+    from onekernel.exec.stream_device import acc_groups, scr_rows
+
     base = get_config("llama-3.2-1b")
     wide = dataclasses.replace(base, name="gqa-32", n_heads=32, n_kv_heads=1, head_dim=64, n_layers=1)
     _, step = _cuda_step(monkeypatch, wide)
     why = sp.unsupported(step)
     assert why is not None and "32 query heads per KV head" in why and "head_dim 64" in why, why
-    ok = dataclasses.replace(base, name="gqa-4", n_heads=32, n_kv_heads=8, head_dim=64, n_layers=1)
-    _, step = _cuda_step(monkeypatch, ok)
+    ok = dataclasses.replace(base, name="gqa-8", n_heads=64, n_kv_heads=8, head_dim=128, dim=8192, n_layers=1)
+    g, step = _cuda_step(monkeypatch, ok)
     assert sp.unsupported(step) is None
+    _, ck, rg, _ = sp.chunk_shape(g)
+    groups = acc_groups(sp.mma_groups(rg), rg, 8, 128)
+    rows = scr_rows(groups, rg, 8, 128)
+    assert groups > sp.mma_groups(rg) and rows >= 8 and rows & (rows - 1) == 0
+    assert rows * 8 * 128 == groups * 4 * sp.MMA_ROWS * rg
 
 
 @pytest.mark.parametrize("xb,kxb,ck,rp,hd", [(1, 6, 256, 4, 64), (3, 6, 256, 4, 64), (1, 8, 1024, 4, 64),
                                              (2, 2, 256, 8, 128)])
-def test_fma_xbuf_holds_the_attention_scratch(xb, kxb, ck, rp, hd):
-    """The CUDA-core path's xbuf [rows, KXB, CK] (2-byte) has at least XB rows and at least the scratch's
-    32 * RP * HD bytes, in whole rows, and no more rows than either needs; stream_device allocates the same
-    rows (xbuf_alloc_rows), so the mbarrier offset guess and the ring's slot count agree with the kernel."""
-    from onekernel.exec.stream_device import xbuf_alloc_rows
-
-    row = kxb * ck * 2
-    got = sp.fma_xbuf_bytes(xb, kxb, ck, rp, hd)
-    assert got % row == 0 and got >= xb * row and got >= 32 * rp * hd
-    assert got // row == max(xb, -(-32 * rp * hd // row))
-    assert xbuf_alloc_rows(xb, kxb, ck, rp, hd) == got // row
+def test_fma_path_counts_the_attention_scratch(xb, kxb, ck, rp, hd):
+    """The CUDA-core path's shared memory beside the ring: xbuf's XB rows [XB, KXB, CK] (2-byte) plus attention's
+    own scratch fp32 [8, RP, HD] (stream_device allocates both), so the slot count and the mbarrier offset guess
+    count what the kernel allocates."""
+    assert sp.fma_xbuf_bytes(xb, kxb, ck, rp, hd) == xb * kxb * ck * 2 + 8 * rp * hd * 4

@@ -7,6 +7,7 @@ counters), the Triton megakernel's layout.
 """
 from __future__ import annotations
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
@@ -24,6 +25,10 @@ else:
     @gluon.jit
     def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
         return desc._reinterpret(dtype, shape, layout)
+
+# Triton 3.6 reinterprets subviews and views of another size (attention's warp-merge scratch as session 12 measured
+# it, stream_tasks._merge_views); 3.8 only whole buffers of the same size, then subviews of the view.
+SUBVIEW_REINTERPRET = gl.constexpr(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 8))
 
 _c = gl.constexpr
 # Task kinds (record field F_KIND).

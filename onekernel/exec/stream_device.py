@@ -31,8 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
-                                        K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC, barrier,
-                                        mma_async_a, mma_shared_layouts, now, record, smem_addr, tma_load, view,
+                                        K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
+                                        SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts, now, record, smem_addr, tma_load, view,
                                         wait_bounded, wait_deps, wait_remote, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
@@ -234,10 +234,10 @@ def acc_groups(GB, RG, RP, HD):
 
 
 @gluon.constexpr_function
-def xbuf_alloc_rows(XB, KXB, CK, RP, HD):
-    """Rows of the CUDA-core path's xbuf [rows, KXB, CK]: XB, or more where attention's warp-merge scratch
-    (fp32 [8*RP, HD]) needs them (stream_plan.fma_xbuf_bytes)."""
-    return max(XB, -(-32 * RP * HD // (KXB * CK * 2)))
+def scr_rows(G, RG, RP, HD):
+    """Rows of attention's scratch fp32 [rows, RP, HD] viewed over the whole MMA accbuf [G, 4, 16, RG] (the same
+    bytes: Triton 3.8 reinterprets only whole buffers of the same size)."""
+    return G * 4 * 16 * RG // (RP * HD)
 
 
 @gluon.jit
@@ -267,8 +267,15 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
     if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
         xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, stage_layout(CK)))
         barrier()
-    # attention's scratch for merging its warps' softmax states (free between GEMV tasks): fp32 [8*RP, HD]
-    scr = view(accbuf, gl.float32, [8 * RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # attention's scratch for merging its warps' softmax states: fp32 [>= 8, RP, HD] (MMA: the whole accbuf, free
+    # between GEMV tasks; CUDA-core path: its own buffer)
+    if SUBVIEW_REINTERPRET:  # Triton 3.6: fp32 [8*RP, HD] (stream_tasks._merge_views)
+        scr = view(accbuf, gl.float32, [8 * RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    elif MMA:
+        scr = view(accbuf, gl.float32, [scr_rows(acc_groups(GB, RG, RP, HD), RG, RP, HD), RP, HD],
+                   gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    else:
+        scr = accbuf
     for pos in range(q0, q1):
         rec = qrec + pos * REC
         kind = gl.load(rec + F_KIND)
@@ -344,7 +351,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
     stream_mma.gemv_mma). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
-    chunk; at least attention's warp-merge scratch, xbuf_alloc_rows), 2 SLOTS mbarriers at byte BARS. MMA
+    chunk) and attention's warp-merge scratch fp32 [8, RP, HD], 2 SLOTS mbarriers at byte BARS. MMA
     (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums
     [GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: acc_groups) and
     (stream_base.mma_async_a) the raw tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold chunks
@@ -368,9 +375,9 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         else:
             rbuf = xbuf
     else:
-        xbuf = gl.allocate_shared_memory(w_desc.dtype, [xbuf_alloc_rows(XB, KXB, CK, RP, HD), KXB, CK],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        accbuf = xbuf
+        xbuf = gl.allocate_shared_memory(w_desc.dtype, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        # the CUDA-core path's accbuf: attention's warp-merge scratch fp32 [8, RP, HD] (stream_plan.fma_xbuf_bytes)
+        accbuf = gl.allocate_shared_memory(gl.float32, [8, RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         rbuf = xbuf
     bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):

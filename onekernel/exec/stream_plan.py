@@ -131,10 +131,9 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     if hd % rg:
         return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
     at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
-    rp = pow2_ceil(at["HQ"] // at["HKV"])
-    if 4 * rp > at["HD"]:
+    if 4 * pow2_ceil(at["HQ"] // at["HKV"]) > at["HD"]:
         return (f"{at['HQ'] // at['HKV']} query heads per KV head at head_dim {at['HD']}: attention's warp-merge scratch "
-                "(stream_tasks.attn_task) keeps m and l of 4 warps x RP heads in one row of head_dim floats")
+                "(stream_tasks._merge_views) keeps m and l of 4 warps x the heads in one row of head_dim floats")
     if batch > MAX_BATCH:
         return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
     if _slots(1, kxb, ck, rg) < MIN_SLOTS:
@@ -194,9 +193,9 @@ def attn_bn(split: int, rp: int, hd: int) -> int:
 
 
 def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
-    """Shared bytes of the CUDA-core path's xbuf: XB activation rows, at least attention's warp-merge scratch
-    (fp32 [8*RP, HD], stream_tasks.attn_task; stream_device.xbuf_alloc_rows)."""
-    return max(xb, -(-32 * rp * hd // (kxb * ck * 2))) * kxb * ck * 2
+    """Shared bytes of the CUDA-core path beside the ring: xbuf's XB activation rows and attention's warp-merge
+    scratch (fp32 [8, RP, HD], stream_tasks.attn_task; stream_device.stream_megakernel)."""
+    return xb * kxb * ck * 2 + 32 * rp * hd
 
 
 def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1, rp: int = 1, hd: int = 0) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, barrier, wait_deps
+from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, SUBVIEW_REINTERPRET, barrier, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
@@ -49,7 +49,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
 
     Warp w of the 4 takes the quarter [w*SPLIT/4, (w+1)*SPLIT/4) of every tile's positions, in BN-blocks, for
     all R query heads (each K/V row is read by one warp, once) and keeps its own online softmax (m, l, acc);
-    at a tile's end the 4 warps' states meet in shared memory ``scr`` (fp32 [8*RP, HD], free between GEMV
+    at a tile's end the 4 warps' states meet in shared memory ``scr`` (fp32 [>= 8, RP, HD], free between GEMV
     tasks) and are merged in a fixed order (w0..w3), as flash-decoding merges splits (Dao et al. 2023).
     One software-pipelined loop over the run's (tile, block) pairs: block i + 1's K/V (and, at a tile's first
     block, its q) are loaded while block i computes. The first block is loaded before the dependency wait
@@ -163,25 +163,45 @@ def _kv_block(kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, H
 
 
 @gluon.jit
+def _merge_views(scr, RP: gl.constexpr, HD: gl.constexpr):
+    """(acc [4, RP, HD], m, l) views of attention's scratch. Triton 3.6 (SUBVIEW_REINTERPRET; the views run 12
+    measured): scr is fp32 [8*RP, HD], acc its first 4*RP rows, m and l [4, RP] in rows 4*RP and 4*RP + 1 (4*RP <=
+    HD). Triton 3.8: scr is fp32 [rows >= 8, RP, HD], acc its rows 0..3, m and l [4, RP, 1] in columns 0 and 1 of
+    rows 4..7."""
+    if SUBVIEW_REINTERPRET:
+        FL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        FL2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        return (scr.slice(0, 4 * RP)._reinterpret(gl.float32, [4, RP, HD], FL),
+                scr.slice(4 * RP, 1)._reinterpret(gl.float32, [4, RP], FL2),
+                scr.slice(4 * RP + 1, 1)._reinterpret(gl.float32, [4, RP], FL2))
+    else:
+        return scr.slice(0, 4), scr.slice(4, 4).slice(0, 1, dim=2), scr.slice(4, 4).slice(1, 1, dim=2)
+
+
+@gluon.jit
 def _attn_merge_warps(scr, m, l, acc, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr,
                       HD: gl.constexpr, NSPLIT: gl.constexpr):
     """The tile's partial from its 4 warps' online-softmax states (m, l [4, RP]; acc [4, RP, HD], log2 units):
     M = max_w m_w, L = sum_w l_w 2^(m_w - M), O = sum_w acc_w 2^(m_w - M) / L, lse = (M + log2 L) ln 2, summed
-    over w in order 0..3 inside each thread (``scr``: fp32 [8*RP, HD] shared memory; 4*RP <= HD)."""
+    over w in order 0..3 inside each thread (``scr``: shared memory, _merge_views)."""
     P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])
     P2: gl.constexpr = gl.SliceLayout(2, P3)
-    FL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    FL2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    s_acc = scr.slice(0, 4 * RP)._reinterpret(gl.float32, [4, RP, HD], FL)
-    s_m = scr.slice(4 * RP, 1)._reinterpret(gl.float32, [4, RP], FL2)
-    s_l = scr.slice(4 * RP + 1, 1)._reinterpret(gl.float32, [4, RP], FL2)
+    s_acc, s_m, s_l = _merge_views(scr, RP, HD)
     barrier()  # the previous tile's reads of scr are done
     s_acc.store(acc)
-    s_m.store(m)
-    s_l.store(l)
+    if SUBVIEW_REINTERPRET:
+        s_m.store(m)
+        s_l.store(l)
+    else:
+        s_m.store(gl.expand_dims(m, 2))
+        s_l.store(gl.expand_dims(l, 2))
     barrier()
-    m4 = s_m.load(P2)
-    l4 = s_l.load(P2)
+    if SUBVIEW_REINTERPRET:
+        m4 = s_m.load(P2)
+        l4 = s_l.load(P2)
+    else:
+        m4 = gl.max(s_m.load(P3), axis=2)  # [4, RP, 1] -> [4, RP]: one element per (w, r), the same value
+        l4 = gl.sum(s_l.load(P3), axis=2)
     a4 = s_acc.load(P3)
     mx = gl.max(m4, axis=0)
     mx = gl.where(mx == float("-inf"), 0.0, mx)
