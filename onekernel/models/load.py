@@ -149,10 +149,12 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
 
 def as_device(name: str, value) -> torch.device:
     """``value`` (a str or torch.device) as a cpu or cuda torch.device, else InputError naming ``name``."""
-    try:
-        dev = torch.device(value)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
+    dev = None
+    if isinstance(value, (str, torch.device)):  # not an int: torch.device(3) is cuda:3 on CUDA builds only
+        try:
+            dev = torch.device(value)
+        except (RuntimeError, TypeError, ValueError):
+            dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise InputError(f"{name} {value!r:.40} is not supported; use 'cpu' or 'cuda' (or 'cuda:N')")
     return dev
