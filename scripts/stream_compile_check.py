@@ -125,4 +125,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from onekernel.errors import OneKernelError
+
+    try:
+        main()
+    except (OneKernelError, ValueError) as e:  # a bad model name, batch, worker count or GEMV path: one line
+        raise SystemExit(f"stream_compile_check: {e}") from None
