@@ -50,11 +50,10 @@ from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencie
                                   transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
+from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT, XBUF_SLOTS, _slots, attn_bn,  # noqa: F401
+                                        bars_guess, fma_xbuf_bytes, mma_groups, mma_smem, pow2_ceil, xbuf_rows)
 
-CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
-SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
 MIN_SLOTS = 4
-XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -72,11 +71,6 @@ MAXA = max(len(r) for r in ROLES.values())
 # gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 mma_weight_bases, mma_act_bases = sd.mma_weight_bases, sd.mma_act_bases
-MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def chunk_cols(ks: list[int]) -> int:
@@ -162,54 +156,6 @@ def task_bound(graph, n_workers: int) -> int:
     n_workers per GEMV op, the graph's own tiles for the others (dist/tp_megakernel.py sizes its counters by it
     before any plan is built)."""
     return sum(n_workers if op.kind.name in GEMV_KINDS else len(op.task_ids) for op in graph.ops)
-
-
-def mma_groups(rg: int) -> int:
-    """GB: chunk groups per k-major block of the MMA path (even, so a gate_up block holds whole units)."""
-    return max(2, MMA_BLOCK_ROWS // rg)
-
-
-def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
-    """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
-    per-warp fp32 partial sums of one block [GB, 4, 16, RG] (grown where attention's warp-merge scratch, fp32
-    [8*RP, HD], needs more: Llama-3.1-70B; stream_device.acc_groups), and at batches whose tile prefetch goes
-    through cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
-    tiles = 2 if sd.mma_async_a(batch, ck) else 1
-    group = MMA_WARPS * MMA_ROWS * rg * 4
-    return tiles * MMA_ROWS * ck * 2 + max(mma_groups(rg), pow2_ceil(-(-32 * rp * hd // group))) * group
-
-
-def xbuf_rows(B: int, kxb: int, ck: int) -> int:
-    """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
-    XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
-    room = SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2
-    return max(1, min(B, room // (kxb * ck * 2)))
-
-
-def attn_bn(split: int, rp: int, hd: int) -> int:
-    """Attention's per-warp BN-block (stream_tasks.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
-    tile's positions): at most RP x BN x HD = 4096 products per warp and block, dividing split / 4."""
-    return max(1, min(split // 4, 4096 // (rp * hd)))
-
-
-def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
-    """Shared bytes of the CUDA-core path beside the ring: xbuf's XB activation rows and attention's warp-merge
-    scratch (fp32 [8, RP, HD], stream_tasks.attn_task; stream_device.stream_megakernel)."""
-    return xb * kxb * ck * 2 + 32 * rp * hd
-
-
-def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1, rp: int = 1, hd: int = 0) -> int:
-    fixed = (mma_smem(ck, rg, batch, rp, hd) if mma else fma_xbuf_bytes(xb, kxb, ck, rp, hd)) + 2048
-    return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
-
-
-def bars_guess(c: dict) -> int:
-    """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
-    batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
-    compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
-    if c.get("MMA"):
-        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"], c["RP"], c["HD"]) + 1024
-    return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
 
 
 @dataclass

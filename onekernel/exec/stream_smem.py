@@ -1,0 +1,65 @@
+"""The streaming megakernel's shared-memory budget (exec.stream_plan's constants; exec.stream_device allocates
+what these count): the weight ring's chunk, the MMA path's staged tile, partial sums and raw tile, the CUDA-core
+path's activation rows, attention's warp-merge scratch, the ring's slot count and the mbarriers' offset guess.
+"""
+from __future__ import annotations
+
+from onekernel.exec import stream_base as sd
+
+CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
+SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
+XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
+MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
+MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def mma_groups(rg: int) -> int:
+    """GB: chunk groups per k-major block of the MMA path (even, so a gate_up block holds whole units)."""
+    return max(2, MMA_BLOCK_ROWS // rg)
+
+
+def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
+    """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
+    per-warp fp32 partial sums of one block [GB, 4, 16, RG] (grown where attention's warp-merge scratch, fp32
+    [8*RP, HD], needs more: Llama-3.1-70B; stream_device.acc_groups), and at batches whose tile prefetch goes
+    through cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
+    tiles = 2 if sd.mma_async_a(batch, ck) else 1
+    group = MMA_WARPS * MMA_ROWS * rg * 4
+    return tiles * MMA_ROWS * ck * 2 + max(mma_groups(rg), pow2_ceil(-(-32 * rp * hd // group))) * group
+
+
+def xbuf_rows(B: int, kxb: int, ck: int) -> int:
+    """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
+    XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
+    room = SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2
+    return max(1, min(B, room // (kxb * ck * 2)))
+
+
+def attn_bn(split: int, rp: int, hd: int) -> int:
+    """Attention's per-warp BN-block (stream_tasks.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
+    tile's positions): at most RP x BN x HD = 4096 products per warp and block, dividing split / 4."""
+    return max(1, min(split // 4, 4096 // (rp * hd)))
+
+
+def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
+    """Shared bytes of the CUDA-core path beside the ring: xbuf's XB activation rows and attention's warp-merge
+    scratch (fp32 [8, RP, HD], stream_tasks.attn_task; stream_device.stream_megakernel)."""
+    return xb * kxb * ck * 2 + 32 * rp * hd
+
+
+def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 1, rp: int = 1, hd: int = 0) -> int:
+    fixed = (mma_smem(ck, rg, batch, rp, hd) if mma else fma_xbuf_bytes(xb, kxb, ck, rp, hd)) + 2048
+    return min(12, (SMEM_LIMIT - fixed) // (CHUNK_ELEMS * 2))
+
+
+def bars_guess(c: dict) -> int:
+    """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
+    batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
+    compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
+    if c.get("MMA"):
+        return c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"], c["RP"], c["HD"]) + 1024
+    return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
