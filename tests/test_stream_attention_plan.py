@@ -36,9 +36,7 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
     assert (at["SPLIT"] // 4) % bn == 0 and rp * bn * at["HD"] <= 4096
     _, ck, rg, _ = sp.chunk_shape(g)
     if g.meta.get("gemv") == "mma":  # the accbuf the kernel allocates holds the scratch, and the plan counts it
-        from onekernel.exec.stream_device import acc_groups
-
-        groups = acc_groups(sp.mma_groups(rg), rg, rp, at["HD"])
+        groups = sp.acc_groups(rg, rp, at["HD"])
         assert groups * 4 * sp.MMA_ROWS * rg * 4 >= 32 * rp * at["HD"] and groups >= sp.mma_groups(rg)
         assert sp.mma_smem(ck, rg, 1, rp, at["HD"]) == sp.MMA_ROWS * ck * 2 + groups * 4 * sp.MMA_ROWS * rg * 4
 
@@ -48,7 +46,7 @@ def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 8 per KV head at
     head_dim 128 (Llama-3.1-70B's group) passes, its partial-sum buffer grown to hold the scratch, whose rows
     (the whole buffer viewed as [rows, RP, HD]) stay a power of two."""
-    from onekernel.exec.stream_device import acc_groups, scr_rows
+    from onekernel.exec.stream_device import scr_rows
 
     base = get_config("llama-3.2-1b")
     wide = dataclasses.replace(base, name="gqa-32", n_heads=32, n_kv_heads=1, head_dim=64, n_layers=1)
@@ -59,7 +57,7 @@ def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     g, step = _cuda_step(monkeypatch, ok)
     assert sp.unsupported(step) is None
     _, ck, rg, _ = sp.chunk_shape(g)
-    groups = acc_groups(sp.mma_groups(rg), rg, 8, 128)
+    groups = sp.acc_groups(rg, 8, 128)
     rows = scr_rows(groups, rg, 8, 128)
     assert groups > sp.mma_groups(rg) and rows >= 8 and rows & (rows - 1) == 0
     assert rows * 8 * 128 == groups * 4 * sp.MMA_ROWS * rg

@@ -32,8 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
                                         K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
-                                        SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts, now, record, smem_addr, tma_load, view,
-                                        wait_bounded, wait_deps, wait_remote, warp_release)
+                                        SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts, now, record,
+                                        smem_addr, tma_load, view, wait_bounded, wait_deps, wait_remote,
+                                        warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
@@ -226,16 +227,8 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 # ----------------------------------------------------------------------------------------------- worker
 @gluon.constexpr_function
-def acc_groups(GB, RG, RP, HD):
-    """Groups of the MMA path's accbuf [groups, 4, 16, RG] fp32: GB, or more where attention's warp-merge
-    scratch (fp32 [8*RP, HD]) needs them (Llama-3.1-70B; stream_plan.mma_smem)."""
-    need = -(-8 * RP * HD // (4 * 16 * RG))
-    return max(GB, 1 << (need - 1).bit_length())
-
-
-@gluon.constexpr_function
 def scr_rows(G, RG, RP, HD):
-    """Rows of attention's scratch fp32 [rows, RP, HD] viewed over the whole MMA accbuf [G, 4, 16, RG] (the same
+    """Rows of attention's scratch fp32 [rows, RP, HD] viewed over the whole MMA accbuf [ACCG, 4, 16, RG] (the same
     bytes: Triton 3.8 reinterprets only whole buffers of the same size)."""
     return G * 4 * 16 * RG // (RP * HD)
 
@@ -249,7 +242,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
               HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr,
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
-              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr):
+              TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -272,7 +265,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
     if SUBVIEW_REINTERPRET:  # Triton 3.6: fp32 [8*RP, HD] (stream_tasks._merge_views)
         scr = view(accbuf, gl.float32, [8 * RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     elif MMA:
-        scr = view(accbuf, gl.float32, [scr_rows(acc_groups(GB, RG, RP, HD), RG, RP, HD), RP, HD],
+        scr = view(accbuf, gl.float32, [scr_rows(ACCG, RG, RP, HD), RP, HD],
                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     else:
         scr = accbuf
@@ -342,7 +335,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
                       EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr = False,
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
-                      NTA: gl.constexpr = 1):
+                      NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -353,7 +346,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
     chunk) and attention's warp-merge scratch fp32 [8, RP, HD], 2 SLOTS mbarriers at byte BARS. MMA
     (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums
-    [GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: acc_groups) and
+    [ACCG >= GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: stream_smem.acc_groups) and
     (stream_base.mma_async_a) the raw tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold chunks
     in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
@@ -368,7 +361,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if MMA:
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
-        accbuf = gl.allocate_shared_memory(gl.float32, [acc_groups(GB, RG, RP, HD), 4, 16, RG],
+        accbuf = gl.allocate_shared_memory(gl.float32, [ACCG, 4, 16, RG],
                                            gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
             rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
@@ -390,7 +383,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA)),
+                     NTA, ACCG)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")

@@ -22,14 +22,19 @@ def mma_groups(rg: int) -> int:
     return max(2, MMA_BLOCK_ROWS // rg)
 
 
+def acc_groups(rg: int, rp: int = 1, hd: int = 0) -> int:
+    """ACCG: groups of the MMA path's partial-sum buffer [ACCG, 4, 16, RG] fp32: GB, or more (a power of two)
+    where attention's warp-merge scratch, fp32 [8*RP, HD], needs them (Llama-3.1-70B); the kernel allocates it
+    (stream_device.stream_megakernel) and views all of it as the scratch between GEMV tasks."""
+    return max(mma_groups(rg), pow2_ceil(-(-8 * rp * hd // (MMA_WARPS * MMA_ROWS * rg))))
+
+
 def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
     """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
-    per-warp fp32 partial sums of one block [GB, 4, 16, RG] (grown where attention's warp-merge scratch, fp32
-    [8*RP, HD], needs more: Llama-3.1-70B; stream_device.acc_groups), and at batches whose tile prefetch goes
-    through cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
+    partial-sum buffer [ACCG, 4, 16, RG] fp32 (acc_groups), and at batches whose tile prefetch goes through
+    cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
     tiles = 2 if sd.mma_async_a(batch, ck) else 1
-    group = MMA_WARPS * MMA_ROWS * rg * 4
-    return tiles * MMA_ROWS * ck * 2 + max(mma_groups(rg), pow2_ceil(-(-32 * rp * hd // group))) * group
+    return tiles * MMA_ROWS * ck * 2 + acc_groups(rg, rp, hd) * MMA_WARPS * MMA_ROWS * rg * 4
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:

@@ -83,6 +83,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
     wx = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, XL)))[:, None, None] * SW
     nx = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, XL)))[None, None, :]
+    # q is the same for every warp: a zero warp index gives its loads the [4, RP, HD] shape of QL
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None] * 0
     rq = gl.arange(0, RP, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
