@@ -127,7 +127,7 @@ def _run_profile(args) -> int:
 
 
 BASELINE_MODES = ("torch", "torch+graph", "torch+compile")
-BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton")
+BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton", "graph-gluon", "pdl-gluon")
 
 
 def _add_bench(p):

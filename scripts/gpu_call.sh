@@ -67,6 +67,20 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
+124) # branch s12-pdl-stream (~6 min): graph and pdl on the streaming megakernel's Gluon bodies, one kernel per op
+    # (exec.stream_segments; bench modes graph-gluon, pdl-gluon) beside graph, pdl and the megakernel, one process
+    # per model after a parallel warm-up; every record checks its step against the PyTorch reference
+    B1="--model llama-3.2-1b --random-weights --batch 1,8" B8="--model llama-3.1-8b --random-weights --batch 1,8"
+    M="graph,pdl,megakernel,graph-gluon,pdl-gluon"
+    mkdir -p "$W/bench" /tmp/warm
+    log "warm-up"
+    (timeout 240 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/1b $B1 >"$W/warm-1b.log" 2>&1) &
+    (timeout 240 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/8b $B8 >"$W/warm-8b.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 2 benches finished"
+    step 90 bench-1b $bench/bench $B1 --modes $M --steps 50
+    step 150 bench-8b $bench/bench $B8 --modes $M --steps 50
+    ;;
 110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
     # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
     # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside

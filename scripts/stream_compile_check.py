@@ -3,7 +3,8 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
 
     python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV]  # e.g. llama-3.2-1b 1 132 mma
 
-(``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
+(``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps; ``STREAM_PDL=first|mid|last``: that
+kernel of the separate-kernel pdl mode on these bodies, exec.stream_segments), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
 and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
 the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
@@ -68,13 +69,18 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
     i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
     args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
-            torch.zeros(4, dtype=torch.float32), i32, i32, i64]
+            torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
     consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
+    seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
+    if seg:
+        consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)
     consts["BARS"] = bars_guess(consts)
     sig = {n: mangle_type(a) for n, a in zip(fn.arg_names, args)}
     sig.update({n: "constexpr" for n in consts})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    unaligned = {fn.arg_names.index("qend"), fn.arg_names.index("cend")}  # qoff[1:], chunk_off[1:] at run time
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args)
+             if isinstance(a, torch.Tensor) and i not in unaligned}
 
     def compile_fn(c):
         cst = {(fn.arg_names.index(n),): v for n, v in c.items()}

@@ -22,8 +22,10 @@ from onekernel.runtime.runners import make_step_runner
 
 BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+compile": TorchCompileRunner}
 # Bench rows that run a mode with fixed options: the Triton megakernel beside "megakernel" (which takes the
-# streaming Gluon kernel where exec.megakernel_class's "auto" does).
-MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"})}
+# streaming Gluon kernel where exec.megakernel_class's "auto" does), and graph / pdl on the streaming kernel's Gluon
+# bodies, one kernel per op (exec.stream_segments).
+MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),
+                 "graph-gluon": ("graph", {"backend": "gluon"}), "pdl-gluon": ("pdl", {"backend": "gluon"})}
 
 
 def make_bench_runner(mode, model, cache, **opts):

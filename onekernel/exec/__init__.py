@@ -99,9 +99,17 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
         raise InputError(f"step must be a BoundStep (onekernel.models.decode_graph.build_decode_step), got "
                          f"{type(step).__name__}")
     cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
-    backend = options.pop("backend", "auto") if mode == "megakernel" else None
+    backend = options.pop("backend", "auto") if mode in ("megakernel", "graph", "pdl") else None
     if mode == "megakernel":
         cls = megakernel_class(step, backend, interpret, options)
+    elif backend not in ("auto", "triton"):  # graph / pdl on the streaming megakernel's Gluon bodies, one kernel per op
+        if backend != "gluon":
+            raise InputError(f"unknown {mode} backend {backend!r}; choose one of auto, triton, gluon")
+        if interpret:
+            raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
+        from onekernel.exec.stream_segments import StreamSegmentRunner
+        cls = StreamSegmentRunner
+        options["pdl"] = mode == "pdl"
     takes = [p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(c.__init__).parameters
              if p not in ("self", "step", "args", "kw")]
     bad = sorted(set(options) - set(takes))

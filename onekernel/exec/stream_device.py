@@ -226,6 +226,20 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 
 # ----------------------------------------------------------------------------------------------- worker
+@gluon.jit
+def _gdc_wait():
+    """``griddepcontrol.wait``: block until the prerequisite grid completed and its writes are visible (a no-op
+    without programmatic dependent launch; triton.language.extra.cuda.gdc_wait, in Gluon)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """``griddepcontrol.launch_dependents``: the dependent grid may launch once every CTA of this one ran it."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
 @gluon.constexpr_function
 def scr_rows(G, RG, RP, HD):
     """Rows of attention's scratch fp32 [rows, RP, HD] viewed over the whole MMA accbuf [ACCG, 4, 16, RG] (the same
@@ -234,7 +248,7 @@ def scr_rows(G, RG, RP, HD):
 
 
 @gluon.jit
-def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
+def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
               n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
               KXB: gl.constexpr, RG: gl.constexpr,
               CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
@@ -250,8 +264,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
     AL: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0]))
     TM: gl.constexpr = 32 if HD >= 128 else HD // 4
     LM: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TM, TM], [4, 1], [1, 0])
-    q0 = gl.load(qoff + wid)
-    q1 = gl.load(qoff + wid + 1)
+    q0 = gl.load(qbeg + wid)
+    q1 = gl.load(qend + wid)
     n_prof = 0
     if PROFILE:  # prof holds n_prof task rows (every queue position is one task), then as many sub-timing rows
         n_prof = gl.load(qoff + gl.num_programs(0))
@@ -326,7 +340,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, er
 
 @gluon.jit
 def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
-                      base_t, base_f, base_i, rwl, peer_off, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
+                      base_t, base_f, base_i, rwl, peer_off, qbeg, qend, cbeg, cend, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
                       XB: gl.constexpr, KXB: gl.constexpr,
                       RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                       WAIT_NS: gl.constexpr, MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
@@ -335,7 +349,8 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
                       EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr = False,
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
-                      NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8):
+                      NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FIRST: gl.constexpr = True,
+                      LAST: gl.constexpr = True, PDL: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -354,9 +369,21 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     columns per tile) wait on their local producers, then on the same events in every peer's counters
     (``rwl`` int32 [m, 3] = (event, expected, peer), ``ev_cnt + peer_off[peer]``: int64 [ranks] elements from
     this rank's counters to each rank's) with ``ld.acquire.sys``; tasks whose record has F_SYS signal with a
-    system-scope release; err is int32 [ERR_RSLOT + 6] (stream_base: the remote failure in its own slot)."""
+    system-scope release; err is int32 [ERR_RSLOT + 6] (stream_base: the remote failure in its own slot).
+
+    Segments (exec.stream_segments: the separate-kernel modes on these bodies): worker w runs the queue positions
+    qbeg[w]:qend[w] and streams the chunks cbeg[w]:cend[w] (the megakernel: qoff[w]:qoff[w+1], chunk_off[w]:
+    chunk_off[w+1]); only the step's LAST kernel counts the epoch. PDL: every kernel lets the next one launch at
+    once (``griddepcontrol.launch_dependents``), so its loader streams weights while the previous kernel's last
+    tasks run; the dependency waits on the event counters order the tasks as in the megakernel; the FIRST kernel
+    of a step waits for the previous step to complete before reading the epoch, and every kernel waits for its
+    predecessor before it exits (the step's kernels complete in order)."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
+    if PDL:  # a step's first kernel waits for the previous step's last (the epoch, the tokens); then let the next launch
+        if FIRST:
+            _gdc_wait()
+        _gdc_launch_dependents()
     epoch = gl.load(epoch_ptr, volatile=True)
     ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if MMA:
@@ -377,15 +404,18 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         mbarrier.init(bars.index(j), count=1)          # ready: the loader's expect + the TMA bytes
     for j in gl.static_range(SLOTS, 2 * SLOTS):
         mbarrier.init(bars.index(j), count=4)          # empty: one arrive per consumer warp
-    c0 = gl.load(chunk_off + wid)
-    n_chunks = gl.load(chunk_off + wid + 1) - c0
+    c0 = gl.load(cbeg + wid)
+    n_chunks = gl.load(cend + wid) - c0
     gl.warp_specialize([
-        (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
+        (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
                      NTA, ACCG)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
-    done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
-    if done == n_workers * epoch - 1:
-        gl.atomic_add(epoch_ptr, 1, sem="release", scope="gpu")
+    if PDL:  # complete only after the previous kernel: the step's kernels complete in order
+        _gdc_wait()
+    if LAST:
+        done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+        if done == n_workers * epoch - 1:
+            gl.atomic_add(epoch_ptr, 1, sem="release", scope="gpu")

@@ -174,7 +174,8 @@ class StreamMegakernelRunner(PersistentRunner):
     def _args(self):
         b = list(self.bases.values())
         return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
-                self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off)
+                self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off, self.qoff, self.qoff[1:],
+                self.chunk_off, self.chunk_off[1:])
 
     def fingerprint(self) -> int:
         """``stream_records.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""

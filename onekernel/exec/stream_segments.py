@@ -1,0 +1,100 @@
+"""The separate-kernel modes (graph, pdl) on the streaming megakernel's Gluon bodies (``backend="gluon"``): the
+streaming plan cut at op boundaries into one kernel per op, each a persistent grid of one CTA per SM whose
+loader warp streams that op's weight chunks through the same shared-memory ring, and whose consumer warps run
+the op's tasks with the megakernel's task bodies, records, dependency waits and signals (issue 11 item 4).
+
+- graph: the kernels one after another in a CUDA graph (each starts when the previous one ended: its waits on
+  the event counters are already met).
+- pdl: the same launches with programmatic dependent launch. Every kernel lets the next one launch as soon as
+  all its CTAs run, so on each SM the next op's CTA takes the place of the previous op's as it exits and its
+  loader streams weights at once, before any activation it needs exists; its tasks wait on the event counters
+  exactly as in the megakernel (stream_device.stream_megakernel, "Segments").
+
+The bits are the megakernel's: the same tasks in the same order per worker with the same bodies and constants
+(the shared memory budget and the ring can differ per kernel, which never changes a value).
+"""
+from __future__ import annotations
+
+import torch
+
+from onekernel.errors import InputError
+from onekernel.exec import stream_device as sd
+from onekernel.exec.stream_plan import StreamPlan
+from onekernel.exec.stream_runner import StreamMegakernelRunner, fit_kernel
+
+
+def task_chunks(plan: StreamPlan) -> dict[int, int]:
+    """Weight chunks each GEMV task streams (stream_pack.pack_weights: units x chunk groups per unit x k-chunks)."""
+    out = {}
+    for oi in plan.group_rows:
+        op = plan.graph.ops[oi]
+        gpu = 2 if plan.kinds[oi] == sd.K_GATEUP.value else 1
+        for t in op.task_ids:
+            out[t] = plan.units[t][1] * gpu * op.params["NKB"]
+    return out
+
+
+def segments(plan: StreamPlan) -> list[tuple[int, list[int], list[int], list[int], list[int]]]:
+    """One kernel per op of the plan's graph, in op order: (op index, qbeg, qend, cbeg, cend), each a list over the
+    workers: worker w runs the queue positions [qbeg[w], qend[w]) (indices into the flattened queues, as the
+    megakernel's qoff) and streams the chunks [cbeg[w], cend[w]) of the packed stream (as chunk_off). An op with no
+    task on a worker gives it an empty range. Raises ValueError when a worker's queue does not hold each op's
+    tasks contiguously in op order (every plan make_plan builds does)."""
+    g = plan.graph
+    chunks = task_chunks(plan)
+    n_ops = len(g.ops)
+    qb = [[0] * len(plan.schedule.queues) for _ in range(n_ops)]
+    qe, cb, ce = ([row[:] for row in qb] for _ in range(3))
+    pos = chunk = 0
+    for w, q in enumerate(plan.schedule.queues):
+        ops = [g.tasks[t].op for t in q]
+        if any(b < a for a, b in zip(ops, ops[1:])):
+            raise ValueError(f"worker {w}'s queue is not in op order: the plan cannot be cut into one kernel per op")
+        i = 0
+        for o in range(n_ops):
+            qb[o][w], cb[o][w] = pos + i, chunk
+            while i < len(q) and ops[i] == o:
+                chunk += chunks.get(q[i], 0)
+                i += 1
+            qe[o][w], ce[o][w] = pos + i, chunk
+        pos += len(q)
+    return [(o, qb[o], qe[o], cb[o], ce[o]) for o in range(n_ops)]
+
+
+class StreamSegmentRunner(StreamMegakernelRunner):
+    """Mode "graph" or "pdl" (``pdl``) with ``backend="gluon"``: the streaming megakernel's plan, weight stream and
+    bodies, launched as one kernel per op (module doc). Options as StreamMegakernelRunner's, but not tensor
+    parallel (InputError). Three kernels are compiled: a step's first, middle and last (constexprs FIRST, LAST;
+    PDL), each fitted to shared memory on its own."""
+
+    def __init__(self, step, *, pdl: bool = False, **options):
+        self.pdl = bool(pdl)
+        if options.get("counters") is not None or options.get("rank", 0):
+            raise InputError("the separate-kernel modes on the Gluon bodies do not run tensor parallel; use the default "
+                             "backend")
+        super().__init__(step, **options)
+
+    def _compile(self, props) -> None:
+        segs = segments(self.plan)
+        dev = self.qoff.device
+        self.segs = [tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in s[1:]) for s in segs]
+        self.kernels, self.seg_consts = {}, {}
+        for role in ("first", "mid", "last"):
+            c = dict(self.consts, FIRST=role == "first", LAST=role == "last", PDL=self.pdl)
+            k, c = fit_kernel(lambda cc: sd.stream_megakernel.warmup(*self._seg_args(0), grid=(self.n_workers,),
+                                                                     num_warps=4, launch_pdl=self.pdl, **cc), c,
+                              props.shared_memory_per_block_optin)  # launch_pdl: a compile option in Triton 3.6
+            k._init_handles()
+            self.kernels[role], self.seg_consts[role] = k, c
+        self.compiled = self.kernels["mid"]
+        self.max_workers = self.n_workers
+
+    def _seg_args(self, k: int):
+        return self._args()[:-4] + self.segs[k]
+
+    def launch(self) -> None:
+        n = len(self.segs)
+        for k in range(n):
+            role = "first" if k == 0 else "last" if k == n - 1 else "mid"
+            sd.stream_megakernel[(self.n_workers,)](*self._seg_args(k), num_warps=4, launch_pdl=self.pdl,
+                                                    **self.seg_consts[role])
