@@ -14,7 +14,10 @@
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
-# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11 and 12; 100 (its GEMV changes against main,
+# 123 (branch s12-keep-a: slower), 124 (graph and pdl on the Gluon bodies: kept as modes graph-gluon / pdl-gluon) and
+# 130 (the code-size probe: no effect): session 13's measurements, in git history (`git show a697e78:scripts/gpu_call.sh`,
+# `git show 3568dd7:...`).
+# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11-13; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
@@ -67,20 +70,6 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
-124) # branch s12-pdl-stream (~6 min): graph and pdl on the streaming megakernel's Gluon bodies, one kernel per op
-    # (exec.stream_segments; bench modes graph-gluon, pdl-gluon) beside graph, pdl and the megakernel, one process
-    # per model after a parallel warm-up; every record checks its step against the PyTorch reference
-    B1="--model llama-3.2-1b --random-weights --batch 1,8" B8="--model llama-3.1-8b --random-weights --batch 1,8"
-    M="graph,pdl,megakernel,graph-gluon,pdl-gluon"
-    mkdir -p "$W/bench" /tmp/warm
-    log "warm-up"
-    (timeout 240 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/1b $B1 >"$W/warm-1b.log" 2>&1) &
-    (timeout 240 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/8b $B8 >"$W/warm-8b.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 2 benches finished"
-    step 90 bench-1b $bench/bench $B1 --modes $M --steps 50
-    step 150 bench-8b $bench/bench $B8 --modes $M --steps 50
-    ;;
 110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
     # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
     # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside
@@ -106,7 +95,8 @@ case "$1" in
     ;;
 111) # at once after 110 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
     # every mode), then 1,000 replays and the forced timeout, beside cold / warm start times; the SmolLM2 table; the
-    # streaming kernel's GPU tests; its profiles (Llama-3.2-1B batch 1 and 16). ~5 min
+    # streaming kernel's GPU tests; pdl-gluon beside pdl and the megakernel (1B, 8B, batch 1 and 8); its profiles
+    # (Llama-3.2-1B batch 1 and 16). ~8 min
     cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
     mkdir -p "$W/bench" "$W/profile"
     CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
@@ -115,9 +105,16 @@ case "$1" in
     (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
      step 70 replays python3 scripts/replay_check.py --out "$W/replays.json") &
     wait
-    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    # session 13: pdl on the Gluon bodies (pdl-gluon) beside pdl, warmed beside the GPU tests (one 8B process)
+    G1="--model llama-3.2-1b --random-weights --batch 1,8" G8="--model llama-3.1-8b --random-weights --batch 1,8"
+    (for g in "$G1" "$G8"; do timeout 100 python3 -m onekernel.cli bench --steps 2 --modes pdl,pdl-gluon \
+        --out /tmp/warm/g $g; done >"$W/warm-gluon.log" 2>&1) &
     step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
         -p no:cacheprovider -rfE
+    wait
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 40 bench-gluon-1b $bench/bench $G1 --modes pdl,megakernel,pdl-gluon --steps 50
+    step 60 bench-gluon-8b $bench/bench $G8 --modes pdl,megakernel,pdl-gluon --steps 50
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
@@ -188,9 +185,16 @@ case "$1" in
     wait
     step 170 tp-check python3 scripts/tp_check.py --models llama-3.2-1b,llama-3.1-8b --batches 1,8 --steps 8 \
         --out "$W/tp/tp-check.json"
-    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    # session 13: pdl on the Gluon bodies (pdl-gluon) beside pdl, warmed beside the GPU tests (one 8B process)
+    G1="--model llama-3.2-1b --random-weights --batch 1,8" G8="--model llama-3.1-8b --random-weights --batch 1,8"
+    (for g in "$G1" "$G8"; do timeout 100 python3 -m onekernel.cli bench --steps 2 --modes pdl,pdl-gluon \
+        --out /tmp/warm/g $g; done >"$W/warm-gluon.log" 2>&1) &
     step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
         -p no:cacheprovider -rfE
+    wait
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 40 bench-gluon-1b $bench/bench $G1 --modes pdl,megakernel,pdl-gluon --steps 50
+    step 60 bench-gluon-8b $bench/bench $G8 --modes pdl,megakernel,pdl-gluon --steps 50
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"

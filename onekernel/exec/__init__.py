@@ -102,7 +102,7 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
     backend = options.pop("backend", "auto") if mode in ("megakernel", "graph", "pdl") else None
     if mode == "megakernel":
         cls = megakernel_class(step, backend, interpret, options)
-    elif backend not in ("auto", "triton"):  # graph / pdl on the streaming megakernel's Gluon bodies, one kernel per op
+    elif backend is not None and backend not in ("auto", "triton"):  # graph / pdl on the streaming megakernel's Gluon bodies, one kernel per op
         if backend != "gluon":
             raise InputError(f"unknown {mode} backend {backend!r}; choose one of auto, triton, gluon")
         if interpret:
