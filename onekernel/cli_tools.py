@@ -128,7 +128,8 @@ def _run_profile(args) -> int:
 
 BASELINE_MODES = ("torch", "torch+graph", "torch+compile")
 BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton")   # the default --modes
-EXTRA_MODES = ("graph-gluon", "pdl-gluon")   # on request: graph / pdl on the streaming kernel's bodies (Hopper)
+EXTRA_MODES = ("graph-gluon", "pdl-gluon", "pdl-gluon-layer")   # on request: graph / pdl on the streaming kernel's
+# bodies (Hopper), one kernel per op (pdl-gluon-layer: per layer)
 
 
 def _add_bench(p):

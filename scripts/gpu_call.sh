@@ -70,6 +70,20 @@ case "$1" in
     step 200 bench-1b $bench/bench --model llama-3.2-1b --random-weights --batch 1,8,16 \
         --modes graph,pdl,megakernel,megakernel-triton
     ;;
+131) # session 13, branch s13-layer (~4 min): pdl on the Gluon bodies cut per layer (pdl-gluon-layer) beside per op
+    # (pdl-gluon), pdl and the megakernel, batch 1, one process per model after a parallel warm-up (the kernels of
+    # the two cuts are the same three; only their ranges differ)
+    B1="--model llama-3.2-1b --random-weights --batch 1" B8="--model llama-3.1-8b --random-weights --batch 1"
+    M="pdl,megakernel,pdl-gluon,pdl-gluon-layer"
+    mkdir -p "$W/bench" /tmp/warm
+    log "warm-up"
+    (timeout 150 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/1b $B1 >"$W/warm-1b.log" 2>&1) &
+    (timeout 150 python3 -m onekernel.cli bench --steps 2 --modes $M --out /tmp/warm/8b $B8 >"$W/warm-8b.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 2 benches finished"
+    step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
+    step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
+    ;;
 110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
     # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
     # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside

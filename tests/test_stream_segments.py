@@ -75,3 +75,33 @@ def test_the_gluon_backend_of_graph_and_pdl_is_checked(mode):
         make_runner(mode, step, interpret=True, backend="cuda")
     with pytest.raises(InputError, match="Hopper GPU only"):
         make_runner(mode, step, interpret=True, backend="gluon")
+
+
+@pytest.mark.parametrize("batch,workers,seed", [(1, 6, 5), (4, 9, 6)])
+def test_one_kernel_per_layer_joins_the_ops_of_each_layer(batch, workers, seed):
+    """segment="layer": one kernel per decoder layer (the embedding with layer 0, the LM head and argmax with the
+    last), each kernel's ranges exactly the concatenation of its ops' per-op ranges for every worker."""
+    from onekernel.exec.stream_segments import op_groups
+
+    _, plan = _plan(batch, workers, "mma", seed)
+    names = [op.name for op in plan.graph.ops]
+    groups = op_groups(plan, "layer")
+    assert groups == [0 if n == "embed" else CFG.n_layers - 1 if n.startswith("lm_head") else int(n.split(".")[1])
+                      for n in names]
+    per_op, per_layer = segments(plan, "op"), segments(plan, "layer")
+    assert len(per_layer) == CFG.n_layers
+    for k, (o, qb, qe, cb, ce) in enumerate(per_layer):
+        mine = [s for s in per_op if groups[s[0]] == k]
+        assert o == mine[0][0]
+        for w in range(workers):
+            assert (qb[w], cb[w]) == (mine[0][1][w], mine[0][3][w]) and (qe[w], ce[w]) == (mine[-1][2][w], mine[-1][4][w])
+            assert all(a[2][w] == b[1][w] and a[4][w] == b[3][w] for a, b in zip(mine, mine[1:])), (k, w)
+
+
+def test_an_unknown_segment_is_refused():
+    """segment= other than "op" / "layer": InputError naming the choices."""
+    from onekernel.exec.stream_segments import op_groups
+
+    _, plan = _plan(1, 4, "mma", 7)
+    with pytest.raises(InputError, match="segment must be 'op' or 'layer'.*'block'"):
+        op_groups(plan, "block")

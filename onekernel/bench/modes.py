@@ -25,7 +25,8 @@ BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+c
 # streaming Gluon kernel where exec.megakernel_class's "auto" does), and graph / pdl on the streaming kernel's Gluon
 # bodies, one kernel per op (exec.stream_segments).
 MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),
-                 "graph-gluon": ("graph", {"backend": "gluon"}), "pdl-gluon": ("pdl", {"backend": "gluon"})}
+                 "graph-gluon": ("graph", {"backend": "gluon"}), "pdl-gluon": ("pdl", {"backend": "gluon"}),
+                 "pdl-gluon-layer": ("pdl", {"backend": "gluon", "segment": "layer"})}
 
 
 def make_bench_runner(mode, model, cache, **opts):

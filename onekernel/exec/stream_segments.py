@@ -10,6 +10,10 @@ the op's tasks with the megakernel's task bodies, records, dependency waits and 
   loader streams weights at once, before any activation it needs exists; its tasks wait on the event counters
   exactly as in the megakernel (stream_device.stream_megakernel, "Segments").
 
+``segment="layer"`` (a study knob between the two ends) cuts at layer boundaries instead: one kernel for the
+embedding and layer 0, one per later layer, the LM head and argmax in the last. The kernels are the same three
+(first, middle, last); only the ranges they are given differ.
+
 The bits are the megakernel's: the same tasks in the same order per worker with the same bodies and constants
 (the shared memory budget and the ring can differ per kernel, which never changes a value).
 """
@@ -34,12 +38,41 @@ def task_chunks(plan: StreamPlan) -> dict[int, int]:
     return out
 
 
-def segments(plan: StreamPlan) -> list[tuple[int, list[int], list[int], list[int], list[int]]]:
-    """One kernel per op of the plan's graph, in op order: (op index, qbeg, qend, cbeg, cend), each a list over the
-    workers: worker w runs the queue positions [qbeg[w], qend[w]) (indices into the flattened queues, as the
-    megakernel's qoff) and streams the chunks [cbeg[w], cend[w]) of the packed stream (as chunk_off). An op with no
-    task on a worker gives it an empty range. Raises ValueError when a worker's queue does not hold each op's
-    tasks contiguously in op order (every plan make_plan builds does)."""
+def check_segment(per) -> None:
+    """Raises InputError unless ``per`` is "op" or "layer"."""
+    if per not in ("op", "layer"):
+        raise InputError(f"segment must be 'op' or 'layer' (where the separate-kernel modes on the Gluon bodies cut "
+                         f"the step into kernels), got {per!r}")
+
+
+def op_groups(plan: StreamPlan, per: str = "op") -> list[int]:
+    """The kernel (segment) index of each op of the plan's graph, in op order: per="op" one kernel per op;
+    per="layer" one per decoder layer (op names "<kind>.<layer>"), the embedding joining layer 0 and the LM head
+    and argmax the last layer. Raises InputError for another ``per``."""
+    check_segment(per)
+    ops = plan.graph.ops
+    if per == "op":
+        return list(range(len(ops)))
+    layer = []
+    for op in ops:
+        tail = op.name.rsplit(".", 1)[-1]
+        layer.append(int(tail) if "." in op.name and tail.isdigit() else None)
+    known = [x for x in layer if x is not None]
+    first, last = (min(known), max(known)) if known else (0, 0)
+    seen_layer = False
+    out = []
+    for x in layer:  # before any layer: layer 0's kernel; after the last layer: the last one
+        seen_layer = seen_layer or x is not None
+        out.append(x if x is not None else (last if seen_layer else first))
+    return [g - first for g in out]
+
+
+def segments(plan: StreamPlan, per: str = "op") -> list[tuple[int, list[int], list[int], list[int], list[int]]]:
+    """The plan cut into kernels (op_groups: one per op, or per layer), in op order: (first op index, qbeg, qend,
+    cbeg, cend), each a list over the workers: worker w runs the queue positions [qbeg[w], qend[w]) (indices into
+    the flattened queues, as the megakernel's qoff) and streams the chunks [cbeg[w], cend[w]) of the packed stream
+    (as chunk_off). A kernel with no task on a worker gives it an empty range. Raises ValueError when a worker's
+    queue does not hold each op's tasks contiguously in op order (every plan make_plan builds does)."""
     g = plan.graph
     chunks = task_chunks(plan)
     n_ops = len(g.ops)
@@ -58,24 +91,33 @@ def segments(plan: StreamPlan) -> list[tuple[int, list[int], list[int], list[int
                 i += 1
             qe[o][w], ce[o][w] = pos + i, chunk
         pos += len(q)
-    return [(o, qb[o], qe[o], cb[o], ce[o]) for o in range(n_ops)]
+    groups = op_groups(plan, per)
+    out = []
+    for o in range(n_ops):  # consecutive ops of one group: the first one's starts, the last one's ends
+        if out and groups[o] == groups[o - 1]:
+            out[-1] = (out[-1][0], out[-1][1], qe[o], out[-1][3], ce[o])
+        else:
+            out.append((o, qb[o], qe[o], cb[o], ce[o]))
+    return out
 
 
 class StreamSegmentRunner(StreamMegakernelRunner):
     """Mode "graph" or "pdl" (``pdl``) with ``backend="gluon"``: the streaming megakernel's plan, weight stream and
-    bodies, launched as one kernel per op (module doc). Options as StreamMegakernelRunner's, but not tensor
-    parallel (InputError). Three kernels are compiled: a step's first, middle and last (constexprs FIRST, LAST;
+    bodies, launched as one kernel per op, or per layer (``segment="layer"``; module doc). Options as
+    StreamMegakernelRunner's, but not tensor parallel (InputError). Three kernels are compiled: a step's first, middle and last (constexprs FIRST, LAST;
     PDL), each fitted to shared memory on its own."""
 
-    def __init__(self, step, *, pdl: bool = False, **options):
+    def __init__(self, step, *, pdl: bool = False, segment: str = "op", **options):
         self.pdl = bool(pdl)
+        self.segment = segment
+        check_segment(segment)
         if options.get("counters") is not None or options.get("rank", 0):
             raise InputError("the separate-kernel modes on the Gluon bodies do not run tensor parallel; use the default "
                              "backend")
         super().__init__(step, **options)
 
     def _compile(self, props) -> None:
-        segs = segments(self.plan)
+        segs = segments(self.plan, self.segment)
         dev = self.qoff.device
         self.segs = [tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in s[1:]) for s in segs]
         self.kernels, self.seg_consts = {}, {}
