@@ -26,7 +26,12 @@ def _cache(model):
 
 
 @pytest.mark.parametrize("mode,opts,match", [
-    ("eager", {"policy": "round_robin"}, "mode 'eager' has no option policy; its options are .*prologue_split"),
+    ("eager", {"policy": "round_robin"}, "mode 'eager' has no option policy; its options are after, profile "
+                                          r"\(make_step_runner also takes gemv, tiles"),
+    ("eager", {"trigger": "entry"}, "mode 'eager' has no option trigger"),   # pdl's own
+    ("eager", {"kwargs": 1}, "mode 'eager' has no option kwargs"), ("graph", {"pdl": True}, "no option pdl"),
+    ("eager", {"after": 1}, "after= must be a dict of op name -> callable"),
+    ("megakernel", {"rank": 1}, "mode 'megakernel' has no option rank"),
     ("graph", {"events": "op"}, "mode 'graph' has no option events"),
     ("megakernel", {"trigger": "end"}, "mode 'megakernel' has no option trigger; its options are .*check_every"),
     ("megakernel", {"check_every": True}, "check_every"), ("megakernel", {"check_every": -1}, "check_every"),

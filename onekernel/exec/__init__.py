@@ -84,6 +84,34 @@ def megakernel_class(step, backend: str, interpret: bool, options: dict):
     return StreamMegakernelRunner
 
 
+# The runner options a caller may pass, per mode (README, "Runner options"; each runner class documents them);
+# make_step_runner takes STEP_OPTIONS itself. graph / pdl with backend="gluon" take SEGMENT_OPTIONS.
+RUNNER_OPTIONS = {
+    "eager": ("profile", "after"),
+    "graph": ("profile", "after", "use_cuda_graph", "backend"),
+    "pdl": ("profile", "after", "use_cuda_graph", "backend", "prologue_split", "trigger"),
+    "megakernel": ("backend", "n_workers", "policy", "events", "prefetch", "profile", "spin_limit", "use_cuda_graph",
+                   "num_warps", "check_every", "comm_workers", "wait_ms", "schedule"),
+}
+SEGMENT_OPTIONS = ("backend", "profile", "use_cuda_graph", "segment", "n_workers", "wait_ms", "check_every")
+STEP_OPTIONS = ("gemv", "tiles", "n_sm", "fuse_merge", "interpret")
+
+
+def _check_options(mode: str, cls, options: dict, public) -> None:
+    """InputError for an option of ``options`` that is not both public for ``mode`` and taken by ``cls``, naming
+    the ones that are."""
+    import inspect
+
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    takes = {p.name for c in cls.__mro__ if "__init__" in vars(c)
+             for p in inspect.signature(c.__init__).parameters.values() if p.kind in named}
+    allowed = (set(public) & takes) | ({"backend"} & set(public))
+    bad = sorted(set(options) - allowed)
+    if bad:
+        raise InputError(f"mode {mode!r} has no option {', '.join(bad)}; its options are {', '.join(sorted(allowed))} "
+                         f"(make_step_runner also takes {', '.join(STEP_OPTIONS)})")
+
+
 def make_runner(mode: str, step, *, interpret: bool = False, **options):
     """The runner of ``mode`` over ``step`` (a BoundStep). options: the runner's keyword options (see each
     runner class; the megakernel also takes ``backend``: see ``megakernel_class``). Raises InputError for an
@@ -109,12 +137,10 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
             raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
         from onekernel.exec.stream_segments import StreamSegmentRunner
         cls = StreamSegmentRunner
+    segmented = cls.__name__ == "StreamSegmentRunner"
+    _check_options(mode, cls, options, SEGMENT_OPTIONS if segmented else RUNNER_OPTIONS[mode])
+    if segmented:
         options["pdl"] = mode == "pdl"
-    takes = [p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(c.__init__).parameters
-             if p not in ("self", "step", "args", "kw")]
-    bad = sorted(set(options) - set(takes))
-    if bad:
-        raise InputError(f"mode {mode!r} has no option {', '.join(bad)}; its options are {', '.join(sorted(set(takes)))}")
     if mode == "megakernel":
         if cls is MegakernelRunner:
             return cls(step, interpret=interpret, **options)

@@ -41,6 +41,9 @@ class EagerRunner(StepRunner):
         super().__init__(step, profile=profile)
         if trigger not in TRIGGERS:
             raise InputError(f"unknown PDL trigger {trigger!r}; choose one of {', '.join(TRIGGERS)}")
+        if after is not None and (not isinstance(after, dict) or not all(callable(f) for f in after.values())):
+            raise InputError(f"after= must be a dict of op name -> callable (host calls after those ops), got "
+                             f"{type(after).__name__}")
         self.after = dict(after or {})
         unknown = sorted(set(self.after) - {op.name for op in self.graph.ops})
         if unknown:

@@ -76,8 +76,10 @@ class ModelFiles:
     def load(self, *, random_weights: bool, dtype: torch.dtype, device, seed: int) -> LoadedModel:
         """The weights (checked ``dtype``, ``device``, ``seed``: see ``load_model``) -> a LoadedModel."""
         from onekernel.models import gguf_loader, hf_loader
+        from onekernel.models.memory import check_memory
         from onekernel.models.random_init import random_weights as make_random
 
+        check_memory(self.config, dtype, device, self.config.name)
         if random_weights:
             weights = make_random(self.config, dtype, device, seed)
         elif self.kind == "hf":
@@ -141,7 +143,8 @@ def load_model(model=None, *, random_weights: bool = False, dtype: torch.dtype =
 
     Raises InputError (`model`, `device`, `seed`, `random_weights` or `dtype` of the wrong kind),
     ModelFileError (missing/truncated/corrupt file, default package absent), UnsupportedModelError
-    (architecture, tensor type, dtype, unknown name), DeviceError (cuda without a GPU)."""
+    (architecture, tensor type, dtype, unknown name), DeviceError (cuda without a GPU; weights larger than the
+    device's free memory: models.memory.check_memory)."""
     dtype = check_load_args(random_weights, dtype, device, seed)
     return open_model(model, random_weights=random_weights).load(random_weights=random_weights, dtype=dtype,
                                                                  device=device, seed=seed)
