@@ -131,6 +131,9 @@ def _run_generate(args) -> int:
                 note = "note: no GPU found, so the PyTorch reference mode runs on the CPU"
     if args.interpret and mode in ("graph", "pdl"):
         note = f"note: the Triton interpreter has no CUDA graphs or PDL: --mode {mode} runs the eager launches"
+    if args.temperature == 0 and (args.top_k is not None or args.top_p != 1.0):
+        greedy = "note: --top-k and --top-p apply only with --temperature > 0; decoding is greedy"
+        note = f"{note}\n{greedy}" if note else greedy
     # Cheap checks before the model's files are read (the prompt checks, which need the tokenizer, come next).
     from onekernel.exec import check_device
     from onekernel.ops.tiling import MAX_BATCH

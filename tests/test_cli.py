@@ -72,3 +72,12 @@ def test_interpret_notes_that_graph_and_pdl_run_eagerly(capsys):
     cap = capsys.readouterr()
     assert "no CUDA graphs or PDL: --mode pdl runs the eager launches" in cap.err
     assert json.loads(cap.out)["mode"] == "pdl"
+
+
+def test_sampling_options_without_temperature_get_a_note(capsys):
+    """--top-k / --top-p at temperature 0 change nothing (greedy): a note says so; with a temperature, none."""
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2", "--top-p", "0.5", "--json"]) == 0
+    assert "apply only with --temperature > 0; decoding is greedy" in capsys.readouterr().err
+    assert main(TINY + ["--prompt", "hi", "--max-new-tokens", "2", "--top-k", "3", "--temperature", "0.7",
+                        "--json"]) == 0
+    assert "decoding is greedy" not in capsys.readouterr().err
