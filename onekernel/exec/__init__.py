@@ -130,14 +130,14 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
     backend = options.pop("backend", "auto") if mode in ("megakernel", "graph", "pdl") else None
     if mode == "megakernel":
         cls = megakernel_class(step, backend, interpret, options)
-    elif backend is not None and backend not in ("auto", "triton"):  # graph / pdl on the streaming megakernel's Gluon bodies, one kernel per op
+    elif backend is not None and backend not in ("auto", "triton"):  # graph / pdl on the streaming kernel's bodies
         if backend != "gluon":
             raise InputError(f"unknown {mode} backend {backend!r}; choose one of auto, triton, gluon")
         if interpret:
             raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
         from onekernel.exec.stream_segments import StreamSegmentRunner
         cls = StreamSegmentRunner
-    segmented = cls.__name__ == "StreamSegmentRunner"
+    segmented = backend == "gluon" and mode != "megakernel"
     _check_options(mode, cls, options, SEGMENT_OPTIONS if segmented else RUNNER_OPTIONS[mode])
     if segmented:
         options["pdl"] = mode == "pdl"

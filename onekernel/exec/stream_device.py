@@ -27,6 +27,7 @@ differ from the interpreter-tested Triton tile functions: the GPU checks compare
 from __future__ import annotations
 
 from triton.experimental import gluon
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL's griddepcontrol (Triton's own)
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
@@ -226,20 +227,6 @@ def _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
 
 
 # ----------------------------------------------------------------------------------------------- worker
-@gluon.jit
-def _gdc_wait():
-    """``griddepcontrol.wait``: block until the prerequisite grid completed and its writes are visible (a no-op
-    without programmatic dependent launch; triton.language.extra.cuda.gdc_wait, in Gluon)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    """``griddepcontrol.launch_dependents``: the dependent grid may launch once every CTA of this one ran it."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
 @gluon.constexpr_function
 def scr_rows(G, RG, RP, HD):
     """Rows of attention's scratch fp32 [rows, RP, HD] viewed over the whole MMA accbuf [ACCG, 4, 16, RG] (the same
@@ -248,7 +235,8 @@ def scr_rows(G, RG, RP, HD):
 
 
 @gluon.jit
-def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid, epoch,
+def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t, base_f,
+              base_i, wid, epoch,
               n_chunks, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr,
               KXB: gl.constexpr, RG: gl.constexpr,
               CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
@@ -340,7 +328,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
 
 @gluon.jit
 def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
-                      base_t, base_f, base_i, rwl, peer_off, qbeg, qend, cbeg, cend, PROFILE: gl.constexpr, B: gl.constexpr, BP: gl.constexpr,
+                      base_t, base_f, base_i, rwl, peer_off, qbeg, qend, cbeg, cend, PROFILE: gl.constexpr,
+                      B: gl.constexpr, BP: gl.constexpr,
                       XB: gl.constexpr, KXB: gl.constexpr,
                       RG: gl.constexpr, CK: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                       WAIT_NS: gl.constexpr, MAXA: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
@@ -380,10 +369,10 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     predecessor before it exits (the step's kernels complete in order)."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
-    if PDL:  # a step's first kernel waits for the previous step's last (the epoch, the tokens); then let the next launch
+    if PDL:  # a step's first kernel waits for the previous step's last (the epoch, the tokens); the next may launch
         if FIRST:
-            _gdc_wait()
-        _gdc_launch_dependents()
+            gdc_wait()
+        gdc_launch_dependents()
     epoch = gl.load(epoch_ptr, volatile=True)
     ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if MMA:
@@ -407,14 +396,15 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     c0 = gl.load(cbeg + wid)
     n_chunks = gl.load(cend + wid) - c0
     gl.warp_specialize([
-        (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t, base_f, base_i, wid,
+        (_consumer, (ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab, ev_cnt, err, prof, base_t,
+                     base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
                      NTA, ACCG)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order
-        _gdc_wait()
+        gdc_wait()
     if LAST:
         done = gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
         if done == n_workers * epoch - 1:

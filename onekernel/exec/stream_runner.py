@@ -185,10 +185,19 @@ class StreamMegakernelRunner(PersistentRunner):
 
     def _compile(self, props) -> None:
         """Compile (``fit_kernel``), then refuse more workers than fit on the GPU at once."""
-        k, self.consts = fit_kernel(
-            lambda c: sd.stream_megakernel.warmup(*self._args(), grid=(self.n_workers,), num_warps=4, **c),
-            self.consts, props.shared_memory_per_block_optin)
+        k, self.consts = self._fit(props, self.consts, self._args())
+        self._check_residency(k, props)
+
+    def _fit(self, props, consts: dict, args, **launch):
+        """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``), its consts);
+        launch: the launch's compile options (``launch_pdl``)."""
+        k, c = fit_kernel(lambda cc: sd.stream_megakernel.warmup(*args, grid=(self.n_workers,), num_warps=4, **launch,
+                                                                 **cc), consts, props.shared_memory_per_block_optin)
         k._init_handles()
+        return k, c
+
+    def _check_residency(self, k, props) -> None:
+        """Keep ``k`` as the compiled kernel; ResidencyError when n_workers CTAs of it cannot be resident at once."""
         self.compiled = k
         meta = {"n_regs": k.n_regs, "num_warps": 5, "shared": k.metadata.shared}
         self.max_workers = residency_check(self.n_workers, meta, {

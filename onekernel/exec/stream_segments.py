@@ -24,7 +24,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_plan import StreamPlan
-from onekernel.exec.stream_runner import StreamMegakernelRunner, fit_kernel
+from onekernel.exec.stream_runner import StreamMegakernelRunner
 
 
 def task_chunks(plan: StreamPlan) -> dict[int, int]:
@@ -53,18 +53,12 @@ def op_groups(plan: StreamPlan, per: str = "op") -> list[int]:
     ops = plan.graph.ops
     if per == "op":
         return list(range(len(ops)))
-    layer = []
-    for op in ops:
+    groups = []
+    for op in ops:  # ops without a layer (embedding, LM head, argmax) join their neighbour's kernel
         tail = op.name.rsplit(".", 1)[-1]
-        layer.append(int(tail) if "." in op.name and tail.isdigit() else None)
-    known = [x for x in layer if x is not None]
-    first, last = (min(known), max(known)) if known else (0, 0)
-    seen_layer = False
-    out = []
-    for x in layer:  # before any layer: layer 0's kernel; after the last layer: the last one
-        seen_layer = seen_layer or x is not None
-        out.append(x if x is not None else (last if seen_layer else first))
-    return [g - first for g in out]
+        groups.append(int(tail) if "." in op.name and tail.isdigit() else groups[-1] if groups else None)
+    first = next((g for g in groups if g is not None), 0)
+    return [first if g is None else g for g in groups]
 
 
 def segments(plan: StreamPlan, per: str = "op") -> list[tuple[int, list[int], list[int], list[int], list[int]]]:
@@ -104,16 +98,16 @@ def segments(plan: StreamPlan, per: str = "op") -> list[tuple[int, list[int], li
 class StreamSegmentRunner(StreamMegakernelRunner):
     """Mode "graph" or "pdl" (``pdl``) with ``backend="gluon"``: the streaming megakernel's plan, weight stream and
     bodies, launched as one kernel per op, or per layer (``segment="layer"``; module doc). Options as
-    StreamMegakernelRunner's, but not tensor parallel (InputError). Three kernels are compiled: a step's first, middle and last (constexprs FIRST, LAST;
-    PDL), each fitted to shared memory on its own."""
+    StreamMegakernelRunner's, but not tensor parallel (InputError). Three kernels are compiled: a step's first,
+    middle and last (constexprs FIRST, LAST; PDL), each fitted to shared memory on its own."""
 
     def __init__(self, step, *, pdl: bool = False, segment: str = "op", **options):
         self.pdl = bool(pdl)
         self.segment = segment
         check_segment(segment)
         if options.get("counters") is not None or options.get("rank", 0):
-            raise InputError("the separate-kernel modes on the Gluon bodies do not run tensor parallel; use the default "
-                             "backend")
+            raise InputError("the separate-kernel modes on the Gluon bodies do not run tensor parallel; use the "
+                             "default backend")
         super().__init__(step, **options)
 
     def _compile(self, props) -> None:
@@ -121,15 +115,11 @@ class StreamSegmentRunner(StreamMegakernelRunner):
         dev = self.qoff.device
         self.segs = [tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in s[1:]) for s in segs]
         self.kernels, self.seg_consts = {}, {}
-        for role in ("first", "mid", "last"):
+        for role in ("first", "mid", "last"):  # launch_pdl: a compile option in Triton 3.6
             c = dict(self.consts, FIRST=role == "first", LAST=role == "last", PDL=self.pdl)
-            k, c = fit_kernel(lambda cc: sd.stream_megakernel.warmup(*self._seg_args(0), grid=(self.n_workers,),
-                                                                     num_warps=4, launch_pdl=self.pdl, **cc), c,
-                              props.shared_memory_per_block_optin)  # launch_pdl: a compile option in Triton 3.6
-            k._init_handles()
-            self.kernels[role], self.seg_consts[role] = k, c
-        self.compiled = self.kernels["mid"]
-        self.max_workers = self.n_workers
+            self.kernels[role], self.seg_consts[role] = self._fit(props, c, self._seg_args(0), launch_pdl=self.pdl)
+        # a per-layer kernel's tasks wait on each other, so its CTAs must all be resident, as the megakernel's
+        self._check_residency(self.kernels["mid"], props)
 
     def _seg_args(self, k: int):
         return self._args()[:-4] + self.segs[k]
