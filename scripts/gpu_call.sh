@@ -84,6 +84,31 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+140) # session 14, branch s14-fold (~6 min): attention tasks merge the split-KV partials (the last split of a group,
+    # stream_plan.FOLD; STREAM_FOLD_MERGE=0 keeps the merge tasks) against the merge tasks, each in its own process;
+    # its GPU tests and bitwise invariance beside the warm-ups; profiles of the folded step (1B batch 1 and 16)
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,8"
+    mkdir -p "$W/fold" "$W/sep" "$W/profile" /tmp/warm
+    wv() { local name=$1 envs=$2; shift 2; (timeout 230 env $envs python3 -m onekernel.cli bench --steps 2 \
+           --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up and checks"
+    wv fold1 X=0 $B1 --modes megakernel,pdl-gluon; wv sep1 STREAM_FOLD_MERGE=0 $B1 --modes megakernel,pdl-gluon
+    wv fold8 X=0 $B8 --modes megakernel; wv sep8 STREAM_FOLD_MERGE=0 $B8 --modes megakernel
+    (timeout 230 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 230 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 30 fold-1b $bench/fold $B1 --modes megakernel,pdl-gluon --steps 50
+    step 30 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $B1 --modes megakernel,pdl-gluon --steps 50
+    step 40 fold-8b $bench/fold $B8 --modes megakernel --steps 50
+    step 40 sep-8b env STREAM_FOLD_MERGE=0 $bench/sep $B8 --modes megakernel --steps 50
+    step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
     # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
     # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside

@@ -14,7 +14,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import make_runner
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_pack import arg_table, pack_weights
+from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, chunk_cols, make_plan, prefer_stream
 from onekernel.exec.stream_records import records
 from onekernel.graph.schedule import validate
@@ -250,8 +250,7 @@ def test_schedule_records_and_tables(seed):
         if "NKB" in g.ops[task.op].params:
             assert row[sd.F_NKB.value] * plan.consts["CK"] >= row[sd.F_K.value] > 0
     bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
-    scratch = {n: torch.zeros(g.buffers[n].shape, dtype=g.buffers[n].dtype) for n in ("stream.pmax", "stream.pidx")}
-    tensors = dict(step.tensors, **scratch)
+    tensors = dict(step.tensors, **scratch_tensors(plan, "cpu"))
     tab = arg_table(plan, tensors, bases)
     op = next(o for o in g.ops if o.kind.name == "qkv_rope")
     assert tab[op.index, 2] * 16 == tensors[op.args["q"]].data_ptr() - bases[torch.bfloat16].data_ptr()

@@ -17,7 +17,7 @@ import torch
 from onekernel.dist.sharding import shard_config
 from onekernel.errors import InputError
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_pack import arg_table
+from onekernel.exec.stream_pack import arg_table, scratch_tensors
 from onekernel.exec.stream_plan import make_plan, task_bound
 from onekernel.exec.stream_records import fingerprint, records, remote_wait_list
 from onekernel.graph.deps import merged_dependencies
@@ -159,8 +159,7 @@ def test_allreduce_argument_table_holds_the_ranks_in_order(seed):
     plan = make_plan(step, W)
     g = plan.graph
     bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
-    scratch = {n: torch.zeros(g.buffers[n].shape, dtype=g.buffers[n].dtype) for n in ("stream.pmax", "stream.pidx")}
-    tensors = dict(step.tensors, **scratch)
+    tensors = dict(step.tensors, **scratch_tensors(plan, "cpu"))
     tab = arg_table(plan, tensors, bases)
     op = next(o for o in g.ops if o.name == "down.0.ar")
     ptr = [int(tab[op.index, j]) * 16 + bases[torch.bfloat16].data_ptr() for j in range(10)]

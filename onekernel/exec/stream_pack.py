@@ -97,6 +97,15 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
     return packed, torch.tensor(off, dtype=torch.int32, device=dev)
 
 
+def scratch_tensors(plan: StreamPlan, device) -> dict:
+    """The plan's own buffers, which the step does not hold: the LM head's per-task partials stream.pmax / pidx
+    (-1) and attention's arrival counters stream.arrive.* (FOLD; zero, and zero again after each step's last
+    arrival: stream_tasks._arrive_and_merge)."""
+    g = plan.graph
+    return {n: torch.full(b.shape, 0 if n.startswith("stream.arrive.") else -1, dtype=b.dtype, device=device)
+            for n, b in g.buffers.items() if n.startswith("stream.")}
+
+
 def arg_table(plan: StreamPlan, tensors: dict, bases: dict) -> torch.Tensor:
     """int64 [ops, MAXA]: each op's buffers (ROLES order) as offsets in 16-byte units from the base tensor of
     their dtype (model dtype, fp32, int32). Raises ValueError for a buffer that is not 16-byte aligned."""
@@ -104,6 +113,8 @@ def arg_table(plan: StreamPlan, tensors: dict, bases: dict) -> torch.Tensor:
     tab = torch.zeros(len(g.ops), MAXA, dtype=torch.int64)
     for op, kind in zip(g.ops, plan.kinds):
         for j, role in enumerate(ROLES[kind]):
+            if role not in op.args:  # attention's out and arrive: only when it merges (stream_plan.FOLD)
+                continue
             t = tensors[op.args[role]]
             base = bases[t.dtype]
             delta = t.data_ptr() - base.data_ptr()

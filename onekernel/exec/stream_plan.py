@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hashlib
+import os
 
 import numpy as np
 import torch
@@ -55,6 +56,8 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
+# The attention tasks merge the split-KV partials (make_plan's ``fold``): STREAM_FOLD_MERGE=0 keeps the merge tasks
+FOLD = os.environ.get("STREAM_FOLD_MERGE", "1") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -65,7 +68,7 @@ OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
          sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
-         sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part"),
+         sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
          sd.K_ALLREDUCE.value: tuple(f"in{j}" for j in range(8)) + ("res", "out")}
 MAXA = max(len(r) for r in ROLES.values())
@@ -228,10 +231,46 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
                    Region("stream.pidx", ((0, B), (idx, idx + 1)))]
 
 
+def _fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]]) -> list[list[int]]:
+    """Dependencies of ``g`` (``full`` without its attn_merge ops, whose work the attention tasks do: FOLD) from
+    those of ``full``: a dependency on a merge task becomes one on every task the merge depended on (its attention
+    tasks), transitively reduced again."""
+    fmap, ops = {}, iter(g.ops)
+    for op in full.ops:
+        if op.kind.name != "attn_merge":
+            for a, b in zip(op.task_ids, next(ops).task_ids):
+                fmap[a] = b
+    out: list[list[int]] = [[] for _ in g.tasks]
+    for a, b in fmap.items():
+        ds = set()
+        for p in deps[a]:
+            if p in fmap:
+                ds.add(fmap[p])
+            elif any(q not in fmap for q in deps[p]):
+                raise ScheduleError(f"streaming plan: merge task {p} depends on another merge task; it cannot be folded")
+            else:
+                ds.update(fmap[q] for q in deps[p])
+        out[b] = sorted(ds)
+    return transitive_reduction(out)
+
+
+def _merged_rows(op: Op, run: list[Task]) -> tuple[Region, ...]:
+    """The merged attention rows out[b, heads of KV head h] a run of attention tiles may write (FOLD: whichever of
+    a (b, h)'s splits finishes last merges them)."""
+    p = op.params
+    hd, r = p["HD"], p["HQ"] // p["HKV"]
+    groups = dict.fromkeys(t.tile // p["NSPLIT"] for t in run)
+    return tuple(Region(op.args["out"], ((gi // p["HKV"], gi // p["HKV"] + 1),
+                                         ((gi % p["HKV"]) * r * hd, (gi % p["HKV"] + 1) * r * hd))) for gi in groups)
+
+
 @gc_paused()
-def make_plan(step, n_workers: int) -> StreamPlan:
+def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
-    doc). Call ``unsupported(step)`` first."""
+    doc). Call ``unsupported(step)`` first. ``fold`` (default FOLD): the attention tasks merge the split-KV
+    partials themselves (the last of a (sequence, KV head)'s splits to finish, by an arrival counter), so the
+    plan has no attn_merge tasks: 5 dependent stages per layer, not 6."""
+    fold = FOLD if fold is None else bool(fold)
     src = step.graph
     B = step.batch
     _, ck, rg, kxb = chunk_shape(src)
@@ -240,13 +279,21 @@ def make_plan(step, n_workers: int) -> StreamPlan:
     g = Graph(buffers=dict(src.buffers), meta=dict(src.meta))
     g.add_buffer("stream.pmax", (B, nt), torch.float32, "scratch")
     g.add_buffer("stream.pidx", (B, nt), torch.int32, "scratch")
-    kinds, units, group_rows, weight_of = [], [], {}, {}
+    kinds, units, group_rows, weight_of, entries = [], [], {}, {}, []
+    merges = {op.args["o_part"]: op for op in src.ops if op.kind.name == "attn_merge"}
     for op in src.ops:
         name = op.kind.name
         args = dict(op.args)
         if name in ("lm_head", "argmax"):
             args.update(pmax="stream.pmax", pidx="stream.pidx")
         new = Op(op.name, op.kind, args, dict(op.params))
+        if fold and name == "attn_merge":  # its tasks exist only in the graph the dependencies come from
+            entries.append((new, [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops)
+                                  for t in (src.tasks[i] for i in op.task_ids)]))
+            continue
+        if fold and name == "attn_partial":  # the last split of a (b, KV head) writes the merged rows
+            arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
+            args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
@@ -277,6 +324,8 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                     continue
                 reads = tuple(dict.fromkeys(r for t in run for r in t.reads))
                 writes = tuple(dict.fromkeys(w for t in run for w in t.writes))
+                if fold and name == "attn_partial":
+                    writes += _merged_rows(new, run)
                 tasks.append(Task(-1, len(tasks), reads, writes, sum(t.bytes for t in run),
                                   sum(t.flops for t in run)))
                 units.append((run[0].tile, len(run)))
@@ -289,10 +338,15 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                     reads = (g.buffers["stream.pmax"].full(), g.buffers["stream.pidx"].full())
                 tasks.append(Task(-1, t.tile, tuple(reads), tuple(writes), t.bytes, t.flops))
                 units.append((0, 0))
+        if fold:
+            entries.append((Op(new.name, new.kind, dict(new.args), dict(new.params)),
+                            [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops) for t in tasks]))
         g.add_op(new, tasks)
         kinds.append(kind)
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
     merge = next(op for op in src.ops if op.kind.name == "attn_merge").params
+    ngp = pow2_ceil(-(-max(n for (_, n), t in zip(units, g.tasks) if kinds[t.op] == sd.K_ATTN.value)
+                      // attn["NSPLIT"]) + 1)
     emb = next(op for op in src.ops if op.kind.name == "embed").params
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
@@ -304,11 +358,17 @@ def make_plan(step, n_workers: int) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
+                  FOLD=fold, NGP=ngp, NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps
-        deps = transitive_reduction(derive_dependencies(g))
+        if fold:  # from the plan with its merge tasks (module doc), their dependencies moved to their consumers
+            full = Graph(buffers=dict(g.buffers), meta=dict(g.meta))
+            for op, tasks in entries:
+                full.add_op(op, tasks)
+            deps = _fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)))
+        else:
+            deps = transitive_reduction(derive_dependencies(g))
         remote = derive_remote_dependencies(g)
         if any(remote):  # tensor parallel: as exec.megakernel.MegakernelRunner
             bad = [t for t, rs in enumerate(remote) if rs and kinds[g.tasks[t].op] != sd.K_ALLREDUCE.value]

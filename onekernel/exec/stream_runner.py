@@ -20,7 +20,7 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
-from onekernel.exec.stream_pack import arg_table, pack_weights
+from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
 from onekernel.exec.stream_records import fingerprint
 from onekernel.graph.schedule import residency_check
@@ -119,8 +119,7 @@ class StreamMegakernelRunner(PersistentRunner):
         self.plan = make_plan(step, self.n_workers)
         self.events = self.plan.events
         g = self.plan.graph
-        self.scratch = {n: torch.full(g.buffers[n].shape, -1, dtype=g.buffers[n].dtype, device=dev)
-                        for n in ("stream.pmax", "stream.pidx")}
+        self.scratch = scratch_tensors(self.plan, dev)
         tab = self.plan.tables  # records(plan), remote_wait_list(plan): computed or from exec.host_cache
         self.qrec, self.wl = tab["qrec"].to(dev), tab["wl"].to(dev)
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]

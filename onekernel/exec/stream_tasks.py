@@ -42,7 +42,7 @@ def _pick(vec, idx, j):
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
-          NTA: gl.constexpr):
+          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -56,7 +56,10 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     (every position but the one this step writes, seq_lens[b], was written by earlier steps) and that row is
     patched after it; blocks loaded after the wait need no patch. fp32 CUDA-core products over [4, RP, BN, HD],
     online softmax in exp2: per tile the same operations in the same order as one tile alone, so a tile's bits
-    do not depend on its run or the batch."""
+    do not depend on its run or the batch.
+
+    FOLD (stream_plan.make_plan): after the run, its tiles arrive on their (b, g) groups' counters and the last
+    of a group's NSPLIT tiles merges the group's R rows (``_arrive_and_merge``): no merge tasks."""
     R: gl.constexpr = HQ // HKV
     SW: gl.constexpr = SPLIT // 4           # positions per warp and tile
     NB: gl.constexpr = SW // BN             # BN-blocks per warp and tile
@@ -146,6 +149,70 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         v_c = v_n
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
             _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
+    if FOLD:
+        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
+
+
+@gluon.jit
+def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R: gl.constexpr, HD: gl.constexpr,
+                      NSPLIT: gl.constexpr, NSP2: gl.constexpr, RP: gl.constexpr, NGP: gl.constexpr):
+    """The run's tiles [u0, u0 + nu) arrive on their groups' counters (argtab role 7 "arrive", int32 [B * Hkv]; group
+    b * Hkv + g, at most NGP groups per run): one ``atom.add.acq_rel.gpu`` per group adds the run's tiles of it, all
+    groups at once; the run that brings a group to NSPLIT resets its counter to 0 for the next step and merges the
+    group's R rows into out (role 6) with ``_merge_group`` (the splits' partials: stored by other workers before
+    their releases, read after this acquire and a CTA barrier, from L2). The others only arrive."""
+    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    out = base_t + gl.load(a + 6) * 8
+    arrive = base_i + gl.load(a + 7) * 4
+    barrier()  # every thread's partial stores issued before the release
+    j = gl.arange(0, 128, layout=V1)  # one element per thread: no replicated atomics
+    g0 = u0 // NSPLIT
+    grp = g0 + j
+    cnt = gl.minimum(u0 + nu, grp * NSPLIT + NSPLIT) - gl.maximum(u0, grp * NSPLIT)
+    live = (j < NGP) & (cnt > 0)
+    old = gl.atomic_add(arrive + grp, cnt, mask=live, sem="acq_rel", scope="gpu")
+    last = live & (old + cnt == NSPLIT)
+    gl.store(arrive + grp, gl.zeros_like(old), mask=last)
+    bits = gl.sum(gl.where(last, 1 << (j & 31), 0), axis=0)  # a CTA reduction: every thread after the acquire
+    for jg in range(NGP):
+        if (bits >> jg) & 1:
+            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP)
+
+
+@gluon.jit
+def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
+                 NSP2: gl.constexpr, RP: gl.constexpr):
+    """out[row] = sum_s exp(lse_s - LSE) O_s for the R rows row0.. (ops/attention.py's merge; rows b*Hq + h of
+    o_part fp32 [B*Hq, NSPLIT, hd], lse_part fp32 [B*Hq, NSPLIT]) with all of them in flight at once: splits in
+    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk."""
+    dt: gl.constexpr = out.dtype.element_ty
+    TD: gl.constexpr = 32 if HD >= 128 else HD // 4
+    CS: gl.constexpr = NSP2 if RP * NSP2 * HD <= 4096 else max(1, 4096 // (RP * HD))
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)
+    r2 = gl.arange(0, RP, layout=gl.SliceLayout(1, L2))[:, None]
+    s2 = gl.arange(0, NSP2, layout=gl.SliceLayout(0, L2))[None, :]
+    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & (s2 < NSPLIT), other=float("-inf"),
+                  cache_modifier=".cg")
+    mx = gl.max(lse, axis=1)
+    mx = gl.where(mx == float("-inf"), 0.0, mx)
+    tot = gl.sum(gl.exp(lse - mx[:, None]), axis=1)
+    r3 = gl.arange(0, RP, layout=gl.SliceLayout(1, L2))[:, None, None]
+    c3 = gl.arange(0, CS, layout=gl.SliceLayout(0, L2))[None, :, None]
+    d3 = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
+    c2 = gl.arange(0, CS, layout=gl.SliceLayout(0, L2))[None, :]
+    acc = gl.zeros([RP, HD], gl.float32, gl.SliceLayout(1, L3))
+    for c in range(0, NSP2, CS):
+        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & (c + c2 < NSPLIT),
+                     other=float("-inf"), cache_modifier=".cg")
+        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & (c + c3 < NSPLIT),
+                     other=0.0, cache_modifier=".cg")
+        acc += gl.sum(oc * gl.exp(lc - mx[:, None])[:, :, None], axis=1)
+    tsafe = gl.where(tot > 0.0, tot, 1.0)
+    o = acc / gl.convert_layout(tsafe, gl.SliceLayout(1, gl.SliceLayout(1, L3)))[:, None]
+    ro = gl.arange(0, RP, layout=gl.SliceLayout(1, gl.SliceLayout(1, L3)))[:, None]
+    do = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, :]
+    gl.store(out + (row0 + ro) * HD + do, o.to(dt), mask=ro < R)
 
 
 @gluon.jit
