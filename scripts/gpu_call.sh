@@ -84,6 +84,21 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+141) # session 14, branch s14-fold after call 140 (~3.5 min): the same A/B without the WAW chain (call 140's plan chained
+    # each group's splits through their merged-row regions), Llama-3.2-1B megakernel only, then the folded profile
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes megakernel"
+    mkdir -p "$W/fold" "$W/sep" "$W/profile" /tmp/warm
+    wv() { local name=$1 envs=$2; shift 2; (timeout 170 env $envs python3 -m onekernel.cli bench --steps 2 \
+           --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up"
+    wv fold1 X=0 $B1; wv sep1 STREAM_FOLD_MERGE=0 $B1
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 2 benches finished"
+    step 25 fold-1b $bench/fold $B1 --steps 50
+    step 25 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $B1 --steps 50
+    step 25 fold-1b-2 $bench/fold $B1 --steps 50
+    step 20 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    ;;
 140) # session 14, branch s14-fold (~6 min): attention tasks merge the split-KV partials (the last split of a group,
     # stream_plan.FOLD; STREAM_FOLD_MERGE=0 keeps the merge tasks) against the merge tasks, each in its own process;
     # its GPU tests and bitwise invariance beside the warm-ups; profiles of the folded step (1B batch 1 and 16)

@@ -254,16 +254,6 @@ def _fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]]) -> list[list[
     return transitive_reduction(out)
 
 
-def _merged_rows(op: Op, run: list[Task]) -> tuple[Region, ...]:
-    """The merged attention rows out[b, heads of KV head h] a run of attention tiles may write (FOLD: whichever of
-    a (b, h)'s splits finishes last merges them)."""
-    p = op.params
-    hd, r = p["HD"], p["HQ"] // p["HKV"]
-    groups = dict.fromkeys(t.tile // p["NSPLIT"] for t in run)
-    return tuple(Region(op.args["out"], ((gi // p["HKV"], gi // p["HKV"] + 1),
-                                         ((gi % p["HKV"]) * r * hd, (gi % p["HKV"] + 1) * r * hd))) for gi in groups)
-
-
 @gc_paused()
 def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
@@ -291,7 +281,9 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             entries.append((new, [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops)
                                   for t in (src.tasks[i] for i in op.task_ids)]))
             continue
-        if fold and name == "attn_partial":  # the last split of a (b, KV head) writes the merged rows
+        if fold and name == "attn_partial":  # the last split of a (b, KV head) writes the merged rows out[b, its
+            # heads]; no region lists them (whichever split is last writes them: as regions of every split they would
+            # chain the splits by WAW); the dependencies come from the plan with the merge tasks (_fold_merge_deps)
             arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
             args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
         if name in GEMV_KINDS:
@@ -324,8 +316,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                     continue
                 reads = tuple(dict.fromkeys(r for t in run for r in t.reads))
                 writes = tuple(dict.fromkeys(w for t in run for w in t.writes))
-                if fold and name == "attn_partial":
-                    writes += _merged_rows(new, run)
                 tasks.append(Task(-1, len(tasks), reads, writes, sum(t.bytes for t in run),
                                   sum(t.flops for t in run)))
                 units.append((run[0].tile, len(run)))
