@@ -163,12 +163,18 @@ case "$1" in
     G1="--model llama-3.2-1b --random-weights --batch 1,8" G8="--model llama-3.1-8b --random-weights --batch 1,8"
     (for g in "$G1" "$G8"; do timeout 100 python3 -m onekernel.cli bench --steps 2 --modes pdl,pdl-gluon \
         --out /tmp/warm/g $g; done >"$W/warm-gluon.log" 2>&1) &
+    # session 14: the megakernel with the merge tasks (STREAM_FOLD_MERGE=0) beside the folded one, 1B and 8B
+    (for g in "$G1" "$G8"; do timeout 100 env STREAM_FOLD_MERGE=0 python3 -m onekernel.cli bench --steps 2 \
+        --modes megakernel --out /tmp/warm/s $g; done >"$W/warm-sep.log" 2>&1) &
     step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
         -p no:cacheprovider -rfE
     wait
     step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
     step 40 bench-gluon-1b $bench/bench $G1 --modes pdl,megakernel,pdl-gluon --steps 50
     step 60 bench-gluon-8b $bench/bench $G8 --modes pdl,megakernel,pdl-gluon --steps 50
+    mkdir -p "$W/sep"
+    step 25 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $G1 --modes megakernel --steps 50
+    step 35 sep-8b env STREAM_FOLD_MERGE=0 $bench/sep $G8 --modes megakernel --steps 50
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
@@ -243,12 +249,18 @@ case "$1" in
     G1="--model llama-3.2-1b --random-weights --batch 1,8" G8="--model llama-3.1-8b --random-weights --batch 1,8"
     (for g in "$G1" "$G8"; do timeout 100 python3 -m onekernel.cli bench --steps 2 --modes pdl,pdl-gluon \
         --out /tmp/warm/g $g; done >"$W/warm-gluon.log" 2>&1) &
+    # session 14: the megakernel with the merge tasks (STREAM_FOLD_MERGE=0) beside the folded one, 1B and 8B
+    (for g in "$G1" "$G8"; do timeout 100 env STREAM_FOLD_MERGE=0 python3 -m onekernel.cli bench --steps 2 \
+        --modes megakernel --out /tmp/warm/s $g; done >"$W/warm-sep.log" 2>&1) &
     step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
         -p no:cacheprovider -rfE
     wait
     step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
     step 40 bench-gluon-1b $bench/bench $G1 --modes pdl,megakernel,pdl-gluon --steps 50
     step 60 bench-gluon-8b $bench/bench $G8 --modes pdl,megakernel,pdl-gluon --steps 50
+    mkdir -p "$W/sep"
+    step 25 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $G1 --modes megakernel --steps 50
+    step 35 sep-8b env STREAM_FOLD_MERGE=0 $bench/sep $G8 --modes megakernel --steps 50
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
