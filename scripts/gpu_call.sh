@@ -84,6 +84,24 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+142) # session 14, after call 110 at 5e91595 ran out of its steps' time before the batch-16 megakernel rows (~5 min):
+    # those rows (1B, 8B, each its own process), 8B with merge tasks (STREAM_FOLD_MERGE=0) beside the folded one,
+    # 1,000 replays, the folded batch-16 profile
+    mkdir -p "$W/bench" "$W/sep" "$W/fold" "$W/profile" /tmp/warm
+    M1="--model llama-3.2-1b --random-weights --modes megakernel" M8="--model llama-3.1-8b --random-weights --modes megakernel"
+    wv() { local name=$1 envs=$2; shift 2; (timeout 170 env $envs python3 -m onekernel.cli bench --steps 2 \
+           --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    log "warm-up and replays"
+    wv mk1 X=0 $M1 --batch 16; wv mk8 X=0 $M8 --batch 1,8,16; wv sep8 STREAM_FOLD_MERGE=0 $M8 --batch 1,8
+    (timeout 170 python3 scripts/replay_check.py --out "$W/replays.json" >"$W/replays.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 3 benches finished"
+    tail -n 4 "$W/replays.log" | tee -a "$OUT/log.txt"
+    step 25 mk16-1b $bench/bench $M1 --batch 16 --steps 50
+    step 45 fold-8b $bench/fold $M8 --batch 1,8,16 --steps 50
+    step 35 sep-8b env STREAM_FOLD_MERGE=0 $bench/sep $M8 --batch 1,8 --steps 50
+    step 20 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 141) # session 14, branch s14-fold after call 140 (~3.5 min): the same A/B without the WAW chain (call 140's plan chained
     # each group's splits through their merged-row regions), Llama-3.2-1B megakernel only, then the folded profile
     B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes megakernel"
