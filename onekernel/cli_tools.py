@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from onekernel.bench.modes import BASELINES, MODE_VARIANTS
 from onekernel.cli_tp import add_tp_argument
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
@@ -126,10 +127,11 @@ def _run_profile(args) -> int:
     return 0
 
 
-BASELINE_MODES = ("torch", "torch+graph", "torch+compile")
+BASELINE_MODES = tuple(BASELINES)
 BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton")   # the default --modes
-EXTRA_MODES = ("graph-gluon", "pdl-gluon", "pdl-gluon-layer")   # on request: graph / pdl on the streaming kernel's
-# bodies (Hopper), one kernel per op (pdl-gluon-layer: per layer)
+# on request: the other MODE_VARIANTS rows, graph / pdl on the streaming kernel's bodies (Hopper), one kernel per op
+# (pdl-gluon-layer: per layer)
+EXTRA_MODES = tuple(m for m in MODE_VARIANTS if m not in BENCH_MODES)
 
 
 def _add_bench(p):

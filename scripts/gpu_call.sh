@@ -17,7 +17,10 @@
 # 123 (branch s12-keep-a: slower), 124 (graph and pdl on the Gluon bodies: kept as modes graph-gluon / pdl-gluon) and
 # 130 (the code-size probe: no effect): session 13's measurements, in git history (`git show a697e78:scripts/gpu_call.sh`,
 # `git show 3568dd7:...`).
-# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11-13; 100 (its GEMV changes against main,
+# 133 (attention on the tensor cores: slower; branch s13-attn-mma), 132 (segment kernels without the end wait: not
+# kept; s13-endwait), 140 + 141 (the merge folded into attention: kept) and 142 (run 14's batch-16 megakernel rows):
+# session 14.
+# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
@@ -26,6 +29,10 @@
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ONEKERNEL_COMMIT=${ONEKERNEL_COMMIT:-}
+# one Triton cache for every process: torch.compile (Inductor) otherwise moves a bench process's cache to its own
+# directory, and the megakernel the warm-ups compiled is compiled again inside the timed process (run 14 call 110:
+# both batch tables ran out of their steps' time before the batch-16 megakernel row)
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 W=$OUT/w
 mkdir -p "$W" /tmp/model
 GGUF=/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -8,7 +8,10 @@ From a bound decode step:
    QKV = RG/2 rotation pairs of one head (rows c*P..c*P+P and hd/2+c*P.. of head h, P = RG/2). Chunk = RG
    rows x CK columns = 16 KB (CK: the largest power of two <= 1024 dividing every K; 256 with zero padding
    when that is smaller). Attention partials and merges: the graph's tiles in runs of consecutive tiles, at most
-   one run per worker (record: F_U0 first tile, F_NU tiles); embed and argmax keep the graph's tiles.
+   one run per worker (record: F_U0 first tile, F_NU tiles); embed and argmax keep the graph's tiles. With FOLD
+   (the default; ``STREAM_FOLD_MERGE=0`` turns it off for a measurement) there are no merge tasks: the last
+   attention run to finish a (sequence, KV head) group merges its rows (stream_tasks._arrive_and_merge), and
+   the dependencies are those of the plan with merge tasks, each merge replaced by its own (``stream_fold``).
 2. **Dependencies and events** from the tasks' regions (``graph.deps``), exactly as the Triton megakernel.
 3. **Schedule**: task j of a GEMV op on worker j; every other task on a worker with the fewest tasks of
    its op so far (the tiles of one op run in parallel; measured: putting ten attention tiles on the four
@@ -38,7 +41,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hashlib
-import os
 
 import numpy as np
 import torch
@@ -46,7 +48,8 @@ import torch
 from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_records import records, remote_wait_list
+from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
+from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
@@ -56,8 +59,6 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
-# The attention tasks merge the split-KV partials (make_plan's ``fold``): STREAM_FOLD_MERGE=0 keeps the merge tasks
-FOLD = os.environ.get("STREAM_FOLD_MERGE", "1") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -231,37 +232,15 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
                    Region("stream.pidx", ((0, B), (idx, idx + 1)))]
 
 
-def _fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]]) -> list[list[int]]:
-    """Dependencies of ``g`` (``full`` without its attn_merge ops, whose work the attention tasks do: FOLD) from
-    those of ``full``: a dependency on a merge task becomes one on every task the merge depended on (its attention
-    tasks), transitively reduced again."""
-    fmap, ops = {}, iter(g.ops)
-    for op in full.ops:
-        if op.kind.name != "attn_merge":
-            for a, b in zip(op.task_ids, next(ops).task_ids):
-                fmap[a] = b
-    out: list[list[int]] = [[] for _ in g.tasks]
-    for a, b in fmap.items():
-        ds = set()
-        for p in deps[a]:
-            if p in fmap:
-                ds.add(fmap[p])
-            elif any(q not in fmap for q in deps[p]):
-                raise ScheduleError(f"streaming plan: merge task {p} depends on another merge task; it cannot be folded")
-            else:
-                ds.update(fmap[q] for q in deps[p])
-        out[b] = sorted(ds)
-    return transitive_reduction(out)
-
-
 @gc_paused()
 def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
     doc). Call ``unsupported(step)`` first. ``fold`` (default FOLD): the attention tasks merge the split-KV
     partials themselves (the last of a (sequence, KV head)'s splits to finish, by an arrival counter), so the
-    plan has no attn_merge tasks: 5 dependent stages per layer, not 6."""
-    fold = FOLD if fold is None else bool(fold)
+    plan has no attn_merge tasks: 5 dependent stages per layer, not 6 (unless a run of attention tiles
+    spans more than 31 groups: a handful of workers)."""
     src = step.graph
+    fold = (FOLD if fold is None else bool(fold)) and fold_fits(src, n_workers)
     B = step.batch
     _, ck, rg, kxb = chunk_shape(src)
     lm = next(op for op in src.ops if op.kind.name == "lm_head")
@@ -283,7 +262,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             continue
         if fold and name == "attn_partial":  # the last split of a (b, KV head) writes the merged rows out[b, its
             # heads]; no region lists them (whichever split is last writes them: as regions of every split they would
-            # chain the splits by WAW); the dependencies come from the plan with the merge tasks (_fold_merge_deps)
+            # chain the splits by WAW); the dependencies come from the plan with the merge tasks (stream_fold)
             arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
             args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
         if name in GEMV_KINDS:
@@ -356,7 +335,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             full = Graph(buffers=dict(g.buffers), meta=dict(g.meta))
             for op, tasks in entries:
                 full.add_op(op, tasks)
-            deps = _fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)))
+            deps = fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)))
         else:
             deps = transitive_reduction(derive_dependencies(g))
         remote = derive_remote_dependencies(g)
@@ -387,26 +366,12 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     n = len(g.tasks)
     units_arr = np.asarray(units, dtype=np.int64).reshape(-1, 2)
     (events, schedule, qrec, wl, rwl), hit = host_cache.cached(
-        "stream", g, compute, _encode_products, lambda a: _decode_products(a, n), n_workers=n_workers,
+        "stream", g, compute, encode_products, lambda a: decode_products(a, n), n_workers=n_workers,
         kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest())
     plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
     plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
     plan.cache_hit = hit
     return plan
-
-
-def _encode_products(p) -> dict:
-    events, schedule, qrec, wl, rwl = p
-    return {**host_cache.encode_events(events), **host_cache.encode_schedule(schedule), "qrec": qrec.numpy(),
-            "wl": wl.numpy(), "rwl": rwl.numpy()}
-
-
-def _decode_products(a: dict, n: int):
-    qrec, wl, rwl = (torch.from_numpy(np.array(a[k], dtype=np.int32)) for k in ("qrec", "wl", "rwl"))
-    if qrec.ndim != 2 or qrec.shape != (n + 1, sd.REC.value) or wl.ndim != 2 or wl.shape[1] != 2 or rwl.ndim != 2 \
-            or rwl.shape[1] != 3:
-        raise ValueError(f"records of shape {tuple(qrec.shape)}, {tuple(wl.shape)}, {tuple(rwl.shape)}")
-    return host_cache.decode_events(a, n), host_cache.decode_schedule(a, n), qrec, wl, rwl
 
 
 def _tp_consts(g: Graph, kinds: list[int], D: int) -> dict:

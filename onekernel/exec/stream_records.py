@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
+from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 
 
@@ -71,3 +73,20 @@ def remote_wait_list(plan: StreamPlan) -> torch.Tensor:
             for t in q:
                 rwl += [(e, ev.expected[e], peer) for peer, e in ev.remote_waits[t]]
     return torch.tensor(rwl or [(0, 0, 0)], dtype=torch.int32)
+
+
+def encode_products(p) -> dict:
+    """The plan's cached products (events, schedule, records, wait lists: ``stream_plan.make_plan``) as arrays for
+    ``exec.host_cache``."""
+    events, schedule, qrec, wl, rwl = p
+    return {**host_cache.encode_events(events), **host_cache.encode_schedule(schedule), "qrec": qrec.numpy(),
+            "wl": wl.numpy(), "rwl": rwl.numpy()}
+
+
+def decode_products(a: dict, n: int):
+    """``encode_products`` inverted for a plan of n tasks; ValueError when the arrays do not fit."""
+    qrec, wl, rwl = (torch.from_numpy(np.array(a[k], dtype=np.int32)) for k in ("qrec", "wl", "rwl"))
+    if qrec.ndim != 2 or qrec.shape != (n + 1, sd.REC.value) or wl.ndim != 2 or wl.shape[1] != 2 or rwl.ndim != 2 \
+            or rwl.shape[1] != 3:
+        raise ValueError(f"records of shape {tuple(qrec.shape)}, {tuple(wl.shape)}, {tuple(rwl.shape)}")
+    return host_cache.decode_events(a, n), host_cache.decode_schedule(a, n), qrec, wl, rwl
