@@ -6,7 +6,8 @@ Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of 
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
 layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
-(``prof_sub``: staging activation tiles, waiting on ring slots, epilogues, the rest). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
+(``prof_sub``: staging activation tiles, of which waiting for their loads, waiting on ring slots, epilogues, the
+rest). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
 one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
@@ -68,7 +69,8 @@ def main() -> None:
                 d, task_us = inside[op.kind.name], (prof[t][2] - prof[t][1]) / 1e3
                 for name, v in zip(("staging_us", "ring_wait_us", "epilogue_us"), sub[t][:3]):
                     d[name].append(v / 1e3)
-                d["tiles"].append(sub[t][3])
+                d["tiles"].append(sub[t][3] & 0xFFFF)  # above bit 16: the staging's wait for its loads
+                d["staging_wait_us"].append((sub[t][3] >> 16) / 1e3)
                 d["rest_us"].append(task_us - sum(sub[t][:3]) / 1e3)
     gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
     busy = defaultdict(float)
@@ -82,7 +84,7 @@ def main() -> None:
     for k, v in per_kind.items():
         print(f"  {k:14s} tasks {v['tasks']:6d} median {v['median_us']:7.2f} us  max {v['max_us']:7.2f} us")
     for k, v in gemv_inside.items():
-        print(f"  inside {k:14s} staging {v['staging_us']:6.2f} ring wait {v['ring_wait_us']:6.2f} epilogue"
+        print(f"  inside {k:14s} staging {v['staging_us']:6.2f} (waiting {v['staging_wait_us']:5.2f}) ring wait {v['ring_wait_us']:6.2f} epilogue"
               f" {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles {v['tiles']:.0f} (medians)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"

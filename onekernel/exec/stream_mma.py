@@ -161,7 +161,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
     ``mma_v2`` computes the chunk's SP chains from 0 (per warp: its k-slice's SP parts, [4 * SP, 16, RG]), summed
     into the group's fp32 [4, 16, RG] in a fixed order. Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
-    after a barrier). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged) accumulates
+    after a barrier). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged + (ns of the
+    staging spent before its first barrier: the wait for the tile's loads and the other warps) << 16) accumulates
     (the staging time runs from the tile's first barrier to the barrier after it: the wait for its loads
     included)."""
     KS: gl.constexpr = CK // 4
@@ -186,6 +187,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         if ASYNC:
             async_copy.wait_group(0)  # this thread's copies of tile kb landed (the barrier: every thread's)
         barrier()  # every warp done with the previous tile
+        if PROFILE:  # the wait for the tile's loads (and the other warps), counted above bit 16 of ps[2]
+            ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
         if ASYNC:
             _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
         else:
@@ -255,7 +258,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
     round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the
     runner's ``prof_sub``) = ns staging activation tiles, ns waiting on ring slots, ns in the epilogues (from the
-    block's end to its outputs' stores), tiles staged; the rest of the task's time (prof: end - ready) is the
+    block's end to its outputs' stores), tiles staged + (ns of the staging spent waiting for the tiles' loads,
+    before their first barrier) << 16; the rest of the task's time (prof: end - ready) is the
     fields, the rstd pass, the chunks' ldmatrix / MMA and the release."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
