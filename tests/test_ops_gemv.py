@@ -211,3 +211,27 @@ def test_rnd_matches_torch_rounding(seed):
     _rnd_kernel[(1,)](x, y, z, n)
     assert torch.equal(y, x.bfloat16().float())
     assert torch.equal(z, x.half().float())
+
+
+def test_rnd_is_round_to_nearest_even_to_the_bit(seed):
+    """rnd(v, bf16)'s fp32 bits are torch's v.to(bf16) bits (round to nearest even) followed by 16 zero bits, for
+    every finite fp32 v: ties of both parities, fp32 subnormals, signed zeros, the largest bf16 and the values
+    that round to inf. So ``rnd(v, bf16).to(bf16)`` is ``v.to(bf16)`` (PTX cvt.rn.bf16.f32 also rounds to
+    nearest even, exact on a bf16 value) and stream_mma._store_a converts its RMSNorm value without the outer
+    rnd (fp16 keeps it: rnd's subnormal path turns -0 into +0). The interpreter's own fp32 -> bf16 conversion
+    mis-rounds subnormals and negative values, so the conversion itself is compared on the GPU only."""
+    torch.manual_seed(seed)
+    n = 4096
+    x = torch.randn(n) * torch.exp2(torch.randint(-149, 128, (n,)).float())
+    x = torch.where(x.isfinite(), x, torch.zeros_like(x))
+    ties = (torch.randint(0, 1 << 15, (64,), dtype=torch.int32) << 16) | 0x8000  # exactly halfway, both parities
+    edge = torch.tensor([0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF,
+                         0x00000000], dtype=torch.int32)
+    bits = torch.cat([ties, edge])
+    x[:bits.numel()] = bits.view(torch.float32)
+    x[bits.numel():2 * bits.numel()] = -x[:bits.numel()]
+    y, z = torch.empty(n), torch.empty(n)
+    _rnd_kernel[(1,)](x, y, z, n)
+    u = y.view(torch.int32)
+    assert torch.equal(u & 0xFFFF, torch.zeros_like(u))
+    assert torch.equal((u >> 16).to(torch.int16), x.bfloat16().view(torch.int16))

@@ -112,14 +112,19 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
     """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
     hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
     _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
-    F.linear does."""
+    F.linear does. bf16: the outer rnd is the conversion's own rounding (round to nearest even, the same bits for
+    every finite value: tests/test_ops_gemv.py), so only fp16 (whose rnd turns -0 into +0) keeps it."""
     dt: gl.constexpr = abuf.dtype
     g = vs[0].to(gl.float32)
     for q in gl.static_range(4):
         if q * 4 < B:
             v = vs[1 + q]
             if norm != 0:
-                v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
+                y = rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g
+                if dt == gl.bfloat16:
+                    v = y.to(dt)
+                else:
+                    v = rnd(y, dt).to(dt)
             abuf.slice(q * 4, 4, dim=1).store(v)
 
 
