@@ -91,16 +91,17 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
-150) # session 16 (~5.5 min): attention's K/V ring (default above batch 8; STREAM_ATTN_KV=0 = run 14's kernels;
-    # STREAM_ATTN_KV_MIN_B=2 also at batch 2-8, 2 ring slots fewer) and, if .gb.tgz was carried, the tree in it
-    # (branch s16-gb: bigger MMA blocks, cheaper staging) unpacked to /tmp/gb; each variant its own process (a
-    # tree's process runs from its directory). GPU tests and invariance beside the warm-ups; then the Llama-3.2-1B
-    # megakernel rows one process at a time, the batch-16 profiles; Llama-3.1-8B batch 16 of the variants last
+150) # session 16 (~6 min): attention's dead tiles skipped (default; STREAM_ATTN_SKIP=0 computes them) and its K/V ring
+    # (default above batch 8; STREAM_ATTN_KV=0 off; STREAM_ATTN_KV_MIN_B=2 also at batch 2-8, 2 ring slots fewer);
+    # base = both off (run 14's kernels); and, if .gb.tgz was carried, the tree in it (branch s16-gb on this commit:
+    # bigger MMA blocks, cheaper staging) unpacked to /tmp/gb. Each variant its own process (a tree's process runs
+    # from its directory). GPU tests and invariance beside the warm-ups; then the Llama-3.2-1B megakernel rows one
+    # process at a time, the profiles (Llama-3.1-8B: in the final call, base beside default)
     [ -f .gb.tgz ] && mkdir -p /tmp/gb && tar -xzf .gb.tgz -C /tmp/gb && log "gb tree: $(cat /tmp/gb/COMMIT)"
-    GBC="ONEKERNEL_COMMIT=$(cat /tmp/gb/COMMIT 2>/dev/null)"
+    GBC="ONEKERNEL_COMMIT=$(cat /tmp/gb/COMMIT 2>/dev/null)" OFF="STREAM_ATTN_KV=0 STREAM_ATTN_SKIP=0"
     mkdir -p "$W/profile" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights --modes megakernel" B8="--model llama-3.1-8b --random-weights --modes megakernel"
-    # run NAME DIR ENVS ARGS...: a bench of the tree in DIR (. or /tmp/gb) with ENVS, output under $W/NAME
+    B1="--model llama-3.2-1b --random-weights --modes megakernel"
+    # wv NAME DIR ENVS ARGS...: a warm-up bench of the tree in DIR (. or /tmp/gb) with ENVS (one word, split here)
     wv() { local name=$1 dir=$2 envs=$3; shift 3; [ -d "$dir/onekernel" ] || return 0
            (cd "$dir" && timeout 200 env $envs PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
             --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
@@ -108,8 +109,8 @@ case "$1" in
            step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
                bench --out $W/$name $* --steps 50"; }
     log "warm-up and checks"
-    wv base . STREAM_ATTN_KV=0 $B1 --batch 1,8,16; wv kv . X=0 $B1 --batch 16; wv kv8 . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8
-    wv gb /tmp/gb "$GBC" $B1 --batch 1,8,16; wv base8 . STREAM_ATTN_KV=0 $B8 --batch 16
+    wv base . "$OFF" $B1 --batch 1,8,16; wv new . X=0 $B1 --batch 1,8,16; wv kvonly . STREAM_ATTN_SKIP=0 $B1 --batch 16
+    wv kv8 . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8; wv gb /tmp/gb "$GBC" $B1 --batch 1,8,16
     (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
         >"$W/inv-1b.log" 2>&1) &
     (timeout 200 env STREAM_ATTN_KV_MIN_B=2 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel \
@@ -120,17 +121,16 @@ case "$1" in
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    tv 30 base-1b . STREAM_ATTN_KV=0 $B1 --batch 1,8,16
-    tv 20 kv-1b . X=0 $B1 --batch 16
+    tv 30 base-1b . "$OFF" $B1 --batch 1,8,16
+    tv 30 new-1b . X=0 $B1 --batch 1,8,16
+    tv 20 kvonly-1b . STREAM_ATTN_SKIP=0 $B1 --batch 16
     tv 20 kv8-1b . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8
     tv 30 gb-1b /tmp/gb "$GBC" $B1 --batch 1,8,16
-    tv 20 base2-1b . STREAM_ATTN_KV=0 $B1 --batch 16
-    step 20 profile-kv-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    tv 30 base2-1b . "$OFF" $B1 --batch 1,8,16
+    step 20 profile-new-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 20 profile-new-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
     [ -d /tmp/gb/onekernel ] && step 20 profile-gb-16 bash -c "cd /tmp/gb && PYTHONPATH=/tmp/site:/tmp/gb python3 \
         scripts/stream_profile.py --out $W/profile/gb --model llama-3.2-1b --batch 16"
-    (wv kv-8b-warm . X=0 $B8 --batch 16; wait)
-    tv 40 base-8b . STREAM_ATTN_KV=0 $B8 --batch 16
-    tv 40 kv-8b . X=0 $B8 --batch 16
     ;;
 142) # session 14, after call 110 at 5e91595 ran out of its steps' time before the batch-16 megakernel rows (~5 min):
     # those rows (1B, 8B, each its own process), 8B with merge tasks (STREAM_FOLD_MERGE=0) beside the folded one,

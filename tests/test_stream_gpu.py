@@ -65,3 +65,39 @@ def test_auto_takes_gluon_for_an_mma_step():
         err = ((got[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item()
         assert err < 0.08, (batch, err)
         assert torch.equal(got[1], got[0].argmax(-1).to(torch.int32))
+
+
+def test_rnd_bf16_is_rnd_to_the_bit():
+    """stream_mma._rnd_bf16 (the hardware's cvt.rn.bf16x2.f32, widened back by its bits) gives ops.gemv_rows.rnd's
+    bf16 bits for random fp32 values over the whole exponent range, exact ties of both parities, fp32 subnormals,
+    signed zeros and the values that round to inf: the staged RMSNorm values of the tensor-core GEMV are unchanged."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from onekernel.exec.stream_mma import _rnd_bf16
+    from onekernel.ops.gemv_rows import rnd
+
+    @gluon.jit
+    def both(x_ptr, hw_ptr, sw_ptr, N: gl.constexpr):
+        L: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
+        o = gl.arange(0, N, layout=L)
+        x = gl.load(x_ptr + o)
+        gl.store(hw_ptr + o, _rnd_bf16(x))
+        gl.store(sw_ptr + o, rnd(x, gl.bfloat16))
+
+    torch.manual_seed(5)
+    n = 8192
+    x = torch.randn(n) * torch.exp2(torch.randint(-149, 128, (n,)).float())
+    x = torch.where(x.isfinite(), x, torch.zeros_like(x))
+    ties = (torch.randint(0, 1 << 15, (64,), dtype=torch.int32) << 16) | 0x8000
+    edge = torch.tensor([0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF,
+                         0x00000000], dtype=torch.int32)
+    bits = torch.cat([ties, edge])
+    x[:bits.numel()] = bits.view(torch.float32)
+    x[bits.numel():2 * bits.numel()] = -x[:bits.numel()]
+    x = x.cuda()
+    hw = torch.full_like(x, float("nan"))
+    sw = torch.full_like(x, float("nan"))
+    both[(1,)](x, hw, sw, n, num_warps=4)
+    assert torch.equal(hw.view(torch.int32), sw.view(torch.int32))
+    assert torch.equal((hw.view(torch.int32) >> 16).to(torch.int16), x.bfloat16().view(torch.int16))
