@@ -2,9 +2,6 @@
 (the last run of tiles to finish a (sequence, KV head) group merges its rows: ``stream_tasks._arrive_and_merge``),
 so a plan has no attn_merge tasks and a layer 5 dependent stages instead of 6 (docs/DESIGN.md, "Attention merges
 its own splits"). ``FOLD`` is the default (``STREAM_FOLD_MERGE=0`` keeps the merge tasks, for a measurement).
-With the fold the attention runs also skip their dead tiles (``SKIP_DEAD``: splits that start past the sequence's
-position; ``STREAM_ATTN_SKIP=0`` computes them, for a measurement): only the fold's merge knows to read live
-splits only.
 """
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from onekernel.graph.deps import transitive_reduction
 from onekernel.graph.ir import Graph
 
 FOLD = os.environ.get("STREAM_FOLD_MERGE", "1") == "1"
-SKIP_DEAD = os.environ.get("STREAM_ATTN_SKIP", "1") == "1"
 MAX_GROUPS = 32  # groups one run's arrival covers (the kernel's 32-bit mask of the groups it merges)
 
 

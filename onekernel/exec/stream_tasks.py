@@ -44,7 +44,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
           NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, xbuf=None, rbuf=None,
-          KVS: gl.constexpr = 0, B: gl.constexpr = 1, SKIP: gl.constexpr = False):
+          KVS: gl.constexpr = 0, B: gl.constexpr = 1):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -66,12 +66,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     instead of one. Each thread reads back only the elements its own copies wrote (the same distributed layout):
     ``cp.async.wait_group`` orders them, no CTA barrier. A slot is refilled only after the block read from it
     was consumed. At the end xbuf's rows >= B are zeroed again (operand A's padding rows, stream_mma._store_a).
-
-    SKIP (with FOLD; stream_fold.SKIP_DEAD): the loop runs over the run's live tiles only, a tile (b, g, s) being
-    dead when its split starts past seq_lens[b] (s * SPLIT > pos: no position to attend to, its partial would
-    be 0 with lse -inf); dead tiles write nothing and the merge reads only live splits (_merge_group), which
-    adds the same values as before (a dead split's weight is exactly 0): the same bits, and the cost follows the
-    live context, not the cache length.
 
     FOLD (stream_plan.make_plan): after the run, its tiles arrive on their (b, g) groups' counters and the last
     of a group's NSPLIT tiles merges the group's R rows (``_arrive_and_merge``): no merge tasks."""
@@ -96,11 +90,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     # the position each tile's sequence writes this step (seq_lens is the step's input: read before the wait)
     jv = gl.arange(0, NTA, layout=V1)
     posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
-    # the run's tiles the loop visits, in order: tilev[k] = the run index of the k-th, posl[k] = its position
-    if SKIP:
-        tilev, posl, nlive = _live_tiles(posv, jv, u0, nu, SPLIT, NSPLIT, NTA)
-    else:
-        tilev, posl, nlive = jv, posv, nu
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
     nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
@@ -111,24 +100,24 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     rq = gl.arange(0, RP, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
-    # block 0 of the first tile before the wait: the old rows only
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, 0), HKV, NSPLIT)
-    pos = _pick(posl, jv, 0)
+    # block 0 of tile u0 before the wait: the old rows only
+    b, g, s = _tile_coords(u0, HKV, NSPLIT)
+    pos = _pick(posv, jv, 0)
     end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
     kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
     rows = s * SPLIT + wk + nk
     ptr = rows * HD + dk
-    old = (rows < end) & (rows != pos) & (nlive > 0)
+    old = (rows < end) & (rows != pos)
     k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
     v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    cur = (rows == pos) & (rows < end) & (nlive > 0)
+    cur = (rows == pos) & (rows < end)
     k_c = gl.where(cur, gl.load(kc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), k_c)
     v_c = gl.where(cur, gl.load(vc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), v_c)
-    q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=(rq < R) & (nlive > 0), other=0.0,
+    q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=rq < R, other=0.0,
                   cache_modifier=".cg")
     q_n = q_c
-    total = nlive * NB
+    total = nu * NB
     if KVS > 0:  # block 0 (registers) into slot 0 of xbuf; blocks 1 .. KVS-1 copied now, each its own group
         KH: gl.constexpr = KVS // 2
         KS4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])  # the leading dim: the slot
@@ -137,16 +126,15 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         xv.index(0).store(k_c)
         xv.index(1).store(v_c)
         for pb in gl.static_range(1, KVS):
-            _kv_issue(xv, rv, kc, vc, u0, pb, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
-                      KH)
+            _kv_issue(xv, rv, kc, vc, u0, pb, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB, KH)
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
     for i in range(total):
-        jl = i // NB
+        j = i // NB
         blk = i % NB
-        b, g, s = _tile_coords(u0 + _pick(tilev, jv, jl), HKV, NSPLIT)
-        end = gl.minimum(gl.minimum(_pick(posl, jv, jl) + 1, s * SPLIT + SPLIT), S)
+        b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+        end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
         n0 = s * SPLIT + blk * BN
         # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
         # `if`: Triton 3.6 drops a loop-carried value used only inside an scf.if of the next iteration (q_n was
@@ -160,9 +148,9 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
             async_copy.wait_group(KVS - 1)
             k_c, v_c = _kv_read(xv, rv, i, KH, KL)
         else:  # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end
-            k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT,
-                                 BN, NB)
-        b1, g1, s1 = _tile_coords(u0 + _pick(tilev, jv, (i + 1) // NB), HKV, NSPLIT)
+            k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+        j1 = (i + 1) // NB
+        b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
         q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
                       cache_modifier=".cg")
@@ -179,8 +167,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, QL))[:, :, None] + pv
         m = m_new
         if KVS > 0:  # block i consumed: its slot takes block i + KVS (an empty group past the run's end)
-            _kv_issue(xv, rv, kc, vc, u0, i + KVS, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT,
-                      BN, NB, KH)
+            _kv_issue(xv, rv, kc, vc, u0, i + KVS, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
+                      KH)
         else:
             k_c = k_n
             v_c = v_n
@@ -194,20 +182,17 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         for q4 in gl.static_range((B + 3) // 4, 4):
             xbuf.slice(q4 * 4, 4, dim=1).store(gl.zeros([4, 4, XK], xbuf.dtype, ZL))
     if FOLD:
-        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, seq, R, HD, NSPLIT, NSP2, RP, NGP, HKV,
-                          SPLIT, SKIP)
+        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
 
 
 @gluon.jit
-def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, seq, R: gl.constexpr, HD: gl.constexpr,
-                      NSPLIT: gl.constexpr, NSP2: gl.constexpr, RP: gl.constexpr, NGP: gl.constexpr,
-                      HKV: gl.constexpr, SPLIT: gl.constexpr, SKIP: gl.constexpr):
+def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R: gl.constexpr, HD: gl.constexpr,
+                      NSPLIT: gl.constexpr, NSP2: gl.constexpr, RP: gl.constexpr, NGP: gl.constexpr):
     """The run's tiles [u0, u0 + nu) arrive on their groups' counters (argtab role 7 "arrive", int32 [B * Hkv]; group
     b * Hkv + g, at most NGP groups per run): one ``atom.add.acq_rel.gpu`` per group adds the run's tiles of it, all
     groups at once; the run that brings a group to NSPLIT resets its counter to 0 for the next step and merges the
     group's R rows into out (role 6) with ``_merge_group`` (the splits' partials: stored by other workers before
-    their releases, read after this acquire and a CTA barrier, from L2). The others only arrive. SKIP: the
-    merge reads the splits that start at or before the sequence's position (seq_lens[b]) only."""
+    their releases, read after this acquire and a CTA barrier, from L2). The others only arrive."""
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     out = base_t + gl.load(a + 6) * 8
     arrive = base_i + gl.load(a + 7) * 4
@@ -223,19 +208,15 @@ def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, seq, R: gl.co
     bits = gl.sum(gl.where(last, 1 << (j & 31), 0), axis=0)  # a CTA reduction: every thread after the acquire
     for jg in range(NGP):
         if (bits >> jg) & 1:
-            nsl = NSPLIT
-            if SKIP:  # live splits of the group's sequence b = (g0 + jg) // HKV
-                nsl = gl.load(seq + (g0 + jg) // HKV, cache_modifier=".cg") // SPLIT + 1
-            _merge_group(o_part, lse_part, out, (g0 + jg) * R, nsl, R, HD, NSPLIT, NSP2, RP)
+            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP)
 
 
 @gluon.jit
-def _merge_group(o_part, lse_part, out, row0, nsl, R: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
+def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
                  NSP2: gl.constexpr, RP: gl.constexpr):
     """out[row] = sum_s exp(lse_s - LSE) O_s for the R rows row0.. (ops/attention.py's merge; rows b*Hq + h of
     o_part fp32 [B*Hq, NSPLIT, hd], lse_part fp32 [B*Hq, NSPLIT]) with all of them in flight at once: splits in
-    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk. Splits s >= nsl are
-    read as empty (0, -inf) without a load."""
+    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk."""
     dt: gl.constexpr = out.dtype.element_ty
     TD: gl.constexpr = 32 if HD >= 128 else HD // 4
     CS: gl.constexpr = NSP2 if RP * NSP2 * HD <= 4096 else max(1, 4096 // (RP * HD))
@@ -243,7 +224,7 @@ def _merge_group(o_part, lse_part, out, row0, nsl, R: gl.constexpr, HD: gl.const
     L2: gl.constexpr = gl.SliceLayout(2, L3)
     r2 = gl.arange(0, RP, layout=gl.SliceLayout(1, L2))[:, None]
     s2 = gl.arange(0, NSP2, layout=gl.SliceLayout(0, L2))[None, :]
-    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & (s2 < nsl), other=float("-inf"),
+    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & (s2 < NSPLIT), other=float("-inf"),
                   cache_modifier=".cg")
     mx = gl.max(lse, axis=1)
     mx = gl.where(mx == float("-inf"), 0.0, mx)
@@ -254,9 +235,9 @@ def _merge_group(o_part, lse_part, out, row0, nsl, R: gl.constexpr, HD: gl.const
     c2 = gl.arange(0, CS, layout=gl.SliceLayout(0, L2))[None, :]
     acc = gl.zeros([RP, HD], gl.float32, gl.SliceLayout(1, L3))
     for c in range(0, NSP2, CS):
-        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & (c + c2 < nsl),
+        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & (c + c2 < NSPLIT),
                      other=float("-inf"), cache_modifier=".cg")
-        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & (c + c3 < nsl),
+        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & (c + c3 < NSPLIT),
                      other=0.0, cache_modifier=".cg")
         acc += gl.sum(oc * gl.exp(lc - mx[:, None])[:, :, None], axis=1)
     tsafe = gl.where(tot > 0.0, tot, 1.0)
@@ -267,12 +248,13 @@ def _merge_group(o_part, lse_part, out, row0, nsl, R: gl.constexpr, HD: gl.const
 
 
 @gluon.jit
-def _kv_block(kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
-              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
-    """K, V [4, BN, HD] of block ``idx`` of the run's visited tiles (tilev, posl: attn_task; warp w: its BN
-    positions of the block), rows past the tile's end (or idx >= total) 0."""
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT)
-    end = gl.minimum(gl.minimum(_pick(posl, jv, idx // NB) + 1, s * SPLIT + SPLIT), S)
+def _kv_block(kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+              SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
+    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block), rows past the tile's
+    end (or idx >= total) 0."""
+    j = idx // NB
+    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+    end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)
     off = (b * HKV + g).to(gl.int64) * (S * HD)
@@ -281,33 +263,15 @@ def _kv_block(kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.const
 
 
 @gluon.jit
-def _live_tiles(posv, jv, u0, nu, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NTA: gl.constexpr):
-    """(tilev, posl, n): the run's live tiles in order (attn_task, SKIP): tilev[k] = the run index j of the k-th
-    tile whose split starts at or before its sequence's position (s * SPLIT <= posv[j]), posl[k] = posv[j], n of
-    them (entries k >= n: 0). Two [NTA, NTA] reductions, no scan."""
-    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    M2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
-    live = (jv < nu) & (((u0 + jv) % NSPLIT) * SPLIT <= posv)
-    rk = gl.arange(0, NTA, layout=gl.SliceLayout(1, M2))[:, None]
-    cj = gl.arange(0, NTA, layout=gl.SliceLayout(0, M2))[None, :]
-    livec = gl.convert_layout(live, gl.SliceLayout(0, M2))[None, :]
-    before = gl.sum(gl.where(livec & (cj < rk), 1, 0), axis=1)       # live tiles before run index rk
-    sel = livec & (gl.convert_layout(before, gl.SliceLayout(0, M2))[None, :] == rk)   # [k, j]: j is the k-th
-    tilev = gl.convert_layout(gl.sum(gl.where(sel, cj, 0), axis=1), V1)
-    posl = gl.convert_layout(gl.sum(gl.where(sel, gl.convert_layout(posv, gl.SliceLayout(0, M2))[None, :], 0),
-                                    axis=1), V1)
-    return tilev, posl, gl.sum(live.to(gl.int32), axis=0)
-
-
-@gluon.jit
-def _kv_issue(xv, rv, kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
+def _kv_issue(xv, rv, kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
               S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
               KH: gl.constexpr):
     """cp.async copies of block ``idx`` of the run (as _kv_block: rows past the tile's end, or idx >= total, 0)
     into its ring slot: xbuf for even idx, rbuf for odd, slot (idx // 2) % KH, K at 2 * slot and V at 2 * slot + 1;
     one commit group."""
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT)
-    end = gl.minimum(gl.minimum(_pick(posl, jv, idx // NB) + 1, s * SPLIT + SPLIT), S)
+    j = idx // NB
+    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+    end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)
     off = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + dk
