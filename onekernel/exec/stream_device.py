@@ -381,7 +381,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
         xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [ACCG, 4, 16, RG],
                                            gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        if mma_async_a(B, CK) or KVS > 0:  # the raw tile: the cp.async prefetch's (stream_mma._copy_a), the K/V ring's
+        if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
             rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:
             rbuf = xbuf

@@ -15,9 +15,6 @@ MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 # attention's K/V ring in the MMA path's activation buffers (attn_kv_stages); STREAM_ATTN_KV=0 turns it off (a
 # measurement switch, read once at import: the kernel takes the stage count as a constexpr)
 KV_RING = os.environ.get("STREAM_ATTN_KV", "1") == "1"
-# the smallest batch whose kernel allocates the raw tile for the ring alone (below the cp.async activation prefetch's
-# batches it costs the weight ring 2 slots); STREAM_ATTN_KV_MIN_B sets it for a measurement
-KV_MIN_B = int(os.environ.get("STREAM_ATTN_KV_MIN_B", "9"))
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
@@ -41,7 +38,7 @@ def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
     """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
     partial-sum buffer [ACCG, 4, 16, RG] fp32 (acc_groups), and at batches whose tile prefetch goes through
     cp.async (stream_base.mma_async_a) the raw tile [16, CK]."""
-    tiles = 2 if raw_tile(batch, ck) else 1
+    tiles = 2 if sd.mma_async_a(batch, ck) else 1
     return tiles * MMA_ROWS * ck * 2 + acc_groups(rg, rp, hd) * MMA_WARPS * MMA_ROWS * rg * 4
 
 
@@ -58,19 +55,13 @@ def attn_bn(split: int, rp: int, hd: int) -> int:
     return max(1, min(split // 4, 4096 // (rp * hd)))
 
 
-def raw_tile(batch: int, ck: int) -> bool:
-    """Whether the MMA path's kernel allocates the raw tile [16, CK] beside the staged one: for the cp.async
-    activation prefetch (stream_base.mma_async_a) or, from batch KV_MIN_B, for attention's K/V ring alone."""
-    return sd.mma_async_a(batch, ck) or (KV_RING and batch >= KV_MIN_B)
-
-
 def attn_kv_stages(mma: bool, batch: int, ck: int, bn: int, hd: int) -> int:
     """KVS: K/V blocks ([4 warps, BN, HD] of K and of V, 2-byte dtype) that attention keeps in flight through shared
     memory (stream_tasks.attn_task), or 0 (one block ahead in registers). The ring lives in the MMA path's staged
     tile and raw tile (xbuf, rbuf: [16, CK] each, free during attention), so only where the raw tile exists
-    (raw_tile: batch > 8 at CK = 1024); KVS // 2 blocks per buffer, at least 2 (else no deeper than the registers),
-    at most 4."""
-    if not (KV_RING and mma and raw_tile(batch, ck)):
+    (stream_base.mma_async_a: batch > 8 at CK = 1024); KVS // 2 blocks per buffer, at least 2 (else no deeper than
+    the registers), at most 4."""
+    if not (KV_RING and mma and sd.mma_async_a(batch, ck)):
         return 0
     per = min(4, (MMA_ROWS * ck * 2) // (2 * MMA_WARPS * bn * hd * 2))
     return 2 * per if per >= 2 else 0
