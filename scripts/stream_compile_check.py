@@ -6,8 +6,7 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
 (``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps; ``STREAM_PDL=first|mid|last``: that
 kernel of the separate-kernel pdl mode on these bodies, exec.stream_segments), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
 and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
-the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``, and of attention's K/V ring there (KVS stages,
-``stream_smem.attn_kv_stages``); ``wait_groups``: the ``cp.async.wait_group`` counts). GEMV: "fma" (CUDA cores, the default) or
+the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
 
 Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on
@@ -112,8 +111,7 @@ def report(k) -> dict:
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
             "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor"),
             "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
-            "cp_async_16": ptx.count("cp.async.cg.shared.global"),
-            "wait_groups": sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)})}
+            "cp_async_16": ptx.count("cp.async.cg.shared.global")}
 
 
 def main() -> None:
@@ -126,8 +124,7 @@ def main() -> None:
     rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "KVS",
-                                             "compiles")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

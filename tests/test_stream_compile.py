@@ -25,8 +25,7 @@ def _check(model: str, batch: int, gemv: str, **env) -> dict:
 
 @pytest.mark.parametrize("model,batch,gemv", [("llama-3.2-1b", 1, "fma"), ("smollm2-135m", 3, "fma"),
                                               ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 1, "mma"),
-                                              ("llama-3.2-1b", 16, "mma"), ("llama-3.2-1b", 12, "mma"),
-                                              ("smollm2-1.7b", 1, "mma")])
+                                              ("llama-3.2-1b", 16, "mma"), ("smollm2-1.7b", 1, "mma")])
 def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): at most 24 bytes of register
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-20 bytes in
@@ -47,10 +46,6 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     assert (rec["cp_async_16"] > 0) == async_a, rec
     if async_a:
         assert rec["SLOTS"] == 9, rec
-    # attention's K/V ring (stream_smem.attn_kv_stages) lives in the two activation tiles, so exactly where the raw
-    # tile exists: KVS blocks in flight, its wait leaving KVS - 1 copy groups pending
-    assert (rec["KVS"] > 0) == async_a, rec
-    assert (rec["KVS"] - 1 in rec["wait_groups"]) == (rec["KVS"] > 0), rec
 
 
 def test_profile_kernel_compiles_for_sm90():

@@ -4,17 +4,12 @@ path's activation rows, attention's warp-merge scratch, the ring's slot count an
 """
 from __future__ import annotations
 
-import os
-
 from onekernel.exec import stream_base as sd
 
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
 SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
-# attention's K/V ring in the MMA path's activation buffers (attn_kv_stages); STREAM_ATTN_KV=0 turns it off (a
-# measurement switch, read once at import: the kernel takes the stage count as a constexpr)
-KV_RING = os.environ.get("STREAM_ATTN_KV", "1") == "1"
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
@@ -53,18 +48,6 @@ def attn_bn(split: int, rp: int, hd: int) -> int:
     """Attention's per-warp BN-block (stream_tasks.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
     tile's positions): at most RP x BN x HD = 4096 products per warp and block, dividing split / 4."""
     return max(1, min(split // 4, 4096 // (rp * hd)))
-
-
-def attn_kv_stages(mma: bool, batch: int, ck: int, bn: int, hd: int) -> int:
-    """KVS: K/V blocks ([4 warps, BN, HD] of K and of V, 2-byte dtype) that attention keeps in flight through shared
-    memory (stream_tasks.attn_task), or 0 (one block ahead in registers). The ring lives in the MMA path's staged
-    tile and raw tile (xbuf, rbuf: [16, CK] each, free during attention), so only where the raw tile exists
-    (stream_base.mma_async_a: batch > 8 at CK = 1024); KVS // 2 blocks per buffer, at least 2 (else no deeper than
-    the registers), at most 4."""
-    if not (KV_RING and mma and sd.mma_async_a(batch, ck)):
-        return 0
-    per = min(4, (MMA_ROWS * ck * 2) // (2 * MMA_WARPS * bn * hd * 2))
-    return 2 * per if per >= 2 else 0
 
 
 def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, SUBVIEW_REINTERPRET, barrier, view, wait_deps
+from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, SUBVIEW_REINTERPRET, barrier, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
@@ -43,8 +42,7 @@ def _pick(vec, idx, j):
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
-          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, xbuf=None, rbuf=None,
-          KVS: gl.constexpr = 0, B: gl.constexpr = 1):
+          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -59,13 +57,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     patched after it; blocks loaded after the wait need no patch. fp32 CUDA-core products over [4, RP, BN, HD],
     online softmax in exp2: per tile the same operations in the same order as one tile alone, so a tile's bits
     do not depend on its run or the batch.
-
-    KVS > 0 (stream_smem.attn_kv_stages: the MMA path's two activation buffers xbuf and rbuf are free during
-    attention): blocks 1.. come through a ring of KVS K/V blocks in shared memory (even blocks in xbuf, odd in
-    rbuf), filled by cp.async KVS - 1 blocks ahead, so KVS - 1 blocks' loads are in flight while one computes
-    instead of one. Each thread reads back only the elements its own copies wrote (the same distributed layout):
-    ``cp.async.wait_group`` orders them, no CTA barrier. A slot is refilled only after the block read from it
-    was consumed. At the end xbuf's rows >= B are zeroed again (operand A's padding rows, stream_mma._store_a).
 
     FOLD (stream_plan.make_plan): after the run, its tiles arrive on their (b, g) groups' counters and the last
     of a group's NSPLIT tiles merges the group's R rows (``_arrive_and_merge``): no merge tasks."""
@@ -118,15 +109,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
                   cache_modifier=".cg")
     q_n = q_c
     total = nu * NB
-    if KVS > 0:  # block 0 (registers) into slot 0 of xbuf; blocks 1 .. KVS-1 copied now, each its own group
-        KH: gl.constexpr = KVS // 2
-        KS4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])  # the leading dim: the slot
-        xv = view(xbuf, k_c.dtype, [2 * KH, 4, BN, HD], KS4)
-        rv = view(rbuf, k_c.dtype, [2 * KH, 4, BN, HD], KS4)
-        xv.index(0).store(k_c)
-        xv.index(1).store(v_c)
-        for pb in gl.static_range(1, KVS):
-            _kv_issue(xv, rv, kc, vc, u0, pb, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB, KH)
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
@@ -144,11 +126,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         m = gl.where(first, float("-inf"), m)
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
-        if KVS > 0:  # block i from its slot (copies of blocks <= i landed: KVS - 1 groups may be pending)
-            async_copy.wait_group(KVS - 1)
-            k_c, v_c = _kv_read(xv, rv, i, KH, KL)
-        else:  # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end
-            k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+        # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
+        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
         j1 = (i + 1) // NB
         b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
@@ -166,21 +145,10 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v_c.to(gl.float32), 1), axis=2)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, QL))[:, :, None] + pv
         m = m_new
-        if KVS > 0:  # block i consumed: its slot takes block i + KVS (an empty group past the run's end)
-            _kv_issue(xv, rv, kc, vc, u0, i + KVS, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
-                      KH)
-        else:
-            k_c = k_n
-            v_c = v_n
+        k_c = k_n
+        v_c = v_n
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
             _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
-    if KVS > 0:  # every copy landed (the empty ones too), then xbuf's padding rows are zeros again
-        async_copy.wait_group(0)
-        barrier()
-        ZL: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [4, 1, 1], [2, 1, 0])
-        XK: gl.constexpr = xbuf.shape[2]
-        for q4 in gl.static_range((B + 3) // 4, 4):
-            xbuf.slice(q4 * 4, 4, dim=1).store(gl.zeros([4, 4, XK], xbuf.dtype, ZL))
     if FOLD:
         _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
 
@@ -260,42 +228,6 @@ def _kv_block(kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, H
     off = (b * HKV + g).to(gl.int64) * (S * HD)
     return (gl.load(kc + off + rows * HD + dk, mask=live, other=0.0, cache_modifier=".cg"),
             gl.load(vc + off + rows * HD + dk, mask=live, other=0.0, cache_modifier=".cg"))
-
-
-@gluon.jit
-def _kv_issue(xv, rv, kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
-              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
-              KH: gl.constexpr):
-    """cp.async copies of block ``idx`` of the run (as _kv_block: rows past the tile's end, or idx >= total, 0)
-    into its ring slot: xbuf for even idx, rbuf for odd, slot (idx // 2) % KH, K at 2 * slot and V at 2 * slot + 1;
-    one commit group."""
-    j = idx // NB
-    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
-    end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
-    rows = s * SPLIT + (idx % NB) * BN + wk + nk
-    live = (rows < end) & (idx < total)
-    off = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + dk
-    sl = (idx // 2) % KH
-    if idx % 2 == 0:
-        async_copy.async_copy_global_to_shared(xv.index(2 * sl), kc + off, mask=live, cache_modifier=".cg")
-        async_copy.async_copy_global_to_shared(xv.index(2 * sl + 1), vc + off, mask=live, cache_modifier=".cg")
-    else:
-        async_copy.async_copy_global_to_shared(rv.index(2 * sl), kc + off, mask=live, cache_modifier=".cg")
-        async_copy.async_copy_global_to_shared(rv.index(2 * sl + 1), vc + off, mask=live, cache_modifier=".cg")
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _kv_read(xv, rv, idx, KH: gl.constexpr, KL: gl.constexpr):
-    """K, V [4, BN, HD] of block ``idx`` from its ring slot (_kv_issue; slot 0 of xbuf: block 0)."""
-    sl = (idx // 2) % KH
-    if idx % 2 == 0:
-        k = xv.index(2 * sl).load(KL)
-        v = xv.index(2 * sl + 1).load(KL)
-    else:
-        k = rv.index(2 * sl).load(KL)
-        v = rv.index(2 * sl + 1).load(KL)
-    return k, v
 
 
 @gluon.jit
