@@ -65,14 +65,13 @@ def qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV
 
 
 @gluon.jit
-def lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.constexpr, live=True):
+def lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.constexpr):
     """fp32 logits of unit u's rows (rounded to dt as HF's bf16 lm_head output), and the running per-row max /
-    smallest argmax; ``live`` false: the unit is not the task's (nothing stored, nothing counted)."""
+    smallest argmax."""
     lg = rnd(acc, dt)
     rows = u * RG + r
-    ok = (rows < N)[None, :] & live  # V % RG: padding rows
-    gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & ok)
-    v = gl.where(ok, lg, float("-inf"))
+    gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])  # V % RG: padding rows
+    v = gl.where((rows < N)[None, :], lg, float("-inf"))
     gm = gl.max(v, axis=1)
     gi = gl.min(gl.where(v == gm[:, None], rows[None, :], 2147483647), axis=1)
     upd = gm > best

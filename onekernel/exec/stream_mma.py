@@ -349,10 +349,10 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                     m = bm & ((u * RG + r) < N)[None, :]
                     acc = _acc_of(accbuf, j, BP, RG, AL)
                     gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
-        elif kind == K_GATEUP:  # unrolled, the units past ue masked off (no branch): their chains interleave
-            for j in gl.static_range(GB // 2):
-                gateup_out(_acc_of(accbuf, 2 * j, BP, RG, AL), _acc_of(accbuf, 2 * j + 1, BP, RG, AL), ub + j, r,
-                           b64, bm & (ub + j < ue), N, out, RG)
+        elif kind == K_GATEUP:
+            for u in range(ub, ue):
+                gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
+                           b64, bm, N, out, RG)
         elif kind == K_QKV:
             for j in gl.static_range(GB):
                 u = ub + j
@@ -362,9 +362,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                             HKV, HD, S, RG, BP, AL)
         else:  # K_LMHEAD
             logits = base_f + gl.load(a + 2) * 4
-            for j in gl.static_range(GB):  # unrolled and masked as gate_up's: the units' reductions interleave
-                best, barg = lm_out(_acc_of(accbuf, j, BP, RG, AL), ub + j, r, b64, bm, N, logits, best, barg, dt, RG,
-                                    ub + j < ue)
+            for u in range(ub, ue):
+                best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
         if PROFILE:
             epi = epi + (now() - t_e)
     if PROFILE:
