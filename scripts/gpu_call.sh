@@ -91,6 +91,35 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+151) # session 16 (~4 min): the tensor-core GEMV's gate_up and LM-head epilogues unrolled over the block's units and
+    # masked (this tree) against the commit before (.base.tgz, unpacked to /tmp/base), each its own process; the GPU
+    # tests (the RMSNorm rounding by the packed conversions included) and invariance of this tree beside the warm-ups
+    mkdir -p /tmp/base /tmp/warm "$W/profile" && tar -xzf .base.tgz -C /tmp/base && log "base tree: $(cat /tmp/base/COMMIT)"
+    BC="ONEKERNEL_COMMIT=$(cat /tmp/base/COMMIT)"
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    wv() { local name=$1 dir=$2 envs=$3; shift 3
+           (cd "$dir" && timeout 170 env $envs PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
+            --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+    tv() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4
+           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
+               bench --out $W/$name $* --steps 50"; }
+    log "warm-up and checks"
+    wv new . X=0 $B1; wv base /tmp/base "$BC" $B1
+    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or rnd" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    tv 30 base-1b /tmp/base "$BC" $B1
+    tv 30 new-1b . X=0 $B1
+    tv 30 base2-1b /tmp/base "$BC" $B1
+    tv 30 new2-1b . X=0 $B1
+    step 20 profile-new-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    step 20 profile-new-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 150) # session 16 (~6 min): attention's dead tiles skipped (default; STREAM_ATTN_SKIP=0 computes them) and its K/V ring
     # (default above batch 8; STREAM_ATTN_KV=0 off; STREAM_ATTN_KV_MIN_B=2 also at batch 2-8, 2 ring slots fewer);
     # base = both off (run 14's kernels); and, if .gb.tgz was carried, the tree in it (branch s16-gb on this commit:
