@@ -91,6 +91,47 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+160) # session 16's final commit, one H200 (~8 min; carry .model/smol.p1, parked for 161). Compiles warmed in parallel
+    # with the GPU tests (the packed RMSNorm rounding first) and bitwise invariance at 2/8/16 in every mode; then the
+    # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (batch 1, 8, 16; torch+graph not re-run)
+    cp .model/smol.p1 /tmp/model/ 2>/dev/null
+    warm() { local name=$1; shift; (timeout 185 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    mkdir -p "$W/bench" /tmp/warm
+    log "warm-up and checks"
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK
+    (timeout 185 python3 scripts/invariance_check.py llama-3.2-1b --modes eager,graph,pdl,megakernel \
+        --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+    (timeout 185 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k rnd -p no:cacheprovider -rfE \
+        >"$W/gpu-tests-rnd.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 3 benches finished"
+    tail -n 2 "$W/gpu-tests-rnd.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 170 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+compile,$MK --steps 50
+    ;;
+161) # at once after 160 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
+    # every mode) beside the cold / warm start times, then 1,000 replays and the forced timeout; the streaming GPU
+    # tests; the SmolLM2-135M table; the Llama-3.2-1B profiles (batch 1 and 16). ~5 min
+    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench" "$W/profile"
+    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
+    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
+    (step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 3 --timeout 60 --cases "$CT") &
+    (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
+     step 70 replays python3 scripts/replay_check.py --out "$W/replays.json") &
+    wait
+    step 150 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
+    step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 151) # session 16 (~4 min): the tensor-core GEMV's gate_up and LM-head epilogues unrolled over the block's units and
     # masked (this tree) against the commit before (.base.tgz, unpacked to /tmp/base), each its own process; the GPU
     # tests (the RMSNorm rounding by the packed conversions included) and invariance of this tree beside the warm-ups
