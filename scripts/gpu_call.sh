@@ -91,6 +91,14 @@ case "$1" in
     step 30 bench-1b $bench/bench $B1 --modes $M --steps 50
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
+162) # after 160 + 161 (~4 min): the streaming kernel's GPU tests at the final commit, then the Llama-3.1-8B cells 160
+    # did not reach: torch+graph at batch 1, 8, 16 and torch.compile at 16 (one process)
+    mkdir -p "$W/bench"
+    step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or rnd" \
+        -p no:cacheprovider -rfE
+    step 150 bench-8b-t $bench/bench --model llama-3.1-8b --random-weights --batch 1,8,16 --modes torch+graph \
+        --steps 50
+    ;;
 160) # session 16's final commit, one H200 (~8 min; carry .model/smol.p1, parked for 161). Compiles warmed in parallel
     # with the GPU tests (the packed RMSNorm rounding first) and bitwise invariance at 2/8/16 in every mode; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (batch 1, 8, 16; torch+graph not re-run)
