@@ -20,6 +20,8 @@
 # 133 (attention on the tensor cores: slower; branch s13-attn-mma), 132 (segment kernels without the end wait: not
 # kept; s13-endwait), 140 + 141 (the merge folded into attention: kept) and 142 (run 14's batch-16 megakernel rows):
 # session 14.
+# 150 (attention's K/V ring, dead-tile skipping, GB 16 blocks: none kept) and 151 (unrolled epilogues: slower), then
+# 160 + 161 + 162 (its final commit): session 16.
 # 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
