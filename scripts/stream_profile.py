@@ -7,7 +7,7 @@ its first task started, when its last task's dependencies were satisfied, when i
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
 layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
 (``prof_sub``: staging activation tiles, of which waiting for their loads, waiting on ring slots, epilogues, the
-rest). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
+rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
 one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
@@ -63,7 +63,18 @@ def main() -> None:
     # inside the tensor-core GEMV tasks (runner.prof_sub, exec.stream_mma.gemv_mma): medians per op kind
     inside = defaultdict(lambda: defaultdict(list))
     sub = r.prof_sub.cpu().tolist() if hasattr(r, "prof_sub") else []
+    attn_inside = defaultdict(list)  # the attention tasks' own row (exec.stream_tasks.attn_task)
+    for op in (o for o in g.ops if o.kind.name == "attn_partial"):
+        for t in op.task_ids:
+            if t < len(sub):
+                v = sub[t]
+                for name, x in zip(("to_loop_us", "blocks_us", "warp_merges_us", "arrive_merge_us"),
+                                   (v[0], v[1], v[2], v[3] & 0xFFFFFFFF)):
+                    attn_inside[name].append(x / 1e3)
+                attn_inside["blocks"].append(v[3] >> 32)
     for op in g.ops:
+        if op.kind.name == "attn_partial":
+            continue
         for t in op.task_ids:
             if t < len(sub) and sub[t][3] > 0:  # tiles staged: a tensor-core GEMV task
                 d, task_us = inside[op.kind.name], (prof[t][2] - prof[t][1]) / 1e3
@@ -73,12 +84,13 @@ def main() -> None:
                 d["staging_wait_us"].append((sub[t][3] >> 16) / 1e3)
                 d["rest_us"].append(task_us - sum(sub[t][:3]) / 1e3)
     gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
+    attn_in = {n: statistics.median(v) for n, v in attn_inside.items() if v}
     busy = defaultdict(float)
     for p in prof:
         busy[p[3]] += (p[2] - p[1]) / 1e3
     res = {"model": a.model, "batch": a.batch, "step_us": total, "per_kind": per_kind,
            "worker_busy_us": {"median": statistics.median(busy.values()), "max": max(busy.values())},
-           "ops": ops, "gemv_inside": gemv_inside}
+           "ops": ops, "gemv_inside": gemv_inside, "attn_inside": attn_in}
     sel = [o for o in ops if o["op"].endswith(".1") or "lm_head" in o["op"] or o["op"] == "embed"]
     print(f"{a.model} b{a.batch}: step {total:.1f} us; busy per worker median {res['worker_busy_us']['median']:.1f} us")
     for k, v in per_kind.items():
@@ -86,6 +98,10 @@ def main() -> None:
     for k, v in gemv_inside.items():
         print(f"  inside {k:14s} staging {v['staging_us']:6.2f} (waiting {v['staging_wait_us']:5.2f}) ring wait {v['ring_wait_us']:6.2f} epilogue"
               f" {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles {v['tiles']:.0f} (medians)")
+    if attn_in:
+        print(f"  inside attn_partial  to loop {attn_in['to_loop_us']:5.2f} blocks {attn_in['blocks_us']:6.2f} warp merges"
+              f" {attn_in['warp_merges_us']:5.2f} arrive+merge {attn_in['arrive_merge_us']:5.2f} us, blocks"
+              f" {attn_in['blocks']:.0f} (medians)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"
               f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f}")

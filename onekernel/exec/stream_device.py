@@ -286,7 +286,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             gt = gemv_task(rec, a, base_t, True)
         if kind == K_ATTN:  # it loads the old KV rows before it waits
             attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ, HKV,
-                      HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP)
+                      HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, SUBVIEW_REINTERPRET, barrier, wait_deps
+from onekernel.exec.stream_base import F_NU, F_RES, F_TILE, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps
 from onekernel.ops.gemv_rows import rnd
 
 @gluon.jit
@@ -42,7 +42,7 @@ def _pick(vec, idx, j):
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
-          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr):
+          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, sub=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -59,7 +59,11 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     do not depend on its run or the batch.
 
     FOLD (stream_plan.make_plan): after the run, its tiles arrive on their (b, g) groups' counters and the last
-    of a group's NSPLIT tiles merges the group's R rows (``_arrive_and_merge``): no merge tasks."""
+    of a group's NSPLIT tiles merges the group's R rows (``_arrive_and_merge``): no merge tasks.
+
+    PROFILE: ``sub`` (int64 [4], the task's row of the runner's ``prof_sub``) = ns from the dependencies'
+    satisfaction to the loop (the patch and q loads), ns in the block loop without the warp merges, ns in the warp
+    merges (_attn_merge_warps), ns arriving and merging (FOLD) + blocks << 32."""
     R: gl.constexpr = HQ // HKV
     SW: gl.constexpr = SPLIT // 4           # positions per warp and tile
     NB: gl.constexpr = SW // BN             # BN-blocks per warp and tile
@@ -102,6 +106,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
     v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+    if PROFILE:
+        t_r = now()
     cur = (rows == pos) & (rows < end)
     k_c = gl.where(cur, gl.load(kc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), k_c)
     v_c = gl.where(cur, gl.load(vc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), v_c)
@@ -112,6 +118,10 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
+    if PROFILE:
+        t_l = now()
+        gl.store(sub, t_l - t_r)
+        t_mw = t_l * 0
     for i in range(total):
         j = i // NB
         blk = i % NB
@@ -148,9 +158,19 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         k_c = k_n
         v_c = v_n
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
+            if PROFILE:
+                t_w = now()
             _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
+            if PROFILE:
+                t_mw = t_mw + (now() - t_w)
+    if PROFILE:
+        t_a = now()
+        gl.store(sub + 1, t_a - t_l - t_mw)
+        gl.store(sub + 2, t_mw)
     if FOLD:
         _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
+    if PROFILE:
+        gl.store(sub + 3, (now() - t_a) + (total.to(gl.int64) << 32))
 
 
 @gluon.jit
