@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_fold import fold_fits
+from onekernel.exec.stream_fold import fold_fits, split_order
 from onekernel.exec.stream_pack import arg_table, scratch_tensors
 from onekernel.exec.stream_plan import make_plan
 from onekernel.graph.schedule import validate
@@ -121,3 +121,20 @@ def test_a_run_spanning_too_many_groups_keeps_the_merge_tasks(seed):
     plan = make_plan(step, 1, fold=True)
     assert not plan.consts["FOLD"] and any(op.kind.name == "attn_merge" for op in plan.graph.ops)
     assert fold_fits(step.graph, 8)
+
+
+def test_split_order_is_a_bit_reversal_that_balances_live_splits():
+    """stream_fold.split_order: with dead tiles skipped and a power-of-two NSPLIT, position p of a group holds split
+    bitrev(p), a permutation that is its own inverse; every run of NSPLIT / 2^k consecutive positions then holds the
+    same number of the first NSPLIT / 2^j splits (the live ones of a cache filled to 1 / 2^j), for every k, j.
+    Identity without skipping and for a non-power-of-two NSPLIT."""
+    for ns in (1, 2, 4, 16, 64):
+        order = split_order(ns, True)
+        assert sorted(order) == list(range(ns)) and [order[o] for o in order] == list(range(ns))
+        for k in range(ns.bit_length()):
+            run = ns >> k
+            for j in range(ns.bit_length()):
+                live = ns >> j
+                counts = {sum(order[p] < live for p in range(r, r + run)) for r in range(0, ns, run)}
+                assert max(counts) - min(counts) <= 1, (ns, run, live, counts)
+    assert split_order(16, False) == list(range(16)) and split_order(12, True) == list(range(12))

@@ -15,6 +15,7 @@ from onekernel.errors import InputError
 from onekernel.exec import make_runner
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
+from onekernel.exec.stream_fold import split_order
 from onekernel.exec.stream_plan import CHUNK_ELEMS, chunk_cols, make_plan, prefer_stream
 from onekernel.exec.stream_records import records
 from onekernel.graph.schedule import validate
@@ -275,8 +276,12 @@ def test_attention_and_merge_tiles_run_in_runs(batch, seed):
         tiles = [u for u0, n in runs for u in range(u0, u0 + n)]
         assert tiles == list(range(len(src[op.name].task_ids))), f"{op.name}: runs {runs}"
         assert len(runs) <= W and len({where[t] for t in op.task_ids}) == len(runs)
+        ns = plan.consts["NSPLIT"]  # positions -> graph tiles (stream_fold.split_order; the kernel's _tile_coords)
+        order = split_order(ns, plan.consts["SKIP"]) if op.kind.name == "attn_partial" else list(range(ns))
+        assert (order != list(range(ns))) == (plan.consts["PERM"] and op.kind.name == "attn_partial")
         for t, (u0, n) in zip(op.task_ids, runs):
-            want = {r for i in range(u0, u0 + n) for r in step.graph.tasks[src[op.name].task_ids[i]].reads}
+            want = {r for p in range(u0, u0 + n)
+                    for r in step.graph.tasks[src[op.name].task_ids[p // ns * ns + order[p % ns]]].reads}
             assert set(g.tasks[t].reads) == want
         if op.kind.name == "attn_partial":
             longest = max(longest, max(n for _, n in runs))

@@ -16,7 +16,22 @@ from onekernel.graph.ir import Graph
 
 FOLD = os.environ.get("STREAM_FOLD_MERGE", "1") == "1"
 SKIP_DEAD = os.environ.get("STREAM_ATTN_SKIP", "1") == "1"
+# the order of a group's splits along the tile index that runs are cut from (split_order); "linear" for a measurement
+SPLIT_ORDER = os.environ.get("STREAM_ATTN_ORDER", "bitrev")
 MAX_GROUPS = 32  # groups one run's arrival covers (the kernel's 32-bit mask of the groups it merges)
+
+
+def split_order(nsplit: int, skip: bool) -> list[int]:
+    """order[p] = the split s that position p of a (sequence, KV head) group's tiles holds in the plan's tile
+    order (runs are cut from consecutive positions). With dead tiles skipped (a cache filled to a fraction of its
+    length has its live splits first) the bit-reversed order spreads the live splits evenly over any run of
+    consecutive positions, for every power-of-two fill: a run of n / 2^k positions holds the same number of live
+    splits as its neighbours. Identity without skipping, for a non-power-of-two NSPLIT or STREAM_ATTN_ORDER=linear.
+    The kernel decodes p the same way (stream_tasks._tile_coords, PERM). Bit reversal is its own inverse."""
+    if not (skip and SPLIT_ORDER == "bitrev") or nsplit & (nsplit - 1):
+        return list(range(nsplit))
+    bits = nsplit.bit_length() - 1
+    return [int(format(p, f"0{bits}b")[::-1], 2) if bits else 0 for p in range(nsplit)]
 
 
 def fold_fits(src: Graph, n_workers: int) -> bool:

@@ -48,7 +48,7 @@ import torch
 from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_fold import FOLD, SKIP_DEAD, fold_fits, fold_merge_deps
+from onekernel.exec.stream_fold import FOLD, SKIP_DEAD, fold_fits, fold_merge_deps, split_order
 from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
@@ -288,6 +288,12 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             kind = OTHER_KINDS[name]
             tasks = []
             tiles = [src.tasks[i] for i in op.task_ids]
+            pos = list(range(len(tiles)))  # a tile's position in the order runs are cut from
+            if name == "attn_partial":  # a group's splits in split_order (tile = group * NSPLIT + s)
+                ns = op.params["NSPLIT"]
+                order = split_order(ns, fold and SKIP_DEAD)
+                tiles.sort(key=lambda t: (t.tile // ns, order.index(t.tile % ns)))
+                pos = [t.tile // ns * ns + order.index(t.tile % ns) for t in tiles]
             bounds = [(w * len(tiles)) // n_workers for w in range(n_workers + 1)]
             for j in range(n_workers):
                 run = tiles[bounds[j]:bounds[j + 1]]
@@ -297,7 +303,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 writes = tuple(dict.fromkeys(w for t in run for w in t.writes))
                 tasks.append(Task(-1, len(tasks), reads, writes, sum(t.bytes for t in run),
                                   sum(t.flops for t in run)))
-                units.append((run[0].tile, len(run)))
+                units.append((pos[bounds[j]], len(run)))
         else:
             kind = OTHER_KINDS[name]
             tasks = []
@@ -327,7 +333,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, SKIP=fold and SKIP_DEAD, NGP=ngp, KVS=attn_kv_stages(mma, B, ck, bn, hd), NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
+                  FOLD=fold, SKIP=fold and SKIP_DEAD, PERM=split_order(attn["NSPLIT"], fold and SKIP_DEAD) != list(range(attn["NSPLIT"])), NGP=ngp, KVS=attn_kv_stages(mma, B, ck, bn, hd), NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps

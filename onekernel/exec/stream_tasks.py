@@ -28,9 +28,28 @@ def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.c
 
 
 @gluon.jit
-def _tile_coords(tile, HKV: gl.constexpr, NSPLIT: gl.constexpr):
-    """(b, g, s) of attention tile (b * HKV + g) * NSPLIT + s."""
-    return tile // (HKV * NSPLIT), (tile // NSPLIT) % HKV, tile % NSPLIT
+def _tile_coords(tile, HKV: gl.constexpr, NSPLIT: gl.constexpr, PERM: gl.constexpr = False):
+    """(b, g, s) of the attention tile at position (b * HKV + g) * NSPLIT + p of the plan's order: s = p, or with
+    PERM the bit reversal of p (stream_fold.split_order)."""
+    s = tile % NSPLIT
+    if PERM:
+        s = _bitrev(s, NSPLIT)
+    return tile // (HKV * NSPLIT), (tile // NSPLIT) % HKV, s
+
+
+@gluon.constexpr_function
+def _log2(n):
+    return int(n).bit_length() - 1
+
+
+@gluon.jit
+def _bitrev(x, N: gl.constexpr):
+    """x's low log2(N) bits reversed (N a power of two): stream_fold.split_order."""
+    LOG: gl.constexpr = _log2(N)
+    r = x * 0
+    for k in gl.static_range(LOG):
+        r = r | (((x >> k) & 1) << (LOG - 1 - k))
+    return r
 
 
 @gluon.jit
@@ -44,7 +63,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
           NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, xbuf=None, rbuf=None,
-          KVS: gl.constexpr = 0, B: gl.constexpr = 1, SKIP: gl.constexpr = False):
+          KVS: gl.constexpr = 0, B: gl.constexpr = 1, SKIP: gl.constexpr = False, PERM: gl.constexpr = False):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -66,6 +85,9 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     instead of one. Each thread reads back only the elements its own copies wrote (the same distributed layout):
     ``cp.async.wait_group`` orders them, no CTA barrier. A slot is refilled only after the block read from it
     was consumed. At the end xbuf's rows >= B are zeroed again (operand A's padding rows, stream_mma._store_a).
+
+    PERM (stream_fold.split_order): the run's positions map to splits by bit reversal within each group, so that
+    the live splits of a partly filled cache spread evenly over the runs.
 
     SKIP (with FOLD; stream_fold.SKIP_DEAD): the loop runs over the run's live tiles only, a tile (b, g, s) being
     dead when its split starts past seq_lens[b] (s * SPLIT > pos: no position to attend to, its partial would
@@ -98,7 +120,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
     # the run's tiles the loop visits, in order: tilev[k] = the run index of the k-th, posl[k] = its position
     if SKIP:
-        tilev, posl, nlive = _live_tiles(posv, jv, u0, nu, SPLIT, NSPLIT, NTA)
+        tilev, posl, nlive = _live_tiles(posv, jv, u0, nu, SPLIT, NSPLIT, NTA, PERM)
     else:
         tilev, posl, nlive = jv, posv, nu
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
@@ -112,7 +134,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
     # block 0 of the first tile before the wait: the old rows only
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, 0), HKV, NSPLIT)
+    b, g, s = _tile_coords(u0 + _pick(tilev, jv, 0), HKV, NSPLIT, PERM)
     pos = _pick(posl, jv, 0)
     end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
     kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
@@ -138,14 +160,14 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         xv.index(1).store(v_c)
         for pb in gl.static_range(1, KVS):
             _kv_issue(xv, rv, kc, vc, u0, pb, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
-                      KH)
+                      KH, PERM)
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
     for i in range(total):
         jl = i // NB
         blk = i % NB
-        b, g, s = _tile_coords(u0 + _pick(tilev, jv, jl), HKV, NSPLIT)
+        b, g, s = _tile_coords(u0 + _pick(tilev, jv, jl), HKV, NSPLIT, PERM)
         end = gl.minimum(gl.minimum(_pick(posl, jv, jl) + 1, s * SPLIT + SPLIT), S)
         n0 = s * SPLIT + blk * BN
         # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
@@ -161,8 +183,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
             k_c, v_c = _kv_read(xv, rv, i, KH, KL)
         else:  # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end
             k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT,
-                                 BN, NB)
-        b1, g1, s1 = _tile_coords(u0 + _pick(tilev, jv, (i + 1) // NB), HKV, NSPLIT)
+                                 BN, NB, PERM)
+        b1, g1, s1 = _tile_coords(u0 + _pick(tilev, jv, (i + 1) // NB), HKV, NSPLIT, PERM)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
         q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
                       cache_modifier=".cg")
@@ -180,7 +202,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         m = m_new
         if KVS > 0:  # block i consumed: its slot takes block i + KVS (an empty group past the run's end)
             _kv_issue(xv, rv, kc, vc, u0, i + KVS, total, tilev, posl, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT,
-                      BN, NB, KH)
+                      BN, NB, KH, PERM)
         else:
             k_c = k_n
             v_c = v_n
@@ -268,10 +290,11 @@ def _merge_group(o_part, lse_part, out, row0, nsl, R: gl.constexpr, HD: gl.const
 
 @gluon.jit
 def _kv_block(kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
-              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
+              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
+              PERM: gl.constexpr):
     """K, V [4, BN, HD] of block ``idx`` of the run's visited tiles (tilev, posl: attn_task; warp w: its BN
     positions of the block), rows past the tile's end (or idx >= total) 0."""
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT)
+    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT, PERM)
     end = gl.minimum(gl.minimum(_pick(posl, jv, idx // NB) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)
@@ -281,13 +304,17 @@ def _kv_block(kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.const
 
 
 @gluon.jit
-def _live_tiles(posv, jv, u0, nu, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NTA: gl.constexpr):
+def _live_tiles(posv, jv, u0, nu, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NTA: gl.constexpr,
+                PERM: gl.constexpr):
     """(tilev, posl, n): the run's live tiles in order (attn_task, SKIP): tilev[k] = the run index j of the k-th
     tile whose split starts at or before its sequence's position (s * SPLIT <= posv[j]), posl[k] = posv[j], n of
     them (entries k >= n: 0). Two [NTA, NTA] reductions, no scan."""
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     M2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
-    live = (jv < nu) & (((u0 + jv) % NSPLIT) * SPLIT <= posv)
+    s = (u0 + jv) % NSPLIT
+    if PERM:
+        s = _bitrev(s, NSPLIT)
+    live = (jv < nu) & (s * SPLIT <= posv)
     rk = gl.arange(0, NTA, layout=gl.SliceLayout(1, M2))[:, None]
     cj = gl.arange(0, NTA, layout=gl.SliceLayout(0, M2))[None, :]
     livec = gl.convert_layout(live, gl.SliceLayout(0, M2))[None, :]
@@ -302,11 +329,11 @@ def _live_tiles(posv, jv, u0, nu, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NTA
 @gluon.jit
 def _kv_issue(xv, rv, kc, vc, u0, idx, total, tilev, posl, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
               S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
-              KH: gl.constexpr):
+              KH: gl.constexpr, PERM: gl.constexpr):
     """cp.async copies of block ``idx`` of the run (as _kv_block: rows past the tile's end, or idx >= total, 0)
     into its ring slot: xbuf for even idx, rbuf for odd, slot (idx // 2) % KH, K at 2 * slot and V at 2 * slot + 1;
     one commit group."""
-    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT)
+    b, g, s = _tile_coords(u0 + _pick(tilev, jv, idx // NB), HKV, NSPLIT, PERM)
     end = gl.minimum(gl.minimum(_pick(posl, jv, idx // NB) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)
