@@ -126,7 +126,7 @@ def main() -> None:
     rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "KVS",
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "GBE", "KVS",
                                              "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):

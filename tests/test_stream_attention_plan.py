@@ -44,8 +44,8 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
 def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     """32 query heads per KV head at head_dim 64: m and l of the 4 warps x RP heads do not fit one row of the
     scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 8 per KV head at
-    head_dim 128 (Llama-3.1-70B's group) passes, its partial-sum buffer grown to hold the scratch, whose rows
-    (the whole buffer viewed as [rows, RP, HD]) stay a power of two."""
+    head_dim 128 (Llama-3.1-70B's group) passes, its partial-sum buffer holding the scratch (grown past GB where
+    GB is small), whose rows (the whole buffer viewed as [rows, RP, HD]) stay a power of two."""
     from onekernel.exec.stream_device import scr_rows
 
     base = get_config("llama-3.2-1b")
@@ -59,8 +59,13 @@ def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     _, ck, rg, _ = sp.chunk_shape(g)
     groups = sp.acc_groups(rg, 8, 128)
     rows = scr_rows(groups, rg, 8, 128)
-    assert groups > sp.mma_groups(rg) and rows >= 8 and rows & (rows - 1) == 0
+    assert groups >= sp.mma_groups(rg) and rows >= 8 and rows & (rows - 1) == 0
     assert rows * 8 * 128 == groups * 4 * sp.MMA_ROWS * rg
+    # blocks of 64 rows (GB = 64 // RG) leave too few groups for the scratch: the buffer grows past GB
+    from onekernel.exec import stream_smem
+    monkeypatch.setattr(stream_smem, "MMA_BLOCK_ROWS", 64)
+    small = sp.acc_groups(rg, 8, 128)
+    assert small > sp.mma_groups(rg) and small * 4 * sp.MMA_ROWS * rg * 4 >= 32 * 8 * 128
 
 
 @pytest.mark.parametrize("xb,kxb,ck,rp,hd", [(1, 6, 256, 4, 64), (3, 6, 256, 4, 64), (1, 8, 1024, 4, 64),

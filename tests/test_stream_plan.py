@@ -15,7 +15,8 @@ from onekernel.errors import InputError
 from onekernel.exec import make_runner
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
-from onekernel.exec.stream_plan import CHUNK_ELEMS, chunk_cols, make_plan, prefer_stream
+from onekernel.exec.stream_plan import (CHUNK_ELEMS, MMA_BLOCK_ROWS, MMA_EPI_BLOCK_ROWS, chunk_cols, make_plan,
+                                        prefer_stream)
 from onekernel.exec.stream_records import records
 from onekernel.graph.schedule import validate
 from onekernel.models.config import get_config
@@ -151,7 +152,8 @@ def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
     c = plan.consts
     rg, ck, gb = c["RG"], c["CK"], c["GB"]
     from onekernel.exec.stream_base import mma_weight_bases
-    assert c["MMA"] and rg * ck == CHUNK_ELEMS and gb * rg == 64 and gb % 2 == 0
+    assert c["MMA"] and rg * ck == CHUNK_ELEMS and gb * rg == MMA_BLOCK_ROWS and gb % 2 == 0
+    assert c["GBE"] == min(gb, max(2, MMA_EPI_BLOCK_ROWS // rg)) and c["GBE"] % 2 == 0
     ks = ck // 4
     co = _slot_coords(mma_weight_bases(ck, rg), CHUNK_ELEMS)
     assert torch.unique(co[:, 2] * ck + co[:, 0] * ks + co[:, 1]).numel() == CHUNK_ELEMS  # a bijection
@@ -160,7 +162,8 @@ def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
     def decode(o, t, op, kind):  # k-major blocks of groups, each chunk read through the kernel's shared layout
         u0, nu = plan.units[t]
         nkb, out = op.params["NKB"], []
-        ub_n = gb // (2 if kind == sd.K_GATEUP.value else 1)
+        small = kind in (sd.K_RESID.value, sd.K_QKV.value)
+        ub_n = (c["GBE"] if small else gb) // (2 if kind == sd.K_GATEUP.value else 1)
         for ub in range(u0, u0 + nu, ub_n):
             groups = [rows for u in range(ub, min(ub + ub_n, u0 + nu)) for rows in _device_rows(kind, u, op.params, rg)]
             wg = [torch.full((rg, nkb * ck), float("nan"), dtype=torch.float64) for _ in groups]

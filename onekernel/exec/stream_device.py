@@ -245,7 +245,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, KVS: gl.constexpr, SKIP: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, KVS: gl.constexpr, SKIP: gl.constexpr, GBE: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -304,7 +304,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
-                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
+                                 KXB, RG, CK, GB, GBE, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
                                  prof + (n_prof + t) * 4)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
@@ -338,10 +338,10 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr,
                       NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
                       EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr = False,
-                      GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
-                      NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
+                      GB: gl.constexpr = 16, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
+                      NTA: gl.constexpr = 1, ACCG: gl.constexpr = 16, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, KVS: gl.constexpr = 0,
-                      SKIP: gl.constexpr = False, FIRST: gl.constexpr = True,
+                      SKIP: gl.constexpr = False, GBE: gl.constexpr = 8, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
@@ -403,7 +403,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, KVS, SKIP)),
+                     NTA, ACCG, FOLD, NGP, KVS, SKIP, GBE)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

@@ -264,11 +264,13 @@ def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
 @gluon.jit
 def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
-             GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
+             GB: gl.constexpr, GBE: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr,
+             HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
              D: gl.constexpr, PROFILE: gl.constexpr, sub):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
-    (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
+    (GB / 2 units for gate_up; GBE units for residual and QKV tasks, whose epilogue operands are prefetched per
+    unit: GB of them spilled; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
     (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
     (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
@@ -282,7 +284,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     t, u0, nu, K, nkb, N, x, nw = gt
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
-    UB = GB // gpu                              # units per block
+    small = (kind == K_RESID) | (kind == K_QKV)  # blocks of GBE groups: their epilogue operands prefetched per unit
+    UB = gl.where(small, GBE, GB // gpu)        # units per block (stream_smem.mma_block_groups)
     # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (a 4-row
     # quad per 4 batch rows: at CK = 1024 up to batch 8; batch 16 spilled 208 B), else (ASYNC) as cp.async
     # copies into rbuf. The first tile's loads fly during the rstd pass
@@ -318,7 +321,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         ue = gl.minimum(ub + UB, u0 + nu)
         # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
         pf = ()
-        for j in gl.static_range(GB):
+        for j in gl.static_range(GBE):
             u = ub + j
             offs = b64 * N + (u * RG + r)[None, :]
             m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
@@ -330,7 +333,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             t_e = now()
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
-            for j in gl.static_range(GB):
+            for j in gl.static_range(GBE):
                 u = ub + j
                 if u < ue:
                     offs = b64 * N + (u * RG + r)[None, :]
@@ -342,7 +345,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                 gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
                            b64, bm, N, out, RG)
         elif kind == K_QKV:
-            for j in gl.static_range(GB):
+            for j in gl.static_range(GBE):
                 u = ub + j
                 if u < ue:
                     cs, sn = rope_cos_sin(pos, pf[j][1], dt)

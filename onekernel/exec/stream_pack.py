@@ -49,7 +49,8 @@ def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> list[int]:
 def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight stream bf16/fp16 [chunks, RG, CK] (each worker's GEMV chunks in queue order, back to back) and
     chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1]). MMA plans: each task's chunks
-    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc)."""
+    in ``mma_chunk_order`` (blocks of GB groups, GBE for residual and QKV tasks), each chunk's elements permuted
+    by ``mma_chunk_perm`` (module doc)."""
     g, c = plan.graph, plan.consts
     rg, ck = c["RG"], c["CK"]
     mma = bool(c.get("MMA"))
@@ -89,7 +90,8 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
             oi, g0, g1, nkb = per_task[t]
             n = (g1 - g0) * nkb
             if mma:
-                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GB"]), device=dev)
+                small = plan.kinds[oi] in (sd.K_RESID.value, sd.K_QKV.value)  # blocks of GBE groups (mma_block_groups)
+                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GBE"] if small else c["GB"]), device=dev)
                 packed[o:o + n] = chunks[oi][order]
             else:
                 packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]

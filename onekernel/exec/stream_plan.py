@@ -21,7 +21,8 @@ From a bound decode step:
    (``packed`` [chunks, RG, CK]); the loader walks it with one TMA copy per chunk.
 
 A ``gemv="mma"`` step (tensor cores, ``consts["MMA"]``) streams the same chunks in another order and layout:
-per task, blocks of GB = 64 // RG chunk groups (gate_up: GB / 2 units), each block k-major (for kb: for each
+per task, blocks of GB = 128 // RG chunk groups (gate_up: GB / 2 units; residual and QKV tasks, whose epilogue
+operands are prefetched per unit in registers: GBE = 64 // RG), each block k-major (for kb: for each
 group of the block: chunk (group, kb)), so the consumer stages one [16, CK] activation tile per (block, kb) and
 multiplies it with the block's GB weight chunks; and each chunk's elements are permuted on the host into the
 shared-memory layout the MMA's operand loads read without bank conflicts (``mma_weight_bases``: the chunk as
@@ -54,9 +55,9 @@ from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencie
                                   transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
-from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT, XBUF_SLOTS, _slots,  # noqa: F401
-                                        acc_groups, attn_bn, attn_kv_stages, bars_guess, fma_xbuf_bytes, mma_groups, mma_smem,
-                                        pow2_ceil, xbuf_rows)
+from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, MMA_EPI_BLOCK_ROWS, SMEM_LIMIT,  # noqa: F401
+                                        XBUF_SLOTS, _slots, acc_groups, attn_bn, attn_kv_stages, bars_guess,
+                                        fma_xbuf_bytes, mma_block_groups, mma_groups, mma_smem, pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
@@ -326,8 +327,10 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
-                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, SKIP=fold and SKIP_DEAD, NGP=ngp, KVS=attn_kv_stages(mma, B, ck, bn, hd), NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
+                  SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), GBE=mma_block_groups(rg, True),
+                  ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
+                  FOLD=fold, SKIP=fold and SKIP_DEAD, NGP=ngp, KVS=attn_kv_stages(mma, B, ck, bn, hd),
+                  NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps

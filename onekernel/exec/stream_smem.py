@@ -18,7 +18,8 @@ KV_RING = os.environ.get("STREAM_ATTN_KV", "1") == "1"
 # the smallest batch whose kernel allocates the raw tile for the ring alone (below the cp.async activation prefetch's
 # batches it costs the weight ring 2 slots); STREAM_ATTN_KV_MIN_B sets it for a measurement
 KV_MIN_B = int(os.environ.get("STREAM_ATTN_KV_MIN_B", "9"))
-MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
+MMA_BLOCK_ROWS = 128  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
+MMA_EPI_BLOCK_ROWS = 64  # the same for residual and QKV tasks (GBE, mma_block_groups)
 
 
 def pow2_ceil(n: int) -> int:
@@ -28,6 +29,13 @@ def pow2_ceil(n: int) -> int:
 def mma_groups(rg: int) -> int:
     """GB: chunk groups per k-major block of the MMA path (even, so a gate_up block holds whole units)."""
     return max(2, MMA_BLOCK_ROWS // rg)
+
+
+def mma_block_groups(rg: int, small: bool) -> int:
+    """Chunk groups per k-major block of a task: GB for gate_up and the LM head; at most MMA_EPI_BLOCK_ROWS // RG
+    (GBE) for residual and QKV tasks (``small``), whose epilogue operands (residual rows, RoPE frequencies) are
+    loaded per unit before the block in registers (stream_mma.gemv_mma), and which hold few units per task."""
+    return min(mma_groups(rg), max(2, MMA_EPI_BLOCK_ROWS // rg)) if small else mma_groups(rg)
 
 
 def acc_groups(rg: int, rp: int = 1, hd: int = 0) -> int:
