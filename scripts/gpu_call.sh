@@ -22,7 +22,8 @@
 # session 14.
 # 150 (attention's K/V ring, dead-tile skipping, GB 16 blocks: none kept) and 151 (unrolled epilogues: slower), then
 # 160 + 161 + 162 (its final commit): session 16.
-# 110 + 111 (one H200, back to back) and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
+# 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
+# and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
 # 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
@@ -48,6 +49,15 @@ step() {  # step SECONDS NAME COMMAND...
 }
 bench="python3 -m onekernel.cli bench --out $W"    # word-split on purpose: `timeout` runs programs only
 suite="env OUT=$W python3 scripts/gpu_suite.py"
+# A/B calls over trees: wtree LIMIT NAME DIR ENVS ARGS... warms `onekernel bench` of the tree in DIR (. or an unpacked
+# tarball) with ENVS (one word, split here) in the background; ttree LIMIT NAME DIR ENVS ARGS... times it (a step,
+# output under $W/NAME). Each process starts in its tree's directory, so it imports that tree's onekernel.
+wtree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] || return 0
+          (cd "$dir" && timeout "$lim" env $envs PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
+           --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
+ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] || return 0
+          step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
+              bench --out $W/$name $* --steps 50"; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
@@ -94,7 +104,7 @@ case "$1" in
     step 45 bench-8b $bench/bench $B8 --modes $M --steps 50
     ;;
 162) # after 160 + 161 (~4 min): the streaming kernel's GPU tests at the final commit, then the Llama-3.1-8B cells 160
-    # did not reach: torch+graph at batch 1, 8, 16 and torch.compile at 16 (one process)
+    # did not reach: torch+graph at batch 1, 8, 16 (one process; torch.compile at 16 stays unmeasured)
     mkdir -p "$W/bench"
     step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or rnd" \
         -p no:cacheprovider -rfE
@@ -146,17 +156,12 @@ case "$1" in
 151) # session 16 (~4 min): the tensor-core GEMV's gate_up and LM-head epilogues unrolled over the block's units and
     # masked (this tree) against the commit before (.base.tgz, unpacked to /tmp/base), each its own process; the GPU
     # tests (the RMSNorm rounding by the packed conversions included) and invariance of this tree beside the warm-ups
-    mkdir -p /tmp/base /tmp/warm "$W/profile" && tar -xzf .base.tgz -C /tmp/base && log "base tree: $(cat /tmp/base/COMMIT)"
+    mkdir -p /tmp/base /tmp/warm "$W/profile" && tar -xzf .base.tgz -C /tmp/base
+    log "base tree: $(cat /tmp/base/COMMIT)"
     BC="ONEKERNEL_COMMIT=$(cat /tmp/base/COMMIT)"
     B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    wv() { local name=$1 dir=$2 envs=$3; shift 3
-           (cd "$dir" && timeout 170 env $envs PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
-            --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    tv() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4
-           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
-               bench --out $W/$name $* --steps 50"; }
     log "warm-up and checks"
-    wv new . X=0 $B1; wv base /tmp/base "$BC" $B1
+    wtree 170 new . X=0 $B1; wtree 170 base /tmp/base "$BC" $B1
     (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
         >"$W/inv-1b.log" 2>&1) &
     (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or rnd" \
@@ -165,10 +170,10 @@ case "$1" in
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    tv 30 base-1b /tmp/base "$BC" $B1
-    tv 30 new-1b . X=0 $B1
-    tv 30 base2-1b /tmp/base "$BC" $B1
-    tv 30 new2-1b . X=0 $B1
+    ttree 30 base-1b /tmp/base "$BC" $B1
+    ttree 30 new-1b . X=0 $B1
+    ttree 30 base2-1b /tmp/base "$BC" $B1
+    ttree 30 new2-1b . X=0 $B1
     step 20 profile-new-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
     step 20 profile-new-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
@@ -182,16 +187,10 @@ case "$1" in
     GBC="ONEKERNEL_COMMIT=$(cat /tmp/gb/COMMIT 2>/dev/null)" OFF="STREAM_ATTN_KV=0 STREAM_ATTN_SKIP=0"
     mkdir -p "$W/profile" /tmp/warm
     B1="--model llama-3.2-1b --random-weights --modes megakernel"
-    # wv NAME DIR ENVS ARGS...: a warm-up bench of the tree in DIR (. or /tmp/gb) with ENVS (one word, split here)
-    wv() { local name=$1 dir=$2 envs=$3; shift 3; [ -d "$dir/onekernel" ] || return 0
-           (cd "$dir" && timeout 200 env $envs PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
-            --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
-    tv() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] || return 0
-           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
-               bench --out $W/$name $* --steps 50"; }
     log "warm-up and checks"
-    wv base . "$OFF" $B1 --batch 1,8,16; wv new . X=0 $B1 --batch 1,8,16; wv kvonly . STREAM_ATTN_SKIP=0 $B1 --batch 16
-    wv kv8 . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8; wv gb /tmp/gb "$GBC" $B1 --batch 1,8,16
+    wtree 200 base . "$OFF" $B1 --batch 1,8,16; wtree 200 new . X=0 $B1 --batch 1,8,16
+    wtree 200 kvonly . STREAM_ATTN_SKIP=0 $B1 --batch 16
+    wtree 200 kv8 . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8; wtree 200 gb /tmp/gb "$GBC" $B1 --batch 1,8,16
     (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
         >"$W/inv-1b.log" 2>&1) &
     (timeout 200 env STREAM_ATTN_KV_MIN_B=2 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel \
@@ -202,12 +201,12 @@ case "$1" in
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    tv 30 base-1b . "$OFF" $B1 --batch 1,8,16
-    tv 30 new-1b . X=0 $B1 --batch 1,8,16
-    tv 20 kvonly-1b . STREAM_ATTN_SKIP=0 $B1 --batch 16
-    tv 20 kv8-1b . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8
-    tv 30 gb-1b /tmp/gb "$GBC" $B1 --batch 1,8,16
-    tv 30 base2-1b . "$OFF" $B1 --batch 1,8,16
+    ttree 30 base-1b . "$OFF" $B1 --batch 1,8,16
+    ttree 30 new-1b . X=0 $B1 --batch 1,8,16
+    ttree 20 kvonly-1b . STREAM_ATTN_SKIP=0 $B1 --batch 16
+    ttree 20 kv8-1b . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8
+    ttree 30 gb-1b /tmp/gb "$GBC" $B1 --batch 1,8,16
+    ttree 30 base2-1b . "$OFF" $B1 --batch 1,8,16
     step 20 profile-new-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 20 profile-new-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
     [ -d /tmp/gb/onekernel ] && step 20 profile-gb-16 bash -c "cd /tmp/gb && PYTHONPATH=/tmp/site:/tmp/gb python3 \
@@ -271,65 +270,8 @@ case "$1" in
     step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
-110) # the final commit (sessions 11, 12), one H200 (~9 min; carry .model/smol.p1, parked for 111). Compiles warmed in
-    # parallel with bitwise batch invariance at 2/8/16 in every mode; then the batch tables, Llama-3.2-1B then
-    # Llama-3.1-8B (every mode, torch.compile and PyTorch + CUDA graph). The streaming GPU tests moved to 111: beside
-    # four warm-ups they needed more than 175 s (run 12 call 110: 4 of 5 done)
-    cp .model/smol.p1 /tmp/model/ 2>/dev/null
-    warm() { local name=$1; shift; (timeout 175 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    mkdir -p "$W/bench" /tmp/warm
-    log "warm-up and checks"
-    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 8b $B8 --batch 1,2,4,8,16 --modes $MK
-    warm 8b-t $B8 --batch 1,2,4,8,16 --modes $MT
-    (timeout 175 python3 scripts/invariance_check.py llama-3.2-1b --modes eager,graph,pdl,megakernel \
-        --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
-    wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    step 125 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 245 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    ;;
-111) # at once after 110 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
-    # every mode), then 1,000 replays and the forced timeout, beside cold / warm start times; the SmolLM2 table; the
-    # streaming kernel's GPU tests; pdl-gluon beside pdl and the megakernel (1B, 8B, batch 1 and 8); its profiles
-    # (Llama-3.2-1B batch 1 and 16). ~8 min
-    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench" "$W/profile"
-    # the Llama-3.1-8B batch-16 rows 160 did not reach (torch.compile compiled them inside its timed step)
-    step 60 bench-8b-16 $bench/bench --model llama-3.1-8b --random-weights --batch 16 --modes graph,pdl,megakernel \
-        --steps 50
-    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
-    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
-    (step 150 compile-times python3 scripts/compile_times.py --out "$W" --jobs 3 --timeout 60 --cases "$CT") &
-    (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json";
-     step 70 replays python3 scripts/replay_check.py --out "$W/replays.json") &
-    wait
-    # session 13: pdl on the Gluon bodies (pdl-gluon) beside pdl, warmed beside the GPU tests (one 8B process)
-    G1="--model llama-3.2-1b --random-weights --batch 1,8" G8="--model llama-3.1-8b --random-weights --batch 1,8"
-    (for g in "$G1" "$G8"; do timeout 100 python3 -m onekernel.cli bench --steps 2 --modes pdl,pdl-gluon \
-        --out /tmp/warm/g $g; done >"$W/warm-gluon.log" 2>&1) &
-    # session 14: the megakernel with the merge tasks (STREAM_FOLD_MERGE=0) beside the folded one, 1B and 8B
-    (for g in "$G1" "$G8"; do timeout 100 env STREAM_FOLD_MERGE=0 python3 -m onekernel.cli bench --steps 2 \
-        --modes megakernel --out /tmp/warm/s $g; done >"$W/warm-sep.log" 2>&1) &
-    step 200 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE
-    wait
-    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
-    step 40 bench-gluon-1b $bench/bench $G1 --modes pdl,megakernel,pdl-gluon --steps 50
-    step 60 bench-gluon-8b $bench/bench $G8 --modes pdl,megakernel,pdl-gluon --steps 50
-    mkdir -p "$W/sep"
-    step 25 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $G1 --modes megakernel --steps 50
-    step 35 sep-8b env STREAM_FOLD_MERGE=0 $bench/sep $G8 --modes megakernel --steps 50
-    step 25 profile-1b python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b
-    step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    ;;
-112) # after 110 + 111, kind nvidia-h200-x2 (~7 min): the TP=2 megakernel at this commit (its Gluon kernel is the
-    # single-GPU one with TP on, so session 11's GEMV changes reach it): tp_check of the megakernel rows (both
+112) # after 160 + 161 (110 + 111 before session 16), kind nvidia-h200-x2 (~7 min): the TP=2 megakernel at this
+    # commit (its Gluon kernel is the single-GPU one with TP on, so session 11's GEMV changes reach it): tp_check of the megakernel rows (both
     # backends) on Llama-3.2-1B beside the compile warm-up, `bench --tp 2` of Llama-3.1-8B, then tp_check on it
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     B8="--model llama-3.1-8b --random-weights" TPM="torch+graph,graph,pdl,megakernel"
