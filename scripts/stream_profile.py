@@ -7,8 +7,8 @@ its first task started, when its last task's dependencies were satisfied, when i
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
 layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
 (``prof_sub``: staging activation tiles, of which waiting for their loads, waiting on ring slots, epilogues, the
-rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of
-one step: ``profile.trace.timeline_png``).
+rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes
+DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
 
@@ -96,11 +96,12 @@ def main() -> None:
     for k, v in per_kind.items():
         print(f"  {k:14s} tasks {v['tasks']:6d} median {v['median_us']:7.2f} us  max {v['max_us']:7.2f} us")
     for k, v in gemv_inside.items():
-        print(f"  inside {k:14s} staging {v['staging_us']:6.2f} (waiting {v['staging_wait_us']:5.2f}) ring wait {v['ring_wait_us']:6.2f} epilogue"
-              f" {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles {v['tiles']:.0f} (medians)")
+        print(f"  inside {k:14s} staging {v['staging_us']:6.2f} (waiting {v['staging_wait_us']:5.2f}) ring wait"
+              f" {v['ring_wait_us']:6.2f} epilogue {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles"
+              f" {v['tiles']:.0f} (medians)")
     if attn_in:
-        print(f"  inside attn_partial  to loop {attn_in['to_loop_us']:5.2f} blocks {attn_in['blocks_us']:6.2f} warp merges"
-              f" {attn_in['warp_merges_us']:5.2f} arrive+merge {attn_in['arrive_merge_us']:5.2f} us, blocks"
+        print(f"  inside attn_partial  to loop {attn_in['to_loop_us']:5.2f} blocks {attn_in['blocks_us']:6.2f}"
+              f" warp merges {attn_in['warp_merges_us']:5.2f} arrive+merge {attn_in['arrive_merge_us']:5.2f} us, blocks"
               f" {attn_in['blocks']:.0f} (medians)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"

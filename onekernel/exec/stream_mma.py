@@ -108,17 +108,6 @@ def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _rnd_bf16(x):
-    """ops.gemv_rows.rnd(x, bf16) with the hardware's conversion: ``cvt.rn.bf16x2.f32`` rounds two fp32 values to
-    the nearest bf16 (ties to even, as rnd), then each is widened back by its bits (inline asm: the compiler does not
-    fold it away, as it folds ``x.to(bf16).to(fp32)``). 1.5 instructions per value instead of rnd's 4."""
-    u = gl.inline_asm_elementwise(
-        "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
-        "=r,=r,f,f", [x], dtype=gl.int32, is_pure=True, pack=2)
-    return u.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
 def _norm_bf16(y, g):
     """rnd(rnd(y, bf16) * g) as bf16 for fp32 y and bf16 g (RMSNorm's two rounding points, HF's order):
     ``cvt.rn.bf16x2.f32`` rounds two y to bf16, ``mul.rn.bf16x2`` multiplies them by two g and rounds once. A
@@ -134,20 +123,18 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
     """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
     hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
     _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
-    F.linear does. bf16: the outer rnd is the conversion's own rounding (round to nearest even, the same bits for
-    every finite value: tests/test_ops_gemv.py), and the inner one the hardware conversion (_rnd_bf16), so only
-    fp16 (whose rnd turns -0 into +0) keeps rnd."""
+    F.linear does. bf16: both roundings by the hardware's packed conversions (_norm_bf16, the same bits); fp16
+    keeps rnd."""
     dt: gl.constexpr = abuf.dtype
-    g = vs[0].to(gl.float32)
     for q in gl.static_range(4):
         if q * 4 < B:
             v = vs[1 + q]
             if norm != 0:
+                y = v.to(gl.float32) * rs[q][None, :, None]
                 if dt == gl.bfloat16:
-                    y = v.to(gl.float32) * rs[q][None, :, None]
                     v = _norm_bf16(y, gl.broadcast(vs[0], y)[0])
                 else:
-                    v = rnd(rnd(v.to(gl.float32) * rs[q][None, :, None], dt) * g, dt).to(dt)
+                    v = rnd(rnd(y, dt) * vs[0].to(gl.float32), dt).to(dt)
             abuf.slice(q * 4, 4, dim=1).store(v)
 
 
