@@ -61,6 +61,27 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+170) # session 17's first call (~4.5 min): where the time goes. The attention sub-stamps' first run: streaming profiles of
+    # Llama-3.2-1B at batch 1 / 8 / 16 and Llama-3.1-8B at 1 / 16 (compiled in parallel first, then timed one at a
+    # time); the packed RMSNorm rounding test; the Llama-3.1-8B batch-1 warm start under cProfile (issue 12: 5.1 s)
+    mkdir -p "$W/profile" /tmp/warm
+    P="python3 scripts/stream_profile.py"
+    log "warm-up and checks"
+    for mb in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:1 llama-3.1-8b:16; do
+        (timeout 150 $P --out /tmp/warm --model ${mb%:*} --batch ${mb#*:} >"$W/warm-${mb/:/-}.log" 2>&1) &
+    done
+    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k norm_bf16 \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 150 python3 scripts/compile_times.py --child llama-3.1-8b 1 megakernel >"$W/warm-start-8b.log" 2>&1) &
+    wait
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    for mb in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:1 llama-3.1-8b:16; do
+        step 40 "profile-${mb/:/-}" $P --out "$W/profile" --model "${mb%:*}" --batch "${mb#*:}"
+    done
+    step 40 start-8b python3 scripts/compile_times.py --child llama-3.1-8b 1 megakernel
+    step 60 start-8b-cprofile bash -c "python3 -m cProfile -s cumtime scripts/compile_times.py --child llama-3.1-8b 1 \
+        megakernel | head -90"
+    ;;
 1)
     cp .model/smol.part-aa /tmp/model/
     step 75 ops $suite ops
