@@ -72,13 +72,12 @@ case "$1" in
     done
     (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k norm_bf16 \
         -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 150 python3 scripts/compile_times.py --child llama-3.1-8b 1 megakernel >"$W/warm-start-8b.log" 2>&1) &
     wait
     tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
     for mb in llama-3.2-1b:1 llama-3.2-1b:8 llama-3.2-1b:16 llama-3.1-8b:1 llama-3.1-8b:16; do
         step 40 "profile-${mb/:/-}" $P --out "$W/profile" --model "${mb%:*}" --batch "${mb#*:}"
     done
-    step 40 start-8b python3 scripts/compile_times.py --child llama-3.1-8b 1 megakernel
+    step 60 start-8b python3 scripts/compile_times.py --child llama-3.1-8b 1 megakernel
     step 60 start-8b-cprofile bash -c "python3 -m cProfile -s cumtime scripts/compile_times.py --child llama-3.1-8b 1 \
         megakernel | head -90"
     ;;
