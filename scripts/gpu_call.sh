@@ -61,6 +61,41 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+171) # session 17 (~8.5 min): the tensor-core GEMV's chain sums deferred past the next chunk's MMAs (STREAM_MMA_DEFER=1)
+    # and the loader's L2 prefetch while its ring is full (STREAM_L2_STALL=8 / 16 chunks), each variant its own process
+    # against the defaults (both off) in the same call: Llama-3.2-1B megakernel at batch 1 / 8 / 16, Llama-3.1-8B base
+    # and both at 1 / 16; the logits of every variant bitwise against the base's (batch 8); invariance with both on
+    mkdir -p "$W/profile" "$W/bits" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
+    BOTH="STREAM_MMA_DEFER=1 STREAM_L2_STALL=8"
+    log "warm-up and checks"
+    wtree 200 base . X=0 $B1; wtree 200 defer . STREAM_MMA_DEFER=1 $B1; wtree 200 l2s8 . STREAM_L2_STALL=8 $B1
+    wtree 200 both . "$BOTH" $B1; wtree 200 l2s16 . STREAM_L2_STALL=16 $B1
+    wtree 200 base-8b . X=0 $B8; wtree 200 both-8b . "$BOTH" $B8
+    (timeout 200 env $BOTH python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 7 benches finished"
+    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    for v in base:X=0 defer:STREAM_MMA_DEFER=1 l2s8:STREAM_L2_STALL=8 both:"$BOTH"; do
+        (timeout 90 env ${v#*:} python3 scripts/logits_dump.py "$W/bits/${v%%:*}.pt" >"$W/bits/${v%%:*}.log" 2>&1) &
+    done
+    wait
+    for v in defer l2s8 both; do
+        python3 scripts/logits_dump.py --compare "$W/bits/base.pt" "$W/bits/$v.pt" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+    done
+    ttree 30 base-1b . X=0 $B1
+    ttree 30 defer-1b . STREAM_MMA_DEFER=1 $B1
+    ttree 30 l2s8-1b . STREAM_L2_STALL=8 $B1
+    ttree 30 both-1b . "$BOTH" $B1
+    ttree 30 l2s16-1b . STREAM_L2_STALL=16 $B1
+    ttree 30 base2-1b . X=0 $B1
+    ttree 30 both2-1b . "$BOTH" $B1
+    ttree 45 base-8b . X=0 $B8
+    ttree 45 both-8b . "$BOTH" $B8
+    step 25 profile-both-1 env $BOTH python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    ;;
 170) # session 17's first call (~4.5 min): where the time goes. The attention sub-stamps' first run: streaming profiles of
     # Llama-3.2-1B at batch 1 / 8 / 16 and Llama-3.1-8B at 1 / 16 (compiled in parallel first, then timed one at a
     # time); the packed RMSNorm rounding test; the Llama-3.1-8B batch-1 warm start under cProfile (issue 12: 5.1 s)
