@@ -42,7 +42,7 @@ def main() -> None:
     pos = cache.seq_lens.long()  # the positions this step wrote
     kv = torch.cat([c.k[:, b, :, pos], c.v[:, b, :, pos]]).reshape(-1, c.k.shape[-1])
     torch.save({"logits": logits.float().cpu(), "tokens": nxt.cpu(), "kv": kv.cpu()}, a.out)
-    print({"out": a.out, "runner": type(r).__name__, "consts": {k: r.consts.get(k) for k in ("MMA", "L2_STALL", "MMA_DEFER")}})
+    print({"out": a.out, "runner": type(r).__name__, "consts": {k: v for k, v in getattr(r, "consts", {}).items() if k in ("MMA", "B", "SLOTS")}})
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
         cfg = shard_config(cfg, n, rank).config
     g, _, _ = decode_graph(cfg, batch, seq, dtype, tiling=Tiling(workers, "fit"), gemv=gemv, tp=tp)
     from onekernel.exec.stream_plan import unsupported_graph
-    from onekernel.exec.stream_runner import L2_STALL, MMA_DEFER
     reason = unsupported_graph(g, batch)
     if reason:  # the runner refuses this step ("auto" takes the Triton megakernel): its kernel would never run
         raise SystemExit(f"{model} batch {batch}: the streaming megakernel does not run this step: {reason}")
@@ -69,11 +68,10 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
     i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
-    args = [desc, torch.zeros(8, dtype=dtype), i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
+    args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1",
-                  L2_STALL=L2_STALL, MMA_DEFER=MMA_DEFER)
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)

@@ -211,25 +211,6 @@ def try_wait(addr, parity):
 
 
 @gluon.jit
-def test_wait(addr, parity):
-    """1 when the mbarrier phase of the given parity has completed, else 0, at once (``mbarrier.test_wait``:
-    unlike ``try_wait`` it never suspends the thread)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
-        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def prefetch_l2(p, nbytes):
-    """Lane 0: ``cp.async.bulk.prefetch.L2.global`` of the ``nbytes`` (a multiple of 16) at global address ``p``
-    (a hint: the bytes go into L2, nothing waits for them). One lane, so a warp issues one prefetch, not 32."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"
-        " @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,r", [p, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def wait_bounded(ok, addr, parity, err, code, t, i, slot, WAIT_NS: gl.constexpr):
     """Bounded mbarrier wait (skipped unless ok); 0 after recording a timeout (then the caller skips the rest)."""
     if ok != 0:

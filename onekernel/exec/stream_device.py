@@ -34,8 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
                                         K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
                                         SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts, now, record,
-                                        prefetch_l2, smem_addr, test_wait, tma_load, view, wait_bounded, wait_deps,
-                                        wait_remote, warp_release)
+                                        smem_addr, tma_load, view, wait_bounded, wait_deps, wait_remote,
+                                        warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
@@ -44,30 +44,16 @@ from onekernel.ops.gemv_rows import rnd  # the ops' own rounding (a Triton funct
 
 # ----------------------------------------------------------------------------------------------- loader
 @gluon.jit
-def _loader(w_desc, w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
-            WAIT_NS: gl.constexpr, L2_STALL: gl.constexpr):
+def _loader(w_desc, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
+            WAIT_NS: gl.constexpr):
     """1 warp: TMA chunk c0 + i of the packed stream into slot i % SLOTS, for i in [0, n_chunks). Its waits get
-    twice the consumer's bound, so the first recorded failure is the cause. L2_STALL > 0: while the slot for
-    chunk i is still in use (the ring is full: the consumer waits on a dependency or computes), the chunks
-    i, i + 1, ... up to i + L2_STALL - 1 are prefetched into L2 (``cp.async.bulk.prefetch.L2`` of w_ptr, the
-    stream's bytes), one per poll, each at most once, so HBM keeps streaming while the ring cannot take more; a
-    loader that never waits issues none (session 12's prefetch at a fixed distance ahead of every load was slower)."""
+    twice the consumer's bound, so the first recorded failure is the cause."""
     rows: gl.constexpr = w_desc.block_type.shape[0]
-    NBYTES: gl.constexpr = w_desc.block_type.nbytes
-    ELEMS: gl.constexpr = w_desc.block_type.shape[0] * w_desc.block_type.shape[1]
     empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1
-    pf = 0
     for i in range(n_chunks):
         slot = i % SLOTS
-        parity = ((i // SLOTS) & 1) ^ 1
-        if L2_STALL > 0:
-            pf = gl.maximum(pf, i)
-            lim = gl.minimum(i + L2_STALL, n_chunks)
-            while (pf < lim) & (test_wait(empty0 + 8 * slot, parity) == 0):
-                prefetch_l2(w_ptr + (c0 + pf).to(gl.int64) * ELEMS, NBYTES)
-                pf += 1
-        ok = wait_bounded(ok, empty0 + 8 * slot, parity, err, 3, -1, i, slot, 2 * WAIT_NS)
+        ok = wait_bounded(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
         mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes, pred=ok != 0)
         tma_load(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot), pred=ok != 0)
 
@@ -259,7 +245,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, MMA_DEFER: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -319,7 +305,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, MMA_DEFER)
+                                 prof + (n_prof + t) * 4)
             else:
                 ok, i = _gemv(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                               RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -342,7 +328,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
 
 
 @gluon.jit
-def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
+def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
                       base_t, base_f, base_i, rwl, peer_off, qbeg, qend, cbeg, cend, PROFILE: gl.constexpr,
                       B: gl.constexpr, BP: gl.constexpr,
                       XB: gl.constexpr, KXB: gl.constexpr,
@@ -355,11 +341,9 @@ def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, 
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
-                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, L2_STALL: gl.constexpr = 0,
-                      MMA_DEFER: gl.constexpr = False):
+                      LAST: gl.constexpr = True, PDL: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
-    [chunks * 32, 256] (box [32, 256] = one 16 KB chunk), w_ptr the same bytes as a pointer (the loader's L2
-    prefetch while the ring is full: L2_STALL chunks at most, _loader); worker w streams chunks chunk_off[w]:chunk_off[w+1].
+    [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
     counters), epoch / done int32 [1], err int32 [5], prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
@@ -418,8 +402,8 @@ def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, 
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, MMA_DEFER)),
-        (_loader, (w_desc, w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS, L2_STALL)),
+                     NTA, ACCG, FOLD, NGP)),
+        (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order
         gdc_wait()

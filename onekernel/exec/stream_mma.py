@@ -166,7 +166,7 @@ def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
 @gluon.jit
 def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr, DEFER: gl.constexpr):
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
@@ -219,50 +219,25 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         else:
             pre = _load_a(x, nw, K, nxt, norm, B, CK)
         xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
-        if DEFER and SP > 1:
-            # the chains of group g are summed into its sums only after group g + 1's wait, loads and MMAs are
-            # issued (the sums wait on the MMAs' results: in place, they held the next chunk's wait and ldmatrix
-            # behind the tensor cores' latency); the same operations in the same order, so the same bits
-            new = ()
-            pend = z
-            for g in gl.static_range(GB):
-                if g < ng:
-                    slot = i % SLOTS
-                    if PROFILE:
-                        t_w = now()
-                    ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                    if PROFILE:
-                        ps = (ps[0], ps[1] + (now() - t_w), ps[2])
-                    wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
-                    warp_release(empty0 + 8 * slot, ok)
-                    i += 1
-                    r = mma_v2(xa, wb, z)
-                else:
-                    r = z  # group g >= ng: its sums are never read
-                if g > 0:
-                    new = new + (accs[g - 1] + gl.sum(gl.reshape(pend, [SP, 4, 16, RG]), axis=0),)
-                pend = r
-            accs = new + (accs[GB - 1] + gl.sum(gl.reshape(pend, [SP, 4, 16, RG]), axis=0),)
-        else:
-            new = ()
-            for g in gl.static_range(GB):
-                acc = accs[g]
-                if g < ng:
-                    slot = i % SLOTS
-                    if PROFILE:
-                        t_w = now()
-                    ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                    if PROFILE:
-                        ps = (ps[0], ps[1] + (now() - t_w), ps[2])
-                    wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
-                    warp_release(empty0 + 8 * slot, ok)
-                    i += 1
-                    if SP == 1:
-                        acc = mma_v2(xa, wb, acc)
-                    else:  # SP independent chains from 0, summed into the group's sums in a fixed order
-                        acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
-                new = new + (acc,)
-            accs = new
+        new = ()
+        for g in gl.static_range(GB):
+            acc = accs[g]
+            if g < ng:
+                slot = i % SLOTS
+                if PROFILE:
+                    t_w = now()
+                ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
+                if PROFILE:
+                    ps = (ps[0], ps[1] + (now() - t_w), ps[2])
+                wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
+                warp_release(empty0 + 8 * slot, ok)
+                i += 1
+                if SP == 1:
+                    acc = mma_v2(xa, wb, acc)
+                else:  # SP independent chains from 0, summed into the group's sums in a fixed order
+                    acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
+            new = new + (acc,)
+        accs = new
     for g in gl.static_range(GB):
         accbuf.index(g).store(accs[g])
     return ok, i, pre, ps
@@ -290,7 +265,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, DEFER: gl.constexpr = False):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub):
     """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -349,7 +324,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
                         gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
         ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err,
-                                    t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, PROFILE, DEFER)
+                                    t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, PROFILE)
         if PROFILE:
             t_e = now()
         barrier()  # every warp's partials in accbuf

@@ -10,7 +10,6 @@ The weights are re-packed once, at construction, into one stream (a second copy 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import weakref
 from dataclasses import dataclass
@@ -28,11 +27,6 @@ from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
 BOX = [32, 256]  # one 16 KB chunk as a TMA box (box dimensions are limited to 256)
-# chunks the loader prefetches into L2 while its ring is full (stream_device._loader); STREAM_L2_STALL sets it for a
-# measurement (session 17)
-L2_STALL = int(os.environ.get("STREAM_L2_STALL", "0"))
-# the tensor-core GEMV's chain sums deferred past the next chunk's MMAs (stream_mma._mma_block; session 17)
-MMA_DEFER = os.environ.get("STREAM_MMA_DEFER", "0") == "1"
 # Weight streams shared by the runners of one model (the server's batch buckets): the stream depends on the
 # weights, the worker count and the chunk shape, never on the batch (tests/test_stream_plan.py checks it).
 # An entry lives as long as a runner holds its stream.
@@ -165,8 +159,7 @@ class StreamMegakernelRunner(PersistentRunner):
         flat = self.packed.view(-1, BOX[1])
         self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
         self.wait_limit = f"{wait_ms} ms"
-        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile, L2_STALL=L2_STALL,
-                           MMA_DEFER=MMA_DEFER)
+        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
@@ -181,7 +174,7 @@ class StreamMegakernelRunner(PersistentRunner):
 
     def _args(self):
         b = list(self.bases.values())
-        return (self.desc, self.packed, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
+        return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
                 self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off, self.qoff, self.qoff[1:],
                 self.chunk_off, self.chunk_off[1:])
 
