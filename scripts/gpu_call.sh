@@ -61,6 +61,21 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+172) # session 17 (~5 min): pdl on the Gluon bodies (pdl-gluon) beside pdl, graph and the megakernel at main, one
+    # process per model (Llama-3.2-1B batch 1 / 8 / 16, Llama-3.1-8B batch 1 / 16): should "pdl" take the Gluon
+    # segments for a model that prefers streaming, as "megakernel" does? Compiles warmed in parallel first
+    mkdir -p /tmp/warm
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    log "warm-up"
+    for b in 1 8 16; do wtree 240 pg-1b-$b . X=0 $B1 --modes pdl-gluon --batch $b; done
+    wtree 240 rest-1b . X=0 $B1 --modes graph,pdl,megakernel --batch 1,8,16
+    wtree 240 pg-8b . X=0 $B8 --modes pdl-gluon --batch 1,16
+    wtree 240 rest-8b . X=0 $B8 --modes graph,pdl,megakernel --batch 1,16
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 6 benches finished"
+    ttree 60 modes-1b . X=0 $B1 --modes graph,pdl,pdl-gluon,megakernel --batch 1,8,16
+    ttree 90 modes-8b . X=0 $B8 --modes graph,pdl,pdl-gluon,megakernel --batch 1,16
+    ;;
 171) # session 17 (~8.5 min): the tensor-core GEMV's chain sums deferred past the next chunk's MMAs (STREAM_MMA_DEFER=1)
     # and the loader's L2 prefetch while its ring is full (STREAM_L2_STALL=8 / 16 chunks), each variant its own process
     # against the defaults (both off) in the same call: Llama-3.2-1B megakernel at batch 1 / 8 / 16, Llama-3.1-8B base
