@@ -61,6 +61,34 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+173) # session 17's final commit, one H200 (~9.5 min): attention on the tensor cores (stream_attn_mma, the default;
+    # STREAM_ATTN_MMA=0 keeps the CUDA-core attention: "base"). Compiles warmed in parallel with the streaming GPU tests
+    # (mma + auto) and bitwise invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the base's
+    # 1B megakernel rows, the Llama-3.1-8B rows (graph, pdl, megakernel, torch+graph at 1 / 8 / 16; torch.compile not
+    # re-run), the 1B batch-16 profile
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up and checks"
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
+    wtree 220 base . STREAM_ATTN_MMA=0 $B1 --modes megakernel --batch 1,8,16
+    (timeout 220 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
+    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    ttree 30 base-1b . STREAM_ATTN_MMA=0 $B1 --modes megakernel --batch 1,8,16
+    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 172) # session 17 (~5 min): pdl on the Gluon bodies (pdl-gluon) beside pdl, graph and the megakernel at main, one
     # process per model (Llama-3.2-1B batch 1 / 8 / 16, Llama-3.1-8B batch 1 / 16): should "pdl" take the Gluon
     # segments for a model that prefers streaming, as "megakernel" does? Compiles warmed in parallel first
