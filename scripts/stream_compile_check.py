@@ -72,8 +72,6 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
     consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
-    from onekernel.exec.stream_attn_mma import attn_cp
-    consts["ATTN_CP"] = attn_cp(consts)
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)
@@ -126,8 +124,7 @@ def main() -> None:
     rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "HD",
-                                          "ATTN_CP", "compiles")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

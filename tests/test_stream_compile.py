@@ -31,29 +31,23 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-20 bytes in
     both bodies; SmolLM2-1.7B batch 1 28 since the staging's packed rounding, session 16, register-allocation
     noise of a kernel at 255 registers; real regressions were hundreds: 232 bytes for GB 16 everywhere), shared memory within the H200's 227 KB, the mbarrier offset found, at least 4
-    ring slots; the tensor-core body (gemv="mma") with mma.sync and ldmatrix in its PTX, its attention on the
-    tensor cores too."""
+    ring slots; the tensor-core body (gemv="mma") with mma.sync and ldmatrix in its PTX."""
     rec = _check(model, batch, gemv)
     assert rec["spill_bytes"] <= 32, rec
     assert rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
     assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
-    # tensor-core attention (stream_attn_mma, ATTN_CP positions per chunk; every registry model on gemv="mma"): per
-    # chunk S = Q K^T and O += P V, CP x HD / 128 m16n8k16 each; two cp.async issue sites of the K and V chunk
-    # (16 bytes per copy, 128 threads)
-    cp, hd = rec["ATTN_CP"], rec["HD"]
-    assert (cp > 0) == (gemv == "mma"), rec
     if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once
-        assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) + cp * hd // 64, rec
-        assert rec["ldmatrix"] > 0, rec
+        assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) and rec["ldmatrix"] > 0, rec
     else:
         assert rec["mma_sync"] == 0, rec
     # the activation tiles go through 16-byte cp.async copies exactly where their register prefetch does not fit
     # (CK 1024 above batch 8: 2 fewer ring slots), never on the CUDA-core body
     async_a = gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 2048
-    assert (rec["cp_async_16"] - 4 * cp * hd // 1024 > 0) == async_a, rec
+    assert (rec["cp_async_16"] > 0) == async_a, rec
     if async_a:
         assert rec["SLOTS"] == 9, rec
+
 
 def test_profile_kernel_compiles_for_sm90():
     """The profiling build (``profile=True``: task stamps, and inside each tensor-core GEMV task the staging, ring

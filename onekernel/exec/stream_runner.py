@@ -19,7 +19,6 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
-from onekernel.exec.stream_attn_mma import attn_cp
 from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
@@ -161,7 +160,6 @@ class StreamMegakernelRunner(PersistentRunner):
         self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
         self.wait_limit = f"{wait_ms} ms"
         self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
-        self.consts["ATTN_CP"] = attn_cp(self.consts)
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
