@@ -55,7 +55,8 @@ def _add_graph(p):
 def _run_graph(args) -> int:
     import torch
 
-    from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, summary
+    from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events
+    from onekernel.graph.paths import summary
     from onekernel.graph.deps import transitive_reduction
     from onekernel.graph.schedule import critical_path_list, validate
     from onekernel.exec import DEFAULT_TILING

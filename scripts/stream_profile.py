@@ -63,7 +63,7 @@ def main() -> None:
     # inside the tensor-core GEMV tasks (runner.prof_sub, exec.stream_mma.gemv_mma): medians per op kind
     inside = defaultdict(lambda: defaultdict(list))
     sub = r.prof_sub.cpu().tolist() if hasattr(r, "prof_sub") else []
-    attn_inside = defaultdict(list)  # the attention tasks' own row (exec.stream_tasks.attn_task)
+    attn_inside = defaultdict(list)  # the attention tasks' own row (exec.stream_attn.attn_task)
     for op in (o for o in g.ops if o.kind.name == "attn_partial"):
         for t in op.task_ids:
             if t < len(sub):

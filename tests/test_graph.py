@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from onekernel.graph.deps import (critical_path, derive_dependencies, derive_events, derive_op_events,
-                                  summary, topological_order, transitive_reduction)
+from onekernel.graph.deps import derive_dependencies, derive_events, derive_op_events, transitive_reduction
+from onekernel.graph.paths import critical_path, summary, topological_order
 from onekernel.graph.ir import Graph, Op, Region, Task
 
 

@@ -4,7 +4,8 @@ import random
 import pytest
 
 from onekernel.errors import DeviceError, ScheduleError
-from onekernel.graph.deps import derive_dependencies, topological_order
+from onekernel.graph.deps import derive_dependencies
+from onekernel.graph.paths import topological_order
 from onekernel.graph.schedule import Schedule, critical_path_list, residency_check, round_robin, validate
 from test_graph import chain_graph, random_dag, random_region_graph
 

@@ -1,4 +1,4 @@
-"""The streaming megakernel's attention constants (stream_plan, stream_tasks.attn_task): the 4 warps split each
+"""The streaming megakernel's attention constants (stream_plan, stream_attn.attn_task): the 4 warps split each
 split-KV tile's positions in BN-blocks, and merge their softmax states in a shared-memory scratch of fp32
 [8 * RP, HD] (the MMA path's partial-sum buffer, or the CUDA-core path's xbuf, grown where it is smaller). CPU
 only: the plan's numbers and refusals; the kernel itself runs in tests/test_stream_gpu.py."""

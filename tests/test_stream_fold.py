@@ -1,6 +1,6 @@
 """The streaming megakernel's merge fold on the CPU (exec/stream_fold.py, stream_plan.make_plan(fold=...)): the
 attention runs merge their own split-KV partials, so the plan has no merge tasks. Checked here: the arrival
-arithmetic of stream_tasks._arrive_and_merge (written again from the kernel, not taken from the planner) counts
+arithmetic of stream_attn._arrive_and_merge (written again from the kernel, not taken from the planner) counts
 every tile of every (sequence, KV head) group exactly once, and the dependencies are the unfolded plan's with each
 merge task replaced by its own producers. The kernel itself runs on a GPU only (tests/test_stream_gpu.py)."""
 import dataclasses

@@ -100,7 +100,7 @@ def test_tp_graph_waits_on_every_peer(n):
     from onekernel.models.decode_graph import decode_graph
     from onekernel.ops.allreduce import ALLREDUCE
     from onekernel.ops.tiling import Tiling
-    from test_tp_megakernel import _simulate
+    from test_tp_schedule import _simulate
 
     cfg = get_config("tiny-tp8")
     graphs = [decode_graph(shard_config(cfg, n, r).config, 2, 16, torch.float32, tiling=Tiling(16, "fit"),

@@ -27,7 +27,7 @@ else:
         return desc._reinterpret(dtype, shape, layout)
 
 # Triton 3.6 reinterprets subviews and views of another size (attention's warp-merge scratch as session 12 measured
-# it, stream_tasks._merge_views); 3.8 only whole buffers of the same size, then subviews of the view.
+# it, stream_attn._merge_views); 3.8 only whole buffers of the same size, then subviews of the view.
 SUBVIEW_REINTERPRET = gl.constexpr(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 8))
 
 _c = gl.constexpr

@@ -17,7 +17,7 @@ One CTA per SM. Two partitions (``gl.warp_specialize``):
   the same epilogues (``exec.stream_epilogue``).
 
 Shared pieces (record layout, kinds, waits): ``exec.stream_base``; the task bodies that stream no weights:
-``exec.stream_tasks``.
+``exec.stream_tasks`` and ``exec.stream_attn``.
 
 Numerics follow ops/ (HF rounding points; ``rnd`` and ``silu`` are the ops' own Triton functions, called
 from Gluon); a row's reductions never depend on the batch size (batch invariance). The reduction orders
@@ -31,6 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL's 
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN,
                                         K_EMBED, K_GATEUP, K_LMHEAD, K_MERGE, K_QKV, K_RESID, REC,
                                         SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts, now, record,
@@ -38,7 +39,7 @@ from onekernel.exec.stream_base import (F_IDX, F_KIND, F_OP, F_SIGNAL, F_SYS, F_
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
-from onekernel.exec.stream_tasks import allreduce_task, argmax_task, attn_task, embed_task, merge_task
+from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 from onekernel.ops.gemv_rows import rnd  # the ops' own rounding (a Triton function Gluon calls)
 
 
@@ -265,7 +266,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         barrier()
     # attention's scratch for merging its warps' softmax states: fp32 [>= 8, RP, HD] (MMA: the whole accbuf, free
     # between GEMV tasks; CUDA-core path: its own buffer)
-    if SUBVIEW_REINTERPRET:  # Triton 3.6: fp32 [8*RP, HD] (stream_tasks._merge_views)
+    if SUBVIEW_REINTERPRET:  # Triton 3.6: fp32 [8*RP, HD] (stream_attn._merge_views)
         scr = view(accbuf, gl.float32, [8 * RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     elif MMA:
         scr = view(accbuf, gl.float32, [scr_rows(ACCG, RG, RP, HD), RP, HD],

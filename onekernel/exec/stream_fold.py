@@ -1,5 +1,5 @@
 """The streaming megakernel's merge fold, host side: the attention tasks merge the split-KV partials themselves
-(the last run of tiles to finish a (sequence, KV head) group merges its rows: ``stream_tasks._arrive_and_merge``),
+(the last run of tiles to finish a (sequence, KV head) group merges its rows: ``stream_attn._arrive_and_merge``),
 so a plan has no attn_merge tasks and a layer 5 dependent stages instead of 6 (docs/DESIGN.md, "Attention merges
 its own splits"). ``FOLD`` is the default (``STREAM_FOLD_MERGE=0`` keeps the merge tasks, for a measurement).
 """

@@ -100,7 +100,7 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
 def scratch_tensors(plan: StreamPlan, device) -> dict:
     """The plan's own buffers, which the step does not hold: the LM head's per-task partials stream.pmax / pidx
     (-1) and attention's arrival counters stream.arrive.* (FOLD; zero, and zero again after each step's last
-    arrival: stream_tasks._arrive_and_merge)."""
+    arrival: stream_attn._arrive_and_merge)."""
     g = plan.graph
     return {n: torch.full(b.shape, 0 if n.startswith("stream.arrive.") else -1, dtype=b.dtype, device=device)
             for n, b in g.buffers.items() if n.startswith("stream.")}

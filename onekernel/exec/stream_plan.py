@@ -10,7 +10,7 @@ From a bound decode step:
    when that is smaller). Attention partials and merges: the graph's tiles in runs of consecutive tiles, at most
    one run per worker (record: F_U0 first tile, F_NU tiles); embed and argmax keep the graph's tiles. With FOLD
    (the default; ``STREAM_FOLD_MERGE=0`` turns it off for a measurement) there are no merge tasks: the last
-   attention run to finish a (sequence, KV head) group merges its rows (stream_tasks._arrive_and_merge), and
+   attention run to finish a (sequence, KV head) group merges its rows (stream_attn._arrive_and_merge), and
    the dependencies are those of the plan with merge tasks, each merge replaced by its own (``stream_fold``).
 2. **Dependencies and events** from the tasks' regions (``graph.deps``), exactly as the Triton megakernel.
 3. **Schedule**: task j of a GEMV op on worker j; every other task on a worker with the fewest tasks of
@@ -132,7 +132,7 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
     if 4 * pow2_ceil(at["HQ"] // at["HKV"]) > at["HD"]:
         return (f"{at['HQ'] // at['HKV']} query heads per KV head at head_dim {at['HD']}: attention's warp-merge scratch "
-                "(stream_tasks._merge_views) keeps m and l of 4 warps x the heads in one row of head_dim floats")
+                "(stream_attn._merge_views) keeps m and l of 4 warps x the heads in one row of head_dim floats")
     if batch > MAX_BATCH:
         return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
     if _slots(1, kxb, ck, rg) < MIN_SLOTS:

@@ -45,14 +45,14 @@ def xbuf_rows(B: int, kxb: int, ck: int) -> int:
 
 
 def attn_bn(split: int, rp: int, hd: int) -> int:
-    """Attention's per-warp BN-block (stream_tasks.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
+    """Attention's per-warp BN-block (stream_attn.attn_task: warp w takes the quarter [w, w+1) * split/4 of each
     tile's positions): at most RP x BN x HD = 4096 products per warp and block, dividing split / 4."""
     return max(1, min(split // 4, 4096 // (rp * hd)))
 
 
 def fma_xbuf_bytes(xb: int, kxb: int, ck: int, rp: int, hd: int) -> int:
     """Shared bytes of the CUDA-core path beside the ring: xbuf's XB activation rows and attention's warp-merge
-    scratch (fp32 [8, RP, HD], stream_tasks.attn_task; stream_device.stream_megakernel)."""
+    scratch (fp32 [8, RP, HD], stream_attn.attn_task; stream_device.stream_megakernel)."""
     return xb * kxb * ck * 2 + 32 * rp * hd
 
 

@@ -16,7 +16,8 @@ from typing import Mapping
 import torch
 
 from ..errors import DeviceError, InputError, ScheduleError
-from .deps import Cost, _consumers, task_costs, topological_order
+from .deps import _consumers
+from .paths import Cost, task_costs, topological_order
 from .ir import Graph
 
 
@@ -57,7 +58,7 @@ def critical_path_list(graph: Graph, deps: list[list[int]], n_workers: int, cost
     """List scheduling by bottom level (HLFET, Adam, Chandy & Dickson 1974; Kwok & Ahmad 1999 survey).
 
     priority(t) = cost(t) + max priority of its consumers (longest path to the end); cost as in
-    :func:`onekernel.graph.deps.task_costs` (default ``max(task.bytes, 1)``). A simulation keeps each worker's
+    :func:`onekernel.graph.paths.task_costs` (default ``max(task.bytes, 1)``). A simulation keeps each worker's
     finish time: the worker that frees up first takes the highest-priority task whose dependencies have all
     finished by then (if none, it idles until the next task finishes). Queues are in assignment order, which is
     a topological order, so the schedule is always valid. O((T + E) log T).
