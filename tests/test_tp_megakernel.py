@@ -2,6 +2,7 @@
 shared-memory pools (tests/tp_mk_worker.py) against the TP=1 reference, a rank that never launches (the peer's
 remote wait gives up, naming task, event and peer rank), and which timeout is reported when a local and a remote
 wait both fail. The schedules, records and the all-reduce op alone: tests/test_tp_schedule.py."""
+import random
 import socket
 import time
 
