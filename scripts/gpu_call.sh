@@ -62,6 +62,17 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
               bench --out $W/$name $* --steps 50"; }
 
+# checks LIMIT: bitwise invariance (Llama-3.2-1B megakernel at 2 / 8 / 16) and the streaming kernel's GPU tests (mma +
+# auto) in the background, beside a call's warm-ups; checked N: after `wait`, the warm-ups finished (of N) and both
+# checks' results into the log
+checks() { (timeout "$1" python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
+            >"$W/inv-1b.log" 2>&1) &
+           (timeout "$1" env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+            -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) & }
+checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of $1 benches finished"
+            tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
+            grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"; }
+
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
 174) # session 17, branch s17-attn-ring (~2 min): the tensor-core attention with a 4-deep K/V ring (3 chunks in
@@ -91,14 +102,9 @@ case "$1" in
     warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
     warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
     wtree 220 base . STREAM_ATTN_MMA=0 $B1 --modes megakernel --batch 1,8,16
-    (timeout 220 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    checks 220
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    checked 4
     step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     ttree 30 base-1b . STREAM_ATTN_MMA=0 $B1 --modes megakernel --batch 1,8,16
     step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
@@ -368,14 +374,9 @@ case "$1" in
     log "warm-up and checks"
     wv fold1 X=0 $B1 --modes megakernel,pdl-gluon; wv sep1 STREAM_FOLD_MERGE=0 $B1 --modes megakernel,pdl-gluon
     wv fold8 X=0 $B8 --modes megakernel; wv sep8 STREAM_FOLD_MERGE=0 $B8 --modes megakernel
-    (timeout 230 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 230 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    checks 230
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    checked 4
     step 30 fold-1b $bench/fold $B1 --modes megakernel,pdl-gluon --steps 50
     step 30 sep-1b env STREAM_FOLD_MERGE=0 $bench/sep $B1 --modes megakernel,pdl-gluon --steps 50
     step 40 fold-8b $bench/fold $B8 --modes megakernel --steps 50
