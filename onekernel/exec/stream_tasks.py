@@ -72,7 +72,6 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     KL: gl.constexpr = gl.SliceLayout(1, L4)   # [4, BN, HD]: K / V blocks
     QL: gl.constexpr = gl.SliceLayout(2, L4)   # [4, RP, HD]: q, acc
     XL: gl.constexpr = gl.SliceLayout(3, L4)   # [4, RP, BN]: scores
-    ML: gl.constexpr = gl.SliceLayout(2, XL)   # [4, RP]: m, l
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     u0 = gl.load(rec + F_U0)
     nu = gl.load(rec + F_NU)
@@ -94,75 +93,59 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None] * 0
     rq = gl.arange(0, RP, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
-    qk_scale = SM_SCALE * 1.4426950408889634
-    # block 0 of tile u0 before the wait: the old rows only
-    b, g, s = _tile_coords(u0, HKV, NSPLIT)
-    pos = _pick(posv, jv, 0)
-    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
-    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
-    rows = s * SPLIT + wk + nk
-    ptr = rows * HD + dk
-    old = (rows < end) & (rows != pos)
-    k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
-    v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
-    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    if PROFILE:
-        t_r = now()
-    cur = (rows == pos) & (rows < end)
-    k_c = gl.where(cur, gl.load(kc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), k_c)
-    v_c = gl.where(cur, gl.load(vc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), v_c)
-    q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=rq < R, other=0.0,
-                  cache_modifier=".cg")
-    q_n = q_c
-    total = nu * NB
-    m = gl.full([4, RP], float("-inf"), gl.float32, ML)
-    l = gl.zeros([4, RP], gl.float32, ML)
-    acc = gl.zeros([4, RP, HD], gl.float32, QL)
-    if PROFILE:
-        t_l = now()
-        gl.store(sub, t_l - t_r)
-        t_mw = t_l * 0
-    for i in range(total):
-        j = i // NB
-        blk = i % NB
-        b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
-        end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
-        n0 = s * SPLIT + blk * BN
-        # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
-        # `if`: Triton 3.6 drops a loop-carried value used only inside an scf.if of the next iteration (q_n was
-        # replaced by its initial value: every tile of a run took the first tile's q; 7e172aa, run 9 call 52)
-        first = blk == 0
-        q_c = gl.where(first & (i > 0), q_n, q_c)
-        m = gl.where(first, float("-inf"), m)
-        l = gl.where(first, 0.0, l)
-        acc = gl.where(first, 0.0, acc)
-        # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
-        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
-        j1 = (i + 1) // NB
-        b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
-        nq = ((i + 1) % NB == 0) & (i + 1 < total)
-        q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
-                      cache_modifier=".cg")
-        # block i: warp w's BN positions n0 + w*SW + [0, BN)
-        q4 = gl.expand_dims(q_c.to(gl.float32) * qk_scale, 2)
-        x = gl.sum(q4 * gl.expand_dims(k_c.to(gl.float32), 1), axis=3)
-        x = gl.where((n0 + wx + nx) < end, x, float("-inf"))
-        m_new = gl.maximum(m, gl.max(x, axis=2))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
-        alpha = gl.exp2(m - m_use)
-        p = gl.exp2(x - m_use[:, :, None])
-        l = l * alpha + gl.sum(p, axis=2)
-        pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v_c.to(gl.float32), 1), axis=2)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, QL))[:, :, None] + pv
-        m = m_new
-        k_c = k_n
-        v_c = v_n
-        if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
-            if PROFILE:
-                t_w = now()
-            _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
-            if PROFILE:
-                t_mw = t_mw + (now() - t_w)
+    cw = (kc, vc, q, posv, jv, wk, nk, dk, wx, nx, wq, rq, dq)
+    if nu >= 2:
+        # two streams of the run's tiles, [u0, u0 + hA) and [u0 + hA, u0 + nu), one block of each per iteration:
+        # their chains are independent, so each hides the other's latency (one warp per scheduler). A tile's
+        # operations are the single stream's, so its bits do not depend on the stream or the run.
+        hA = (nu + 1) // 2
+        ta = hA * NB
+        tb = (nu - hA) * NB
+        fa = _attn_first(u0, 0, cw, HKV, HD, S, SPLIT, NSPLIT)
+        fb = _attn_first(u0, hA, cw, HKV, HD, S, SPLIT, NSPLIT)
+        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        if PROFILE:
+            t_r = now()
+        sa = _attn_start(u0, 0, fa, cw, HQ, HKV, HD, S, SPLIT, NSPLIT, RP)
+        sb = _attn_start(u0, hA, fb, cw, HQ, HKV, HD, S, SPLIT, NSPLIT, RP)
+        if PROFILE:
+            t_l = now()
+            gl.store(sub, t_l - t_r)
+            t_mw = t_l * 0
+        for i in range(ta):
+            sa = _attn_block(u0, 0, i, ta, sa, cw, SM_SCALE, HQ, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+            sb = _attn_block(u0, hA, i, tb, sb, cw, SM_SCALE, HQ, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+            if i % NB == NB - 1:  # both streams' tiles end: merge each tile's 4 warp states, store its partial
+                if PROFILE:
+                    t_w = now()
+                b, g, s = _tile_coords(u0 + i // NB, HKV, NSPLIT)
+                _attn_merge_warps(scr, sa[0], sa[1], sa[2], o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
+                if i < tb:
+                    b, g, s = _tile_coords(u0 + hA + i // NB, HKV, NSPLIT)
+                    _attn_merge_warps(scr, sb[0], sb[1], sb[2], o_part, lse_part, b * HQ + g * R, s, R, RP, HD,
+                                      NSPLIT)
+                if PROFILE:
+                    t_mw = t_mw + (now() - t_w)
+    else:
+        total = nu * NB
+        fa = _attn_first(u0, 0, cw, HKV, HD, S, SPLIT, NSPLIT)
+        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        if PROFILE:
+            t_r = now()
+        sa = _attn_start(u0, 0, fa, cw, HQ, HKV, HD, S, SPLIT, NSPLIT, RP)
+        if PROFILE:
+            t_l = now()
+            gl.store(sub, t_l - t_r)
+            t_mw = t_l * 0
+        for i in range(total):
+            sa = _attn_block(u0, 0, i, total, sa, cw, SM_SCALE, HQ, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+            if i % NB == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
+                if PROFILE:
+                    t_w = now()
+                b, g, s = _tile_coords(u0 + i // NB, HKV, NSPLIT)
+                _attn_merge_warps(scr, sa[0], sa[1], sa[2], o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
+                if PROFILE:
+                    t_mw = t_mw + (now() - t_w)
     if PROFILE:
         t_a = now()
         gl.store(sub + 1, t_a - t_l - t_mw)
@@ -170,7 +153,94 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     if FOLD:
         _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
     if PROFILE:
-        gl.store(sub + 3, (now() - t_a) + (total.to(gl.int64) << 32))
+        gl.store(sub + 3, (now() - t_a) + ((nu * NB).to(gl.int64) << 32))
+
+
+@gluon.jit
+def _attn_first(u0, jo, cw, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
+                NSPLIT: gl.constexpr):
+    """Before the dependency wait: block 0 of tile u0 + jo, its old rows only (K, V [4, BN, HD]; the row
+    seq_lens[b] is written by this step's qkv task: 0 here, patched by _attn_start)."""
+    kc, vc, q, posv, jv, wk, nk, dk, wx, nx, wq, rq, dq = cw
+    b, g, s = _tile_coords(u0 + jo, HKV, NSPLIT)
+    pos = _pick(posv, jv, jo)
+    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
+    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
+    rows = s * SPLIT + wk + nk
+    old = (rows < end) & (rows != pos)
+    return (gl.load(kc + kv_off + rows * HD + dk, mask=old, other=0.0, cache_modifier=".cg"),
+            gl.load(vc + kv_off + rows * HD + dk, mask=old, other=0.0, cache_modifier=".cg"))
+
+
+@gluon.jit
+def _attn_start(u0, jo, first, cw, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+                SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr):
+    """After the wait: the stream's state before its first block (m, l, acc, K, V of block 0 with the row this
+    step wrote patched in, q of tile u0 + jo twice: current and prefetched)."""
+    R: gl.constexpr = HQ // HKV
+    kc, vc, q, posv, jv, wk, nk, dk, wx, nx, wq, rq, dq = cw
+    k_c, v_c = first
+    b, g, s = _tile_coords(u0 + jo, HKV, NSPLIT)
+    pos = _pick(posv, jv, jo)
+    end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
+    kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
+    rows = s * SPLIT + wk + nk
+    ptr = rows * HD + dk
+    cur = (rows == pos) & (rows < end)
+    k_c = gl.where(cur, gl.load(kc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), k_c)
+    v_c = gl.where(cur, gl.load(vc + kv_off + ptr, mask=cur, other=0.0, cache_modifier=".cg"), v_c)
+    q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=rq < R, other=0.0, cache_modifier=".cg")
+    QL: gl.constexpr = q_c.type.layout
+    ML: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, QL.parent))
+    m = gl.full([4, RP], float("-inf"), gl.float32, ML)
+    l = gl.zeros([4, RP], gl.float32, ML)
+    acc = gl.zeros([4, RP, HD], gl.float32, QL)
+    return m, l, acc, k_c, v_c, q_c, q_c
+
+
+@gluon.jit
+def _attn_block(u0, jo, i, total, st, cw, SM_SCALE: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+                HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr,
+                NB: gl.constexpr):
+    """Block i of the stream of tiles u0 + jo, u0 + jo + 1, ... (``total`` blocks; i >= total: masked, no
+    loads): warp w's BN positions n0 + w*SW + [0, BN) of the tile, online softmax in exp2 (fp32 CUDA-core
+    products over [4, RP, BN, HD]); block i + 1's K/V (and, at a tile's last block, the next tile's q) are loaded
+    while it computes. A new tile (its block 0) starts from q_n and a fresh state."""
+    R: gl.constexpr = HQ // HKV
+    kc, vc, q, posv, jv, wk, nk, dk, wx, nx, wq, rq, dq = cw
+    m, l, acc, k_c, v_c, q_c, q_n = st
+    QL: gl.constexpr = q_c.type.layout
+    j = i // NB
+    blk = i % NB
+    b, g, s = _tile_coords(u0 + jo + j, HKV, NSPLIT)
+    end = gl.minimum(gl.minimum(_pick(posv, jv, jo + j) + 1, s * SPLIT + SPLIT), S)
+    n0 = s * SPLIT + blk * BN
+    # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
+    # `if`: Triton 3.6 drops a loop-carried value used only inside an scf.if of the next iteration (q_n was
+    # replaced by its initial value: every tile of a run took the first tile's q; 7e172aa, run 9 call 52)
+    first = blk == 0
+    q_c = gl.where(first & (i > 0), q_n, q_c)
+    m = gl.where(first, float("-inf"), m)
+    l = gl.where(first, 0.0, l)
+    acc = gl.where(first, 0.0, acc)
+    # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
+    k_n, v_n = _kv_block(kc, vc, u0 + jo, jo, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
+    b1, g1, s1 = _tile_coords(u0 + jo + (i + 1) // NB, HKV, NSPLIT)
+    nq = ((i + 1) % NB == 0) & (i + 1 < total)
+    q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
+                  cache_modifier=".cg")
+    # block i: warp w's BN positions n0 + w*SW + [0, BN)
+    q4 = gl.expand_dims(q_c.to(gl.float32) * (SM_SCALE * 1.4426950408889634), 2)
+    x = gl.sum(q4 * gl.expand_dims(k_c.to(gl.float32), 1), axis=3)
+    x = gl.where((n0 + wx + nx) < end, x, float("-inf"))
+    m_new = gl.maximum(m, gl.max(x, axis=2))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a block with no live row yet: no NaN
+    alpha = gl.exp2(m - m_use)
+    p = gl.exp2(x - m_use[:, :, None])
+    l = l * alpha + gl.sum(p, axis=2)
+    pv = gl.sum(gl.expand_dims(p, 3) * gl.expand_dims(v_c.to(gl.float32), 1), axis=2)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, QL))[:, :, None] + pv
+    return m_new, l, acc, k_n, v_n, q_c, q_n
 
 
 @gluon.jit
@@ -236,13 +306,13 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
 
 
 @gluon.jit
-def _kv_block(kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-              SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
-    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block), rows past the tile's
-    end (or idx >= total) 0."""
+def _kv_block(kc, vc, u0, jo, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
+              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
+    """K, V [4, BN, HD] of block ``idx`` of the stream of tiles u0, u0 + 1, ... (posv[jo + j]: tile u0 + j's
+    position; warp w: its BN positions of the block), rows past the tile's end (or idx >= total) 0."""
     j = idx // NB
     b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
-    end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
+    end = gl.minimum(gl.minimum(_pick(posv, jv, jo + j) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)
     off = (b * HKV + g).to(gl.int64) * (S * HD)
