@@ -28,6 +28,7 @@ from onekernel.exec.stream_mma import stage_layout
 from onekernel.exec.stream_tasks import _arrive_and_merge, _pick, _tile_coords
 
 
+NBUF = gl.constexpr(4)  # K/V chunks in the ring: NBUF - 1 in flight while one is computed
 # STREAM_ATTN_MMA=0 keeps the CUDA-core attention (stream_tasks.attn_task) on tensor-core steps, for a measurement
 ATTN_MMA = os.environ.get("STREAM_ATTN_MMA", "1") == "1"
 
@@ -37,7 +38,7 @@ def attn_chunk(ck: int, hd: int, split: int, hq: int, hkv: int, mma: bool) -> in
     activation tile, 32 * CK bytes: CP = 4 CK / HD), or 0 where it does not apply (the CUDA-core attention runs): a
     CUDA-core GEMV step, a head dim that is not a multiple of 16, more than 64 query heads per KV head, or a chunk
     below 16 positions (one MMA k-step), above the split or not dividing it."""
-    cp = 4 * ck // max(hd, 1)  # the whole tile: Triton 3.8 reinterprets only whole buffers
+    cp = 4 * ck // max(hd, 1) // (int(NBUF) // 2)  # NBUF chunks of K and V fill the tile
     if not mma or hd % 16 or hq // max(hkv, 1) > 64 or cp < 16 or cp > split or split % cp:
         return 0
     return cp
@@ -76,14 +77,22 @@ def _chunk_rows(u0, c, nch, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl
 
 @gluon.jit
 def _issue(kv, kc, vc, u0, c, nch, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, CP: gl.constexpr, NC: gl.constexpr):
+           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, CP: gl.constexpr, NC: gl.constexpr, NB: gl.constexpr):
     """cp.async copies of chunk c's K and V rows into buffer c % 2 of ``kv`` [4, CP, HD] (K at 2 (c % 2), V after it;
     dead rows: zero-filled),
     one commit group (empty past the run's end)."""
     off, live, _ = _chunk_rows(u0, c, nch, posv, jv, HKV, HD, S, SPLIT, NSPLIT, CP, NC)
-    async_copy.async_copy_global_to_shared(kv.index(2 * (c % 2)), kc + off, mask=live, cache_modifier=".cg")
-    async_copy.async_copy_global_to_shared(kv.index(2 * (c % 2) + 1), vc + off, mask=live, cache_modifier=".cg")
+    async_copy.async_copy_global_to_shared(kv.index(2 * (c % NB)), kc + off, mask=live, cache_modifier=".cg")
+    async_copy.async_copy_global_to_shared(kv.index(2 * (c % NB) + 1), vc + off, mask=live, cache_modifier=".cg")
     async_copy.commit_group()
+
+
+@gluon.jit
+def _prefetch_l2(p, nbytes, pred):
+    """``cp.async.bulk.prefetch.L2`` of nbytes (a multiple of 16) at p where pred (elementwise; a hint)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [p, nbytes, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -129,7 +138,19 @@ def attn_task_mma(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, 
     jv = gl.arange(0, NTA, layout=V1)
     posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
     nch = nu * NC
-    kv = view(xbuf, dt, [4, CP, HD], KVL)  # K, V of buffer 0, then of buffer 1
+    NB: gl.constexpr = NBUF
+    kv = view(xbuf, dt, [2 * NB, CP, HD], KVL)  # K, V of buffer 0, then of buffer 1, ...
+    # every live K/V row of the run into L2 at once (one bulk prefetch per tile and tensor), so the ring's copies
+    # wait on L2, not HBM
+    jt = gl.arange(0, 128, layout=V1)
+    bt, gt, st = _tile_coords(u0 + jt, HKV, NSPLIT)
+    et = gl.minimum(gl.minimum(gl.load(seq + (u0 + jt) // (HKV * NSPLIT), mask=jt < nu, other=0,
+                                       cache_modifier=".cg") + 1, st * SPLIT + SPLIT), S)
+    nbytes = gl.maximum(et - st * SPLIT, 0) * (HD * 2)
+    toff = ((bt * HKV + gt).to(gl.int64) * S + st * SPLIT) * HD
+    pl = (jt < nu) & (nbytes > 0)
+    _prefetch_l2(kc + toff, nbytes, pl)
+    _prefetch_l2(vc + toff, nbytes, pl)
     rq = gl.arange(0, 64, layout=gl.SliceLayout(1, DA))[:, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, DA))[None, :]
     rs = gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
@@ -150,7 +171,8 @@ def attn_task_mma(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, 
     barrier()  # xbuf: the previous task's reads are done
     kv.index(0).store(k0)
     kv.index(1).store(v0)
-    _issue(kv, kc, vc, u0, 1, nch, posv, jv, HKV, HD, S, SPLIT, NSPLIT, CP, NC)
+    for c1 in gl.static_range(1, NB):
+        _issue(kv, kc, vc, u0, c1, nch, posv, jv, HKV, HD, S, SPLIT, NSPLIT, CP, NC, NB)
     barrier()  # chunk 0 visible to every warp
     m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
     l = gl.zeros([64], gl.float32, gl.SliceLayout(1, MMA))
@@ -171,7 +193,7 @@ def attn_task_mma(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, 
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         q_n = _q_operand(q, u0, j + 1, (sc == NC - 1) & (j + 1 < nu), rq, dq, HQ, HKV, HD, NSPLIT)
-        kt = kv.index(2 * (c % 2)).permute([1, 0]).load(DB)   # K^T [HD, CP]
+        kt = kv.index(2 * (c % NB)).permute([1, 0]).load(DB)   # K^T [HD, CP]
         x = mma_v2(q_c, kt, gl.zeros([64, CP], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + sc * CP + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=1))
@@ -179,7 +201,7 @@ def attn_task_mma(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, 
         alpha = gl.exp2(m - m_use)
         p = gl.exp2(x - m_use[:, None])
         l = l * alpha + gl.sum(p, axis=1)
-        vb = kv.index(2 * (c % 2) + 1).load(DB)               # V [CP, HD]
+        vb = kv.index(2 * (c % NB) + 1).load(DB)               # V [CP, HD]
         acc = mma_v2(gl.convert_layout(p.to(dt), DA), vb, acc * alpha[:, None])
         m = m_new
         if sc == NC - 1:  # the tile's partial: its R heads' rows
@@ -189,11 +211,11 @@ def attn_task_mma(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, 
             gl.store(o_part + row[:, None] * HD + ds, acc / tsafe[:, None], mask=(hs < R)[:, None] & (ds < HD))
             gl.store(lse_part + row, gl.where(nonempty, (m + gl.log2(tsafe)) * 0.6931471805599453, float("-inf")),
                      mask=hs < R)
-        # chunk c + 1 landed (this thread's copies; the barrier: every thread's), and every warp is done with
-        # buffer c % 2, which takes chunk c + 2
-        async_copy.wait_group(0)
+        # chunk c + 1 landed (this thread's copies: NB - 2 later groups may be pending; the barrier: every
+        # thread's), and every warp is done with buffer c % NB, which takes chunk c + NB
+        async_copy.wait_group(NB - 2)
         barrier()
-        _issue(kv, kc, vc, u0, c + 2, nch, posv, jv, HKV, HD, S, SPLIT, NSPLIT, CP, NC)
+        _issue(kv, kc, vc, u0, c + NB, nch, posv, jv, HKV, HD, S, SPLIT, NSPLIT, CP, NC, NB)
     async_copy.wait_group(0)
     if B < 16:  # operand A's padding rows (>= B) of the GEMV tasks' staged tile are zeros again
         barrier()
