@@ -61,21 +61,17 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-174) # session 17, branch s17-attn-ring (~3 min): the tensor-core attention with a 4-deep K/V ring (3 chunks in
+174) # session 17, branch s17-attn-ring (~2 min): the tensor-core attention with a 4-deep K/V ring (3 chunks in
     # flight) and the run's K/V rows prefetched into L2 at the task's start, against the CUDA-core attention
-    # (STREAM_ATTN_MMA=0) in the same call, each its own process: Llama-3.2-1B megakernel at 1 / 8 / 16, Llama-3.1-8B at 16
+    # (STREAM_ATTN_MMA=0) in the same call, each its own process: Llama-3.2-1B megakernel at 1 / 8 / 16
     mkdir -p /tmp/warm
     B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 16"
     log "warm-up"
-    wtree 150 base . STREAM_ATTN_MMA=0 $B1; wtree 150 ring . X=0 $B1
-    wtree 150 base-8b . STREAM_ATTN_MMA=0 $B8; wtree 150 ring-8b . X=0 $B8
+    wtree 90 base . STREAM_ATTN_MMA=0 $B1; wtree 90 ring . X=0 $B1
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 4 benches finished"
-    ttree 25 ring-1b . X=0 $B1
-    ttree 25 base-1b . STREAM_ATTN_MMA=0 $B1
-    ttree 40 ring-8b . X=0 $B8
-    ttree 40 base-8b . STREAM_ATTN_MMA=0 $B8
+    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 2 benches finished"
+    ttree 20 ring-1b . X=0 $B1
+    ttree 20 base-1b . STREAM_ATTN_MMA=0 $B1
     ;;
 173) # session 17's final commit, one H200 (~9.5 min): attention on the tensor cores (stream_attn_mma, the default;
     # STREAM_ATTN_MMA=0 keeps the CUDA-core attention: "base"). Compiles warmed in parallel with the streaming GPU tests
