@@ -62,16 +62,16 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
               bench --out $W/$name $* --steps 50"; }
 
-# checks LIMIT: bitwise invariance (Llama-3.2-1B megakernel at 2 / 8 / 16) and the streaming kernel's GPU tests (mma +
-# auto) in the background, beside a call's warm-ups; checked N: after `wait`, the warm-ups finished (of N) and both
-# checks' results into the log
+# checks LIMIT [TESTS]: bitwise invariance (Llama-3.2-1B megakernel at 2 / 8 / 16) and the streaming kernel's GPU tests
+# (-k TESTS, default "mma or auto") in the background, beside a call's warm-ups; checked [N]: after `wait`, the
+# warm-ups finished (of N) and every invariance log's and the tests' results into the log
 checks() { (timeout "$1" python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
             >"$W/inv-1b.log" 2>&1) &
-           (timeout "$1" env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+           (timeout "$1" env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "${2:-mma or auto}" \
             -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) & }
-checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of $1 benches finished"
+checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ of $1} benches finished"
             tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-            grep -h '"mode"' "$W"/inv-1b.log | cut -c1-200 | tee -a "$OUT/log.txt"; }
+            grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
@@ -281,14 +281,9 @@ case "$1" in
     B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
     log "warm-up and checks"
     wtree 170 new . X=0 $B1; wtree 170 base /tmp/base "$BC" $B1
-    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or rnd" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    checks 170 "mma or auto or rnd"
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    checked
     ttree 30 base-1b /tmp/base "$BC" $B1
     ttree 30 new-1b . X=0 $B1
     ttree 30 base2-1b /tmp/base "$BC" $B1
@@ -310,16 +305,11 @@ case "$1" in
     wtree 200 base . "$OFF" $B1 --batch 1,8,16; wtree 200 new . X=0 $B1 --batch 1,8,16
     wtree 200 kvonly . STREAM_ATTN_SKIP=0 $B1 --batch 16
     wtree 200 kv8 . STREAM_ATTN_KV_MIN_B=2 $B1 --batch 8; wtree 200 gb /tmp/gb "$GBC" $B1 --batch 1,8,16
-    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
+    checks 200
     (timeout 200 env STREAM_ATTN_KV_MIN_B=2 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel \
         --batches 3,8,12 --out "$W/inv-kv8.json" >"$W/inv-kv8.log" 2>&1) &
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
-    log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) benches finished"
-    tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
-    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    checked
     ttree 30 base-1b . "$OFF" $B1 --batch 1,8,16
     ttree 30 new-1b . X=0 $B1 --batch 1,8,16
     ttree 20 kvonly-1b . STREAM_ATTN_SKIP=0 $B1 --batch 16
