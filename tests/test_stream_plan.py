@@ -61,7 +61,7 @@ def _step(batch, seed, workers=8, cfg=CFG, gemv=None):
 
 
 def _device_rows(kind, u, p, rg):
-    """Output rows of unit u's chunk groups, as stream_device._gemv maps them (None: rows of another kind)."""
+    """Output rows of unit u's chunk groups, as stream_fma.gemv_fma maps them (None: rows of another kind)."""
     r = torch.arange(rg)
     if kind == sd.K_QKV.value:
         P, ch = rg // 2, p["HD"] // rg

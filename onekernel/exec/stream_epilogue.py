@@ -1,5 +1,5 @@
 """The streaming megakernel's GEMV epilogues and task operands (Gluon), shared by its CUDA-core body
-(``exec.stream_device._gemv``) and its tensor-core body (``exec.stream_mma.gemv_mma``): one row group's (or
+(``exec.stream_fma.gemv_fma``) and its tensor-core body (``exec.stream_mma.gemv_mma``): one row group's (or
 gate_up unit's) outputs from its fp32 sums [BP, RG] (residual add, SiLU(gate) * up, RoPE + q / KV-cache rows,
 fp32 logits + per-task argmax partials), rounded where HF rounds (``rnd``, ``silu``: the ops' own functions)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from onekernel.ops.gemv_rows import rnd, silu
 
 # ----------------------------------------------------------------------------------------------- epilogues
 # One row group's (or gate_up unit's) outputs from its fp32 sums acc [BP, RG] (layout AL); shared by the
-# CUDA-core (_gemv) and tensor-core (gemv_mma) bodies.
+# CUDA-core (gemv_fma) and tensor-core (gemv_mma) bodies.
 @gluon.jit
 def gateup_out(ag, au, u, r, b64, bm, N, out, RG: gl.constexpr):
     dt: gl.constexpr = out.dtype.element_ty

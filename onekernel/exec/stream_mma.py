@@ -266,9 +266,9 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
              D: gl.constexpr, PROFILE: gl.constexpr, sub):
-    """One GEMV task on the tensor cores (gemv="mma"): the units of _gemv in k-major blocks of GB chunk groups
+    """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
-    epilogues as _gemv per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
+    epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
     (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
     (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
     round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the

@@ -23,6 +23,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
+from onekernel.exec.stream_base import K_GATEUP
 from onekernel.exec.stream_plan import StreamPlan
 from onekernel.exec.stream_runner import StreamMegakernelRunner
 
@@ -32,7 +33,7 @@ def task_chunks(plan: StreamPlan) -> dict[int, int]:
     out = {}
     for oi in plan.group_rows:
         op = plan.graph.ops[oi]
-        gpu = 2 if plan.kinds[oi] == sd.K_GATEUP.value else 1
+        gpu = 2 if plan.kinds[oi] == K_GATEUP.value else 1
         for t in op.task_ids:
             out[t] = plan.units[t][1] * gpu * op.params["NKB"]
     return out
