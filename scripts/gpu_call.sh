@@ -75,6 +75,26 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+180) # session 18, branch s18-attn-tc (~7 min): attention on the tensor cores with the warps splitting the positions
+    # (stream_attn_tc, the default where it fits; STREAM_ATTN_TC=0 keeps the CUDA-core attention: "base"), each its own
+    # process, warmed in parallel with the streaming GPU tests and the 1B megakernel's bitwise invariance at 2/8/16;
+    # Llama-3.2-1B megakernel at 1 / 8 / 16 and Llama-3.1-8B at 1 / 16; then the 1B batch-16 and 8B batch-16 profiles
+    mkdir -p /tmp/warm "$W/profile"
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
+    log "warm-up and checks"
+    wtree 240 tc1 . X=0 $B1; wtree 240 base1 . STREAM_ATTN_TC=0 $B1
+    wtree 240 tc8 . X=0 $B8; wtree 240 base8 . STREAM_ATTN_TC=0 $B8
+    checks 240
+    wait
+    checked 4
+    ttree 30 tc-1b . X=0 $B1
+    ttree 30 base-1b . STREAM_ATTN_TC=0 $B1
+    ttree 60 tc-8b . X=0 $B8
+    ttree 60 base-8b . STREAM_ATTN_TC=0 $B8
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 60 profile-8b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b --batch 16
+    ;;
 174) # session 17, branch s17-attn-ring (~2 min): the tensor-core attention with a 4-deep K/V ring (3 chunks in
     # flight) and the run's K/V rows prefetched into L2 at the task's start, against the CUDA-core attention
     # (STREAM_ATTN_MMA=0) in the same call, each its own process: Llama-3.2-1B megakernel at 1 / 8 / 16
