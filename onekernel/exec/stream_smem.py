@@ -34,7 +34,8 @@ def acc_groups(rg: int, rp: int = 1, hd: int = 0) -> int:
 
 def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: bool) -> int:
     """ATTN_TC: the number of K/V buffers (1 or 2) of the tensor-core attention (exec.stream_attn_tc) on a step, or 0
-    where the CUDA-core body runs: a CUDA-core GEMV step, a head dim not a multiple of 16, more than 4 query heads
+    where the CUDA-core body runs: a CUDA-core GEMV step, a head dim below 64 (kv_layout swizzles 64-element rows)
+    or not a multiple of 16, more than 4 query heads
     per KV head (the warp merge keeps m and l in the MMA tile's padding rows 4..7), a per-warp quarter of the split
     that is not whole 16-position blocks, a staged-activation tile (32 * CK bytes) that holds fewer than one K and
     one V block of the 4 warps ([4, 16, HD] each: HD 64 with CK 1024 holds two of each, HD 128 one), or a
@@ -43,7 +44,7 @@ def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: 
     r = hq // max(hkv, 1)
     views = (32 * ck) // (128 * hd) if hd else 0
     acc = acc_groups(rg, pow2_ceil(r), hd) * MMA_WARPS * MMA_ROWS * rg * 4
-    if (not mma or not ATTN_TC or hd % 16 or r > 4 or (split // 4) % 16 or views < 2 or (32 * ck) % (128 * hd)
+    if (not mma or not ATTN_TC or hd % 16 or hd < 64 or r > 4 or (split // 4) % 16 or views < 2 or (32 * ck) % (128 * hd)
             or acc < 4 * 8 * hd * 4 or acc % (8 * hd * 4)):
         return 0
     return min(2, views // 2)
