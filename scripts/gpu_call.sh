@@ -75,6 +75,33 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+182) # session 18's final commit, one H200 (~9 min): attention on the tensor cores (stream_attn_tc, the default where
+    # it fits). Compiles warmed in parallel with the streaming GPU tests (mma + auto) and the megakernel's bitwise
+    # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,
+    # megakernel, torch+graph at 1 / 8 / 16; torch.compile not re-run) and the 1B batch-16 profile
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up and checks"
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
+    checks 220
+    wait
+    checked 3
+    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
+183) # at once after 182 (~3 min): the per-op GEMV table (gpu_suite ops: bandwidth against the copy measured in the
+    # same run) and the Llama-3.2-1B batch-1 megakernel profile (the step's PNG)
+    mkdir -p "$W/profile"
+    step 90 ops $suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    ;;
 181) # session 18, branch s18-attn-tc after 180 (~6 min): the tensor-core attention with its run's K/V prefetched into
     # L2 before the dependency wait and q reused across a group's tiles (the default), without the prefetch
     # (STREAM_ATTN_L2=0: "nol2") and the CUDA-core attention (STREAM_ATTN_TC=0: "base"), each its own process:

@@ -115,25 +115,6 @@ def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.conste
 
 
 @gluon.jit
-def _prefetch_run(kc, vc, u0, nu, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-                  SPLIT: gl.constexpr, NSPLIT: gl.constexpr):
-    """``prefetch.global.L2`` of every 128-byte line of the run's live K and V rows (rows below each tile's end),
-    issued before the dependency wait: the lines come from HBM into L2 while the task waits (a row written this step
-    is written into L2 by its writer, which L2 keeps coherent), so the blocks' cp.async copies wait for L2, not HBM."""
-    LPR: gl.constexpr = HD * 2 // 128  # lines per row
-    PL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    e = gl.arange(0, SPLIT * LPR, layout=PL)
-    for j in range(nu):
-        b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT)
-        rows = s * SPLIT + e // LPR
-        off = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + (e % LPR) * 64
-        live = (rows < end).to(gl.int32)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p prefetch.global.L2 [$1]; @p prefetch.global.L2 [$2]; "
-            "mov.b32 $0, 0; }", "=r,l,l,r", [kc + off, vc + off, live], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
            SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr):
     """Block idx of the run (warp w: its 16 positions of tile u0 + idx // NB, block idx % NB) copied into buffer
@@ -213,7 +194,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
                  WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
                  SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, SM_SCALE: gl.constexpr,
                  NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, NBUF: gl.constexpr,
-                 B: gl.constexpr, XOFF: gl.constexpr, L2: gl.constexpr, sub=None):
+                 B: gl.constexpr, XOFF: gl.constexpr, sub=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA) on the tensor cores
     (module doc), then, with FOLD, the run's arrival and the last arrival's merge (stream_attn._arrive_and_merge).
     ``xbuf``: the staged activation tile [4, 16, CK/4] (32 * CK bytes), viewed as K/V [2 NBUF, 4, 16, HD], zeroed
@@ -253,8 +234,6 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     cs = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
     # block 0 before the wait: its old rows (every row but seq_lens[b], which this step's qkv task writes)
-    if L2:
-        _prefetch_run(kc, vc, u0, nu, posv, jv, HKV, HD, S, SPLIT, NSPLIT)
     k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     if PROFILE:

@@ -13,8 +13,6 @@ SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 ATTN_TC = os.environ.get("STREAM_ATTN_TC", "1") == "1"   # tensor-core attention where it fits (attn_tc_bufs)
-# the tensor-core attention's L2 prefetch of its run's K/V before the dependency wait (STREAM_ATTN_L2=0: off)
-ATTN_L2 = int(os.environ.get("STREAM_ATTN_L2", "1"))
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
