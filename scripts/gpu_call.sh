@@ -75,6 +75,75 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+182) # session 18's final commit, one H200 (~9 min): attention on the tensor cores (stream_attn_tc, the default where
+    # it fits). Compiles warmed in parallel with the streaming GPU tests (mma + auto) and the megakernel's bitwise
+    # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,
+    # megakernel, torch+graph at 1 / 8 / 16; torch.compile not re-run) and the 1B batch-16 profile
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up and checks"
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
+    checks 220
+    wait
+    checked 3
+    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
+183) # at once after 182 (~3 min): the per-op GEMV table (gpu_suite ops: bandwidth against the copy measured in the
+    # same run) and the Llama-3.2-1B batch-1 megakernel profile (the step's PNG)
+    mkdir -p "$W/profile"
+    step 90 ops $suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    ;;
+181) # session 18, branch s18-attn-tc after 180 (~6 min): the tensor-core attention with its run's K/V prefetched into
+    # L2 before the dependency wait and q reused across a group's tiles (the default), without the prefetch
+    # (STREAM_ATTN_L2=0: "nol2") and the CUDA-core attention (STREAM_ATTN_TC=0: "base"), each its own process:
+    # Llama-3.2-1B megakernel at 1 / 8 / 16, Llama-3.1-8B at 1 / 16 (tc and base); the 1B and 8B batch-16 profiles;
+    # bitwise invariance and the streaming GPU tests (Llama, mma) beside the warm-ups (at most two 8B processes)
+    mkdir -p /tmp/warm "$W/profile"
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
+    log "warm-up and checks"
+    wtree 240 tc1 . X=0 $B1; wtree 240 nol21 . STREAM_ATTN_L2=0 $B1; wtree 240 base1 . STREAM_ATTN_TC=0 $B1
+    wtree 240 tc8 . X=0 $B8; wtree 240 base8 . STREAM_ATTN_TC=0 $B8
+    checks 240 "llama and mma"
+    wait
+    checked 5
+    ttree 30 tc-1b . X=0 $B1
+    ttree 30 nol2-1b . STREAM_ATTN_L2=0 $B1
+    ttree 30 base-1b . STREAM_ATTN_TC=0 $B1
+    ttree 60 tc-8b . X=0 $B8
+    ttree 60 base-8b . STREAM_ATTN_TC=0 $B8
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 60 profile-8b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b --batch 16
+    ;;
+180) # session 18, branch s18-attn-tc (~7 min): attention on the tensor cores with the warps splitting the positions
+    # (stream_attn_tc, the default where it fits; STREAM_ATTN_TC=0 keeps the CUDA-core attention: "base"), each its own
+    # process, warmed in parallel with the streaming GPU tests and the 1B megakernel's bitwise invariance at 2/8/16;
+    # Llama-3.2-1B megakernel at 1 / 8 / 16 and Llama-3.1-8B at 1 / 16; then the 1B batch-16 and 8B batch-16 profiles
+    mkdir -p /tmp/warm "$W/profile"
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
+    log "warm-up and checks"
+    wtree 240 tc1 . X=0 $B1; wtree 240 base1 . STREAM_ATTN_TC=0 $B1
+    wtree 240 tc8 . X=0 $B8; wtree 240 base8 . STREAM_ATTN_TC=0 $B8
+    checks 240
+    wait
+    checked 4
+    ttree 30 tc-1b . X=0 $B1
+    ttree 30 base-1b . STREAM_ATTN_TC=0 $B1
+    ttree 60 tc-8b . X=0 $B8
+    ttree 60 base-8b . STREAM_ATTN_TC=0 $B8
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 60 profile-8b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b --batch 16
+    ;;
 174) # session 17, branch s17-attn-ring (~2 min): the tensor-core attention with a 4-deep K/V ring (3 chunks in
     # flight) and the run's K/V rows prefetched into L2 at the task's start, against the CUDA-core attention
     # (STREAM_ATTN_MMA=0) in the same call, each its own process: Llama-3.2-1B megakernel at 1 / 8 / 16

@@ -111,7 +111,8 @@ def report(k) -> dict:
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
             "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor"),
             "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
-            "cp_async_16": ptx.count("cp.async.cg.shared.global")}
+            "cp_async_16": ptx.count("cp.async.cg.shared.global [ "),  # Triton's own (the activation tiles)
+            "attn_copies": ptx.count("cp.async.cg.shared.global [%")}  # the tensor-core attention's inline ones
 
 
 def main() -> None:
@@ -124,7 +125,8 @@ def main() -> None:
     rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
-           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "compiles")}}
+           **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "HD", "ATTN_TC",
+                                          "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

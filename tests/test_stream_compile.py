@@ -31,16 +31,24 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-20 bytes in
     both bodies; SmolLM2-1.7B batch 1 28 since the staging's packed rounding, session 16, register-allocation
     noise of a kernel at 255 registers; real regressions were hundreds: 232 bytes for GB 16 everywhere), shared memory within the H200's 227 KB, the mbarrier offset found, at least 4
-    ring slots; the tensor-core body (gemv="mma") with mma.sync and ldmatrix in its PTX."""
+    ring slots; the tensor-core body (gemv="mma") with mma.sync and ldmatrix in its PTX; its attention on the tensor
+    cores where stream_smem.attn_tc_bufs says it fits (Llama-3.2-1B and SmolLM2-1.7B, head dim 64: K/V
+    double-buffered; SmolLM2-135M's CK 256 tile holds one K/V view, too few: the CUDA-core attention)."""
     rec = _check(model, batch, gemv)
     assert rec["spill_bytes"] <= 32, rec
     assert rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
     assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
-    if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once
-        assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) and rec["ldmatrix"] > 0, rec
+    tc = {("llama-3.2-1b", "mma"): 2, ("smollm2-1.7b", "mma"): 2}.get((model, gemv), 0)
+    assert rec["ATTN_TC"] == tc, rec
+    if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once; attention on
+        # the tensor cores: per block S = Q K^T (HD/16 k-steps x 2 n-tiles) and O += P V (HD/8 n-tiles), HD/4 in all
+        att = rec["HD"] // 4 if tc else 0
+        assert rec["mma_sync"] == rec["GB"] * (rec["CK"] // 64) * (rec["RG"] // 8) + att and rec["ldmatrix"] > 0, rec
     else:
         assert rec["mma_sync"] == 0, rec
+    # its K/V copies (inline cp.async, K and V per 16-byte unit, at the prologue's and the loop's issue sites)
+    assert (rec["attn_copies"] > 0) == (tc > 0), rec
     # the activation tiles go through 16-byte cp.async copies exactly where their register prefetch does not fit
     # (CK 1024 above batch 8: 2 fewer ring slots), never on the CUDA-core body
     async_a = gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 2048

@@ -276,7 +276,18 @@ def _attn_merge_warps(scr, m, l, acc, o_part, lse_part, row0, s, R: gl.constexpr
     else:
         m4 = gl.max(s_m.load(P3), axis=2)  # [4, RP, 1] -> [4, RP]: one element per (w, r), the same value
         l4 = gl.sum(s_l.load(P3), axis=2)
-    a4 = s_acc.load(P3)
+    merge_warp_states(m4, l4, s_acc.load(P3), o_part, lse_part, row0, s, R, RP, HD, NSPLIT)
+
+
+@gluon.jit
+def merge_warp_states(m4, l4, a4, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr, HD: gl.constexpr,
+                      NSPLIT: gl.constexpr):
+    """Tile split s's partial of rows row0 + [0, R) from the 4 warps' states as loaded from shared memory (m4, l4
+    fp32 [4, RP] in SliceLayout(2, P3), a4 fp32 [4, RP, HD] in P3 = BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1]),
+    log2 units): M = max_w m_w, L = sum_w l_w 2^(m_w - M), O = sum_w acc_w 2^(m_w - M) / L, lse = (M + log2 L) ln 2
+    (empty: 0, -inf), summed over w in order 0..3 inside each thread."""
+    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])
+    P2: gl.constexpr = gl.SliceLayout(2, P3)
     mx = gl.max(m4, axis=0)
     mx = gl.where(mx == float("-inf"), 0.0, mx)
     wt = gl.exp2(m4 - mx[None, :])

@@ -55,8 +55,8 @@ from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencie
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
 from onekernel.graph.schedule import Schedule, validate
 from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT, XBUF_SLOTS, _slots,  # noqa: F401
-                                        acc_groups, attn_bn, bars_guess, fma_xbuf_bytes, mma_groups, mma_smem,
-                                        pow2_ceil, xbuf_rows)
+                                        acc_groups, attn_bn, attn_tc_bufs, bars_guess, fma_xbuf_bytes, mma_groups,
+                                        mma_smem, pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
@@ -327,7 +327,8 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
+                  FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps

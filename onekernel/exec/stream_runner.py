@@ -46,6 +46,13 @@ def bar_offset(llir: str) -> int | None:
     return min(offs) if offs else None
 
 
+def xbuf_offset(llir: str) -> int | None:
+    """Byte offset of the first buffer after the ring (at 0): the MMA path's staged-activation tile, whose shared
+    address the tensor-core attention computes (stream_attn_tc: the ring's bytes)."""
+    offs = sorted({int(o) for o in re.findall(r"@global_smem, i32 (\d+)", llir)} - {0})
+    return offs[0] if offs else None
+
+
 def shared_stream(plan, tensors: dict) -> WeightStream:
     """``stream_pack.pack_weights`` once per (weights, workers, chunk shape, GEMV path): runners of other batch sizes over
     the same weights reuse the packed stream (a copy of every GEMV weight: 15 GB for Llama-3.1-8B) instead of
@@ -75,6 +82,10 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         if off != consts["BARS"]:
             consts["BARS"] = off
             continue
+        if consts.get("ATTN_TC") and xbuf_offset(k.asm["llir"]) != consts["SLOTS"] * CHUNK_ELEMS * 2:
+            raise RuntimeError(f"streaming megakernel: the staged-activation tile is at shared byte "
+                               f"{xbuf_offset(k.asm['llir'])}, not after the {consts['SLOTS']}-slot ring where the "
+                               "tensor-core attention copies K/V; run with STREAM_ATTN_TC=0")
         if k.metadata.shared <= smem_limit:
             return k, consts
         if consts["SLOTS"] <= 2:

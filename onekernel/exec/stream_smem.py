@@ -4,12 +4,15 @@ path's activation rows, attention's warp-merge scratch, the ring's slot count an
 """
 from __future__ import annotations
 
+import os
+
 from onekernel.exec import stream_base as sd
 
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
 SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
+ATTN_TC = os.environ.get("STREAM_ATTN_TC", "1") == "1"   # tensor-core attention where it fits (attn_tc_bufs)
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
@@ -27,6 +30,24 @@ def acc_groups(rg: int, rp: int = 1, hd: int = 0) -> int:
     where attention's warp-merge scratch, fp32 [8*RP, HD], needs them (Llama-3.1-70B); the kernel allocates it
     (stream_device.stream_megakernel) and views all of it as the scratch between GEMV tasks."""
     return max(mma_groups(rg), pow2_ceil(-(-8 * rp * hd // (MMA_WARPS * MMA_ROWS * rg))))
+
+
+def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: bool) -> int:
+    """ATTN_TC: the number of K/V buffers (1 or 2) of the tensor-core attention (exec.stream_attn_tc) on a step, or 0
+    where the CUDA-core body runs: a CUDA-core GEMV step, a head dim below 64 (kv_layout swizzles 64-element rows)
+    or not a multiple of 16, more than 4 query heads
+    per KV head (the warp merge keeps m and l in the MMA tile's padding rows 4..7), a per-warp quarter of the split
+    that is not whole 16-position blocks, a staged-activation tile (32 * CK bytes) that holds fewer than one K and
+    one V block of the 4 warps ([4, 16, HD] each: HD 64 with CK 1024 holds two of each, HD 128 one), or a
+    partial-sum buffer [ACCG, 4, 16, RG] fp32 smaller than the warp merge's fp32 [4, 8, HD]. STREAM_ATTN_TC=0 keeps
+    the CUDA-core body."""
+    r = hq // max(hkv, 1)
+    views = (32 * ck) // (128 * hd) if hd else 0
+    acc = acc_groups(rg, pow2_ceil(r), hd) * MMA_WARPS * MMA_ROWS * rg * 4
+    if (not mma or not ATTN_TC or hd % 16 or hd < 64 or r > 4 or (split // 4) % 16 or views < 2 or (32 * ck) % (128 * hd)
+            or acc < 4 * 8 * hd * 4 or acc % (8 * hd * 4)):
+        return 0
+    return min(2, views // 2)
 
 
 def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
