@@ -95,9 +95,17 @@ case "$1" in
     step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
-183) # at once after 182 (~3 min): the per-op GEMV table (gpu_suite ops: bandwidth against the copy measured in the
-    # same run) and the Llama-3.2-1B batch-1 megakernel profile (the step's PNG)
-    mkdir -p "$W/profile"
+183) # after 182 (~5 min): Llama-3.1-8B megakernel at batch 1 / 8 with the tensor-core attention (the default) and
+    # without it (STREAM_ATTN_TC=0: "base"), each its own process (182's table had 8B batch 8 at 4.784 ms against run
+    # 16's 4.572, and calls 180-181 measured only batch 1 and 16); then the per-op GEMV table (gpu_suite ops: bandwidth
+    # against the copy measured in the same run) and the Llama-3.2-1B batch-1 megakernel profile (the step's PNG)
+    mkdir -p "$W/profile" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    wtree 200 tc8 . X=0 $B8; wtree 200 base8 . STREAM_ATTN_TC=0 $B8
+    wait
+    checked 2
+    ttree 40 tc-8b . X=0 $B8
+    ttree 40 base-8b . STREAM_ATTN_TC=0 $B8
     step 90 ops $suite ops
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
     step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
