@@ -77,6 +77,25 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+184) # session 18, branch s18-attn-rbuf (~4 min): the tensor-core attention's K/V buffers also in the raw activation
+    # tile at batch > 8 (1B: 4 buffers, 8B: 2; the default on the branch) against main's (STREAM_ATTN_RBUF=0: "base"),
+    # each its own process: Llama-3.2-1B and Llama-3.1-8B megakernel at batch 16 (batch <= 8 kernels are main's);
+    # the 1B megakernel's bitwise invariance (2 / 8 / 16) and the batch-16 tensor-core GPU test beside the warm-ups
+    mkdir -p /tmp/warm "$W/profile"
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 16"
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 16"
+    log "warm-up and checks"
+    wtree 200 rb1 . X=0 $B1; wtree 200 base1 . STREAM_ATTN_RBUF=0 $B1
+    wtree 200 rb8 . X=0 $B8; wtree 200 base8 . STREAM_ATTN_RBUF=0 $B8
+    checks 200 "llama-3.2-1b-16-mma"
+    wait
+    checked 4
+    ttree 30 rb-1b . X=0 $B1
+    ttree 30 base-1b . STREAM_ATTN_RBUF=0 $B1
+    ttree 40 rb-8b . X=0 $B8
+    ttree 40 base-8b . STREAM_ATTN_RBUF=0 $B8
+    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 182) # session 18's final commit, one H200 (~9 min): attention on the tensor cores (stream_attn_tc, the default where
     # it fits). Compiles warmed in parallel with the streaming GPU tests (mma + auto) and the megakernel's bitwise
     # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,

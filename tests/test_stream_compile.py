@@ -40,6 +40,8 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
     tc = {("llama-3.2-1b", "mma"): 2, ("smollm2-1.7b", "mma"): 2}.get((model, gemv), 0)
+    if gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 2048:  # the raw activation tile holds as many again
+        tc *= 2
     assert rec["ATTN_TC"] == tc, rec
     if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once; attention on
         # the tensor cores: per block S = Q K^T (HD/16 k-steps x 2 n-tiles) and O += P V (HD/8 n-tiles), HD/4 in all

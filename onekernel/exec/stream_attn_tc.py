@@ -78,13 +78,19 @@ def _warp_sync(x):
 
 @gluon.jit
 def _wait_copies(x, N: gl.constexpr):
-    """``cp.async.wait_group N`` then ``bar.warp.sync``: this thread's copies but the last N groups have landed, and
-    every lane of the warp sees its lanes' (Triton's own wait would make the compiler add a CTA barrier)."""
+    """``cp.async.wait_group N`` (N <= 3) then ``bar.warp.sync``: this thread's copies but the last N groups have
+    landed, and every lane of the warp sees its lanes' (Triton's own wait would make the compiler add a CTA barrier)."""
     if N == 0:
         return gl.inline_asm_elementwise("cp.async.wait_group 0; bar.warp.sync -1; mov.b32 $0, 0;", "=r,r", [x],
                                          dtype=gl.int32, is_pure=False, pack=1)
-    else:
+    elif N == 1:
         return gl.inline_asm_elementwise("cp.async.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;", "=r,r", [x],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+    elif N == 2:
+        return gl.inline_asm_elementwise("cp.async.wait_group 2; bar.warp.sync -1; mov.b32 $0, 0;", "=r,r", [x],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        return gl.inline_asm_elementwise("cp.async.wait_group 3; bar.warp.sync -1; mov.b32 $0, 0;", "=r,r", [x],
                                          dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -115,8 +121,8 @@ def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.conste
 
 
 @gluon.jit
-def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr):
+def _issue(kv0, kr0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, NX: gl.constexpr):
     """Block idx of the run (warp w: its 16 positions of tile u0 + idx // NB, block idx % NB) copied into buffer
     idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a time, K and V,
     dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
@@ -129,7 +135,9 @@ def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.cons
     rows = s * SPLIT + w * (SPLIT // 4) + (idx % NB) * BLK + n
     goff = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + u * 8
     src = gl.where((rows < end) & (idx < total), 16, 0)
-    soff = kv0 + (idx % NBUF) * (2 * 4 * BLK * HD * 2) + ((w * BLK + n) * HD + (u ^ (n & 7)) * 8) * 2
+    buf = idx % NBUF
+    base = gl.where(buf < NX, kv0 + buf * (2 * 4 * BLK * HD * 2), kr0 + (buf - NX) * (2 * 4 * BLK * HD * 2))
+    soff = base + ((w * BLK + n) * HD + (u ^ (n & 7)) * 8) * 2
     gl.inline_asm_elementwise(
         "cp.async.cg.shared.global [$1], [$2], 16, $5; cp.async.cg.shared.global [$3], [$4], 16, $5; "
         "mov.b32 $0, 0;", "=r,r,l,r,l,r", [soff, kc + goff, soff + 4 * BLK * HD * 2, vc + goff, src],
@@ -194,7 +202,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
                  WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
                  SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, SM_SCALE: gl.constexpr,
                  NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, NBUF: gl.constexpr,
-                 B: gl.constexpr, XOFF: gl.constexpr, sub=None):
+                 B: gl.constexpr, XOFF: gl.constexpr, rbuf, sub=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA) on the tensor cores
     (module doc), then, with FOLD, the run's arrival and the last arrival's merge (stream_attn._arrive_and_merge).
     ``xbuf``: the staged activation tile [4, 16, CK/4] (32 * CK bytes), viewed as K/V [2 NBUF, 4, 16, HD], zeroed
@@ -205,7 +213,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     NB: gl.constexpr = SPLIT // 4 // BLK
     dt: gl.constexpr = xbuf.dtype
     XK: gl.constexpr = xbuf.shape[2]
-    NV: gl.constexpr = XK // HD  # [4, 16, HD] views in xbuf
+    NV: gl.constexpr = XK // HD  # [4, 16, HD] views in xbuf (and as many in rbuf where NBUF > NX)
+    NX: gl.constexpr = NV // 2 if NV // 2 < 2 else 2  # K/V buffers in xbuf
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
     DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -214,6 +223,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kvv = view(xbuf, dt, [NV, 4 * BLK, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # K/V views, each kv_layout
     kv0 = smem_addr(XOFF)  # xbuf's shared address (the ring's bytes come first: stream_runner.fit_kernel checks)
+    kvr = view(rbuf, dt, [NV, 4 * BLK, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    kr0 = smem_addr(XOFF + 32 * 4 * XK)  # rbuf's, right after xbuf (fit_kernel checks)
     AR: gl.constexpr = accbuf.shape[0] * accbuf.shape[1] * accbuf.shape[2] * accbuf.shape[3] // (8 * HD)
     scr = view(accbuf, gl.float32, [AR, 8, HD], FL)
     u0 = gl.load(rec + F_U0)
@@ -247,7 +258,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     view(kvv.index(1), dt, [4, BLK, HD], KVL).store(v0)
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
-        _issue(kv0, kc, vc, u0, p, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
+        _issue(kv0, kr0, kc, vc, u0, p, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, NX)
     m = gl.full([4, 16], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
     l = gl.zeros([4, 16], gl.float32, gl.SliceLayout(2, MMA))
     acc = gl.zeros([4, 16, HD], gl.float32, MMA)
@@ -273,11 +284,19 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         # block i in this warp's region of buffer i % NBUF: this thread's copies landed, the warp's lanes see them
         _wait_copies(i, NBUF - 1)
         buf = i % NBUF
-        kt = view(kvv.index(2 * buf), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)   # K^T [4, HD, 16]
-        vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
+        if NBUF > NX:  # buffers NX.. in rbuf
+            if buf < NX:
+                kt = view(kvv.index(2 * buf), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)
+                vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)
+            else:
+                kt = view(kvr.index(2 * (buf - NX)), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)
+                vb = view(kvr.index(2 * (buf - NX) + 1), dt, [4, BLK, HD], KVL).load(DB)
+        else:
+            kt = view(kvv.index(2 * buf), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)   # K^T [4, HD, 16]
+            vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
         _warp_sync(i)
-        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
+        _issue(kv0, kr0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, NX)
         x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=2))

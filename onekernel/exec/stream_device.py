@@ -120,7 +120,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if ATTN_TC > 0:  # on the tensor cores (stream_attn_tc; K/V in xbuf, the warp merge in accbuf)
                 attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, xbuf, accbuf, PROFILE,
                              WAIT_NS, HQ, HKV, HD, S, SPLIT, NSPLIT, RP, SM_SCALE, NTA, FOLD, NSP2, NGP, ATTN_TC, B,
-                             SLOTS * CK * RG * 2, prof + (n_prof + t) * 4)
+                             SLOTS * CK * RG * 2, rbuf, prof + (n_prof + t) * 4)
             else:
                 attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ,
                           HKV, HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4)

@@ -18,7 +18,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
-from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
+from onekernel.exec.stream_base import ERR_RSLOT, ERRORS, mma_async_a
 from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
@@ -46,11 +46,18 @@ def bar_offset(llir: str) -> int | None:
     return min(offs) if offs else None
 
 
-def xbuf_offset(llir: str) -> int | None:
-    """Byte offset of the first buffer after the ring (at 0): the MMA path's staged-activation tile, whose shared
-    address the tensor-core attention computes (stream_attn_tc: the ring's bytes)."""
+def check_attn_buffers(llir: str, consts: dict) -> None:
+    """The tensor-core attention (stream_attn_tc) computes the shared addresses of its K/V copies: the staged
+    activation tile right after the ring (the first buffer the kernel addresses past byte 0) and, where the batch has
+    the raw tile (stream_base.mma_async_a), that one right after it. Raises RuntimeError (with what to do) if the
+    compiled kernel's allocation differs."""
     offs = sorted({int(o) for o in re.findall(r"@global_smem, i32 (\d+)", llir)} - {0})
-    return offs[0] if offs else None
+    xoff = consts["SLOTS"] * CHUNK_ELEMS * 2
+    want = [xoff] + ([xoff + 32 * consts["CK"]] if mma_async_a(consts["B"], consts["CK"]) else [])
+    if not offs or offs[0] != xoff or any(w not in offs for w in want):
+        raise RuntimeError(f"streaming megakernel: the activation tiles are not at shared bytes {want} (the kernel "
+                           f"addresses {offs[:4]}...), where the tensor-core attention copies K/V; run with "
+                           "STREAM_ATTN_TC=0")
 
 
 def shared_stream(plan, tensors: dict) -> WeightStream:
@@ -82,10 +89,8 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         if off != consts["BARS"]:
             consts["BARS"] = off
             continue
-        if consts.get("ATTN_TC") and xbuf_offset(k.asm["llir"]) != consts["SLOTS"] * CHUNK_ELEMS * 2:
-            raise RuntimeError(f"streaming megakernel: the staged-activation tile is at shared byte "
-                               f"{xbuf_offset(k.asm['llir'])}, not after the {consts['SLOTS']}-slot ring where the "
-                               "tensor-core attention copies K/V; run with STREAM_ATTN_TC=0")
+        if consts.get("ATTN_TC"):
+            check_attn_buffers(k.asm["llir"], consts)
         if k.metadata.shared <= smem_limit:
             return k, consts
         if consts["SLOTS"] <= 2:

@@ -13,6 +13,9 @@ SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 
 XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 ATTN_TC = os.environ.get("STREAM_ATTN_TC", "1") == "1"   # tensor-core attention where it fits (attn_tc_bufs)
+# the tensor-core attention's K/V buffers also in the raw activation tile where the batch has one (STREAM_ATTN_RBUF=0:
+# off, for the A/B)
+ATTN_RBUF = os.environ.get("STREAM_ATTN_RBUF", "1") == "1"
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
 
 
@@ -32,7 +35,7 @@ def acc_groups(rg: int, rp: int = 1, hd: int = 0) -> int:
     return max(mma_groups(rg), pow2_ceil(-(-8 * rp * hd // (MMA_WARPS * MMA_ROWS * rg))))
 
 
-def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: bool) -> int:
+def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: bool, batch: int = 1) -> int:
     """ATTN_TC: the number of K/V buffers (1 or 2) of the tensor-core attention (exec.stream_attn_tc) on a step, or 0
     where the CUDA-core body runs: a CUDA-core GEMV step, a head dim below 64 (kv_layout swizzles 64-element rows)
     or not a multiple of 16, more than 4 query heads
@@ -47,7 +50,10 @@ def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: 
     if (not mma or not ATTN_TC or hd % 16 or hd < 64 or r > 4 or (split // 4) % 16 or views < 2 or (32 * ck) % (128 * hd)
             or acc < 4 * 8 * hd * 4 or acc % (8 * hd * 4)):
         return 0
-    return min(2, views // 2)
+    nx = min(2, views // 2)
+    if ATTN_RBUF and sd.mma_async_a(batch, ck):  # the raw activation tile too (as many buffers again): deeper prefetch
+        return 2 * nx
+    return nx
 
 
 def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
