@@ -136,7 +136,10 @@ def _issue(kv0, kr0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl
     goff = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + u * 8
     src = gl.where((rows < end) & (idx < total), 16, 0)
     buf = idx % NBUF
-    base = gl.where(buf < NX, kv0 + buf * (2 * 4 * BLK * HD * 2), kr0 + (buf - NX) * (2 * 4 * BLK * HD * 2))
+    if NBUF > NX:  # buffers NX.. in the raw activation tile (kr0)
+        base = gl.where(buf < NX, kv0 + buf * (2 * 4 * BLK * HD * 2), kr0 + (buf - NX) * (2 * 4 * BLK * HD * 2))
+    else:
+        base = kv0 + buf * (2 * 4 * BLK * HD * 2)
     soff = base + ((w * BLK + n) * HD + (u ^ (n & 7)) * 8) * 2
     gl.inline_asm_elementwise(
         "cp.async.cg.shared.global [$1], [$2], 16, $5; cp.async.cg.shared.global [$3], [$4], 16, $5; "
