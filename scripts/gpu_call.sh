@@ -78,6 +78,12 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+185) # session 18, branch s18-attn-stamps (~2 min): where a tensor-core attention block's time goes (profile-only
+    # stamps: the copy waits, a wait's end to P): Llama-3.2-1B batch 16, Llama-3.1-8B batch 8 (its regression)
+    mkdir -p "$W/profile"
+    step 40 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 65 profile-8b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b --batch 8
+    ;;
 182) # session 18's final commit, one H200 (~9 min): attention on the tensor cores (stream_attn_tc, the default where
     # it fits). Compiles warmed in parallel with the streaming GPU tests (mma + auto) and the megakernel's bitwise
     # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,

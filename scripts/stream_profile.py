@@ -68,9 +68,10 @@ def main() -> None:
         for t in op.task_ids:
             if t < len(sub):
                 v = sub[t]
-                for name, x in zip(("to_loop_us", "blocks_us", "warp_merges_us", "arrive_merge_us"),
-                                   (v[0], v[1], v[2], v[3] & 0xFFFFFFFF)):
-                    attn_inside[name].append(x / 1e3)
+                for name, x in zip(("to_loop_us", "blocks_us", "warp_merges_us", "arrive_merge_us", "copy_wait_us",
+                                    "to_p_us"), (v[0], v[1] & 0xFFFFFFFF, v[2] & 0xFFFFFFFF, v[3] & 0xFFFFFFFF,
+                                                 v[1] >> 32, v[2] >> 32)):
+                    attn_inside[name].append(x / 1e3)  # bits above 32 of v[1], v[2]: stream_attn_tc only
                 attn_inside["blocks"].append(v[3] >> 32)
     for op in g.ops:
         if op.kind.name == "attn_partial":
@@ -103,6 +104,9 @@ def main() -> None:
         print(f"  inside attn_partial  to loop {attn_in['to_loop_us']:5.2f} blocks {attn_in['blocks_us']:6.2f}"
               f" warp merges {attn_in['warp_merges_us']:5.2f} arrive+merge {attn_in['arrive_merge_us']:5.2f} us, blocks"
               f" {attn_in['blocks']:.0f} (medians)")
+        if attn_in.get("copy_wait_us") or attn_in.get("to_p_us"):
+            print(f"  inside attn blocks   copy waits {attn_in['copy_wait_us']:5.2f} wait end to P {attn_in['to_p_us']:5.2f}"
+                  " us (tensor-core attention)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"
               f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f}")

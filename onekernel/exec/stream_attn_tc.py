@@ -200,7 +200,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     ``xbuf``: the staged activation tile [4, 16, CK/4] (32 * CK bytes), viewed as K/V [2 NBUF, 4, 16, HD], zeroed
     again at the end where the batch pads operand A (B < 16); ``accbuf``: the partial-sum buffer, the warp merge's
     scratch. PROFILE: ``sub`` as attn_task's (ns to the loop, ns in the loop without the warp merges, ns in them, ns
-    arriving and merging + blocks << 32)."""
+    arriving and merging + blocks << 32), and above bit 32 of the second and third: ns waiting on the K/V copies, ns
+    from each wait's end to P (operand loads, the next copies' issue, S, softmax: issue times, not completion)."""
     R: gl.constexpr = HQ // HKV
     NB: gl.constexpr = SPLIT // 4 // BLK
     dt: gl.constexpr = xbuf.dtype
@@ -255,6 +256,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         t_l = now()
         gl.store(sub, t_l - t_r)
         t_mw = t_l * 0
+        t_cw = t_l * 0
+        t_s = t_l * 0
     for i in range(total):
         j = i // NB
         blk = i % NB
@@ -271,7 +274,12 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         q_n = _q_operand(q, u0, j + 1, (blk == NB - 1) & (j + 1 < nu) & ((u0 + j + 1) // NSPLIT != (u0 + j) // NSPLIT),
                          wq, rq, dq, HQ, HKV, HD, NSPLIT)
         # block i in this warp's region of buffer i % NBUF: this thread's copies landed, the warp's lanes see them
+        if PROFILE:
+            t0 = now()
         _wait_copies(i, NBUF - 1)
+        if PROFILE:
+            t1 = now()
+            t_cw = t_cw + (t1 - t0)
         buf = i % NBUF
         kt = view(kvv.index(2 * buf), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)   # K^T [4, HD, 16]
         vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
@@ -285,6 +293,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         alpha = gl.exp2(m - m_use)
         pr = gl.exp2(x - m_use[:, :, None])
         l = l * alpha + gl.sum(pr, axis=2)
+        if PROFILE:
+            t_s = t_s + (now() - t1)
         acc = mma_v2(gl.convert_layout(pr.to(dt), DA), vb, acc * alpha[:, :, None])
         m = m_new
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
@@ -299,8 +309,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         xbuf.store(gl.zeros([4, 16, XK], dt, stage_layout(4 * XK)))
     if PROFILE:
         t_a = now()
-        gl.store(sub + 1, t_a - t_l - t_mw)
-        gl.store(sub + 2, t_mw)
+        gl.store(sub + 1, (t_a - t_l - t_mw) + (t_cw << 32))  # above bit 32: ns in the copy waits
+        gl.store(sub + 2, t_mw + (t_s << 32))  # above bit 32: ns from a wait's end to P (loads, S, softmax), issued
     if FOLD:
         _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
     if PROFILE:
