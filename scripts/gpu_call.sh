@@ -27,7 +27,7 @@
 # s17-attn-mma and s17-attn-ring: slower): session 17; nothing merged, so no final-table call.
 # 180 + 181 (the tensor-core attention against the CUDA-core one; 181 with an L2 prefetch, removed), 182 (the final
 # tables at a88ee12), 183 (the 8B batch-8 A/B, the per-op table, the 1B profile), 184 (branch s18-attn-rbuf, slower; in
-# git history, `git show 936499e:scripts/gpu_call.sh`): session 18.
+# git history, `git show 936499e:scripts/gpu_call.sh`), 185 (stamps inside the attention's block loop): session 18.
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
