@@ -15,6 +15,10 @@ from onekernel.models.load import default_model_path, load_model
 from onekernel.models.random_init import random_weights
 from onekernel.models.tokenizer import Tokenizer
 
+# Module-scoped fixtures (the default GGUF, read once): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("loaders")
+
 GGUF_LAYER = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
               "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "ffn_norm": "ffn_norm", "w_gate": "ffn_gate",
               "w_up": "ffn_up", "w_down": "ffn_down"}

@@ -13,6 +13,10 @@ from onekernel.runtime.generate import generate
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import prefill
 
+# Module-scoped fixtures (the HF model and ours, loaded once): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("reference_vs_hf")
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW = 32
 

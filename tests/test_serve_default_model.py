@@ -12,6 +12,10 @@ from onekernel.models.load import load_model
 from onekernel.runtime.generate import generate
 from onekernel.bench.serve_process import Server
 
+# Module-scoped fixtures (one server of the default model): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("serve_default_model")
+
 CTX = 64
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Say hello in Spanish.",
              "What is 2 + 3?", "Write a haiku about rain.", "Who wrote Hamlet?"]

@@ -13,6 +13,10 @@ from onekernel.runtime.reference import prefill
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.serve.format import token_text
 
+# Module-scoped fixtures (one server): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("serve_fields")
+
 CTX = 64
 MSG = [{"role": "user", "content": "hi"}]
 JARGON = ("Input should", "Field required", ".str", "list[", "Extra inputs", "union")

@@ -9,6 +9,10 @@ from onekernel.bench.serve_process import Server
 from onekernel.models.load import load_model
 from onekernel.runtime.generate import generate
 
+# Module-scoped fixtures (one server): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("serve_stream_text")
+
 CTX = 96
 
 

@@ -12,6 +12,10 @@ from onekernel.runtime.generate import generate
 from onekernel.runtime.sampling import SamplingParams
 from onekernel.bench.serve_process import Server
 
+# Module-scoped fixtures (its servers): README's command (pytest-xdist, --dist loadgroup)
+# runs this module's tests in one worker, which builds them once.
+pytestmark = pytest.mark.xdist_group("serve_tiny")
+
 CTX = 96  # --max-seq-len
 
 

@@ -24,6 +24,12 @@ from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import ReferenceRunner
 from onekernel.runtime.runners import make_step_runner
 
+# Tests that start TP ranks (2 to 8 processes; the megakernel's ranks spin on each other's events): README's
+# command (pytest-xdist, --dist loadgroup) runs the TP files' tests (test_tp, test_tp_kernels, test_tp_many,
+# test_tp_megakernel) in one worker, one at a time, so that two of them never share the 2 cores; xdist hands out
+# groups, largest first, before the single tests, so this one starts early.
+pytestmark = pytest.mark.xdist_group("tp-ranks")
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "tp_worker.py"
 BOUND_S = 60  # a run with a failed rank must end within this (the issue's bound); subprocess timeout, not timing

@@ -11,6 +11,8 @@ from onekernel.errors import InputError
 from onekernel.models.config import get_config
 from test_tp import _reference, _run_ranks
 
+pytestmark = pytest.mark.xdist_group("tp-ranks")  # one worker runs the TP ranks' tests (see tests/test_tp.py)
+
 
 @pytest.mark.parametrize("gemv", [None, "mma"])
 def test_tp2_kernel_step_equals_tp1_reference(gemv, seed, tmp_path):

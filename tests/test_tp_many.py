@@ -12,6 +12,8 @@ import torch
 from onekernel.models.config import get_config
 from test_tp import _reference, _run_ranks
 
+pytestmark = pytest.mark.xdist_group("tp-ranks")  # one worker runs the TP ranks' tests (see tests/test_tp.py)
+
 VOCAB = 253
 
 

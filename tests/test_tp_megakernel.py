@@ -12,6 +12,8 @@ import torch
 from onekernel.models.config import get_config
 from onekernel.ops.tiling import Tiling
 
+pytestmark = pytest.mark.xdist_group("tp-ranks")  # one worker runs the TP ranks' tests (see tests/test_tp.py)
+
 
 # -- two ranks end to end in the interpreter ---------------------------------------------------------------
 def _free_port() -> int:

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+import fast_interpreter
 from onekernel.dist.process import close_rank, init_rank
 from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
 from onekernel.dist.tp_reference import TPGroup
@@ -20,6 +21,8 @@ from onekernel.models.config import get_config
 from onekernel.models.random_init import random_weights
 from onekernel.models.tokenizer import Tokenizer
 from onekernel.runtime.kv_cache import KVCache
+
+fast_interpreter.install()  # as in tests/conftest.py: the kernel modes run in the interpreter here too
 
 
 def rank_state(a: dict):
