@@ -25,6 +25,25 @@ def _pick(vec, idx, j):
 
 
 @gluon.jit
+def attn_args(rec, a, base_t, base_f, base_i, HKV: gl.constexpr, NSPLIT: gl.constexpr, NTA: gl.constexpr):
+    """An attention task's operands: (u0, nu: its run of tiles (record F_U0 / F_NU); q, k_cache, v_cache, o_part,
+    lse_part: pointers from the argument table; jv, posv: int32 [NTA] index and the position each tile's sequence
+    writes this step (seq_lens is the step's input: read before the wait))."""
+    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    u0 = gl.load(rec + F_U0)
+    nu = gl.load(rec + F_NU)
+    q = base_t + gl.load(a) * 8
+    kc = base_t + gl.load(a + 1) * 8
+    vc = base_t + gl.load(a + 2) * 8
+    seq = base_i + gl.load(a + 3) * 4
+    o_part = base_f + gl.load(a + 4) * 4
+    lse_part = base_f + gl.load(a + 5) * 4
+    jv = gl.arange(0, NTA, layout=V1)
+    posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
+    return u0, nu, q, kc, vc, o_part, lse_part, jv, posv
+
+
+@gluon.jit
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
@@ -59,18 +78,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     QL: gl.constexpr = gl.SliceLayout(2, L4)   # [4, RP, HD]: q, acc
     XL: gl.constexpr = gl.SliceLayout(3, L4)   # [4, RP, BN]: scores
     ML: gl.constexpr = gl.SliceLayout(2, XL)   # [4, RP]: m, l
-    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    u0 = gl.load(rec + F_U0)
-    nu = gl.load(rec + F_NU)
-    q = base_t + gl.load(a) * 8
-    kc = base_t + gl.load(a + 1) * 8
-    vc = base_t + gl.load(a + 2) * 8
-    seq = base_i + gl.load(a + 3) * 4
-    o_part = base_f + gl.load(a + 4) * 4
-    lse_part = base_f + gl.load(a + 5) * 4
-    # the position each tile's sequence writes this step (seq_lens is the step's input: read before the wait)
-    jv = gl.arange(0, NTA, layout=V1)
-    posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
+    u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
     nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]

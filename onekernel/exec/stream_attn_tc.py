@@ -28,8 +28,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from onekernel.exec.stream_attn import _arrive_and_merge, _pick, _tile_coords, merge_warp_states
-from onekernel.exec.stream_base import F_NU, F_U0, barrier, now, smem_addr, view, wait_deps
+from onekernel.exec.stream_attn import _arrive_and_merge, _pick, _tile_coords, attn_args, merge_warp_states
+from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_mma import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
@@ -212,21 +212,11 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     FL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     KVL: gl.constexpr = kv_layout(HD)
-    V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     kvv = view(xbuf, dt, [NV, 4 * BLK, HD], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # K/V views, each kv_layout
     kv0 = smem_addr(XOFF)  # xbuf's shared address (the ring's bytes come first: stream_runner.fit_kernel checks)
     AR: gl.constexpr = accbuf.shape[0] * accbuf.shape[1] * accbuf.shape[2] * accbuf.shape[3] // (8 * HD)
     scr = view(accbuf, gl.float32, [AR, 8, HD], FL)
-    u0 = gl.load(rec + F_U0)
-    nu = gl.load(rec + F_NU)
-    q = base_t + gl.load(a) * 8
-    kc = base_t + gl.load(a + 1) * 8
-    vc = base_t + gl.load(a + 2) * 8
-    seq = base_i + gl.load(a + 3) * 4
-    o_part = base_f + gl.load(a + 4) * 4
-    lse_part = base_f + gl.load(a + 5) * 4
-    jv = gl.arange(0, NTA, layout=V1)
-    posv = gl.load(seq + (u0 + jv) // (HKV * NSPLIT), mask=jv < nu, other=0, cache_modifier=".cg")
+    u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     total = nu * NB
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, DA)))[:, None, None] * 0
     rq = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, DA)))[None, :, None]
@@ -261,8 +251,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     for i in range(total):
         j = i // NB
         blk = i % NB
-        b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
-        end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
+        b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT)
         # a new tile: its q (loaded during the previous block) and a fresh state (selects: stream_attn.attn_task)
         first = blk == 0
         q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + j - 1) // NSPLIT), q_n, q_c)
