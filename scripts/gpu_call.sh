@@ -78,6 +78,23 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+190) # session 19 (~5 min): SmolLM2-135M (the default model's shapes, random weights) on both GEMV paths: graph, pdl,
+    # the Triton megakernel ("auto" keeps it: stream_plan.prefer_stream), the streaming megakernel (megakernel-gluon)
+    # and pdl on its bodies, batch 1 / 8 / 16, one process per GEMV path; torch.compile beside the fma row; then the
+    # streaming kernel's batch-1 profiles on both paths
+    mkdir -p "$W/profile" /tmp/warm
+    S="--model smollm2-135m --random-weights --batch 1,8,16"
+    wtree 230 fma . X=0 $S --gemv fma --modes torch+compile,graph,pdl,megakernel,megakernel-gluon,pdl-gluon
+    wtree 230 mma . X=0 $S --gemv mma --modes graph,pdl,megakernel,megakernel-gluon,pdl-gluon
+    (timeout 230 python3 scripts/stream_profile.py --out /tmp/warm/pf --model smollm2-135m --gemv fma >/dev/null 2>&1) &
+    (timeout 230 python3 scripts/stream_profile.py --out /tmp/warm/pm --model smollm2-135m --gemv mma >/dev/null 2>&1) &
+    wait
+    checked 2
+    ttree 60 smol-fma . X=0 $S --gemv fma --modes torch+compile,graph,pdl,megakernel,megakernel-gluon,pdl-gluon
+    ttree 50 smol-mma . X=0 $S --gemv mma --modes graph,pdl,megakernel,megakernel-gluon,pdl-gluon
+    step 40 profile-smol-fma python3 scripts/stream_profile.py --out "$W/profile/fma" --model smollm2-135m --gemv fma
+    step 40 profile-smol-mma python3 scripts/stream_profile.py --out "$W/profile/mma" --model smollm2-135m --gemv mma
+    ;;
 185) # session 18, branch s18-attn-stamps (~2 min): where a tensor-core attention block's time goes (profile-only
     # stamps: the copy waits, a wait's end to P): Llama-3.2-1B batch 16, Llama-3.1-8B batch 8 (its regression)
     mkdir -p "$W/profile"
