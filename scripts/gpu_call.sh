@@ -78,6 +78,45 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+191) # session 19's final commit, one H200 (~8.5 min; carry .model/smol.p1, parked for 192): the megakernel of
+    # SmolLM2-135M on the tensor-core streaming kernel (runtime.runners.megakernel_step) and the argmax over every batch
+    # row at once. Compiles warmed in parallel with the streaming GPU tests (mma + auto: SmolLM2's own megakernel
+    # included) and the 1B megakernel's bitwise invariance; then the SmolLM2-135M table (random weights, every mode,
+    # batch 1-16) and the Llama-3.2-1B table (every mode, batch 1-16)
+    cp .model/smol.p1 /tmp/model/ 2>/dev/null
+    mkdir -p "$W/bench" /tmp/warm
+    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
+             >"$W/warm-$name.log" 2>&1) & }
+    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
+    B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up and checks"
+    warm smol $B0 --batch 1,2,4,8,16 --modes $MK,megakernel-triton
+    warm smol-t $B0 --batch 1,2,4,8,16 --modes $MT
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
+    checks 220
+    wait
+    checked 5
+    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes $MT,$MK,megakernel-triton --steps 50
+    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    ;;
+192) # at once after 191 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
+    # every mode and the reference) and 1,000 replays + the forced timeout (SmolLM2-135M's streaming megakernel, then
+    # Llama-3.2-1B) beside the 8B warm-up (compiled in 191); the Llama-3.1-8B table; the real model's table. ~6 min
+    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights"
+    (timeout 150 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/8b $B8 --batch 1,8,16 \
+        --modes graph,pdl,megakernel,torch+graph >"$W/warm-8b.log" 2>&1) &
+    (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
+    (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
+     step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
+    wait
+    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    ;;
 190) # session 19 (~5 min): SmolLM2-135M (the default model's shapes, random weights) on both GEMV paths: graph, pdl,
     # the Triton megakernel ("auto" keeps it: stream_plan.prefer_stream), the streaming megakernel (megakernel-gluon)
     # and pdl on its bodies, batch 1 / 8 / 16, one process per GEMV path; torch.compile beside the fma row; then the

@@ -50,16 +50,18 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed)
         assert torch.equal(alone[0], glu[0][i]), f"row {i} differs from its batch-1 run"
 
 
-def test_auto_takes_gluon_for_an_mma_step():
+@pytest.mark.parametrize("name,gemv", [("llama-3.2-1b", "mma"), ("smollm2-135m", None)])
+def test_auto_takes_gluon_for_an_mma_step(name, gemv):
     """backend="auto" runs an MMA step of a model that prefers streaming on the Gluon kernel at every batch
     (one path per model: batch invariance), its logits within bf16 rounding of the reference and its tokens
-    the argmax of its logits."""
+    the argmax of its logits. SmolLM2-135M with no GEMV path asked for: the megakernel's own choice
+    (runtime.runners.megakernel_step), the tensor-core streaming kernel."""
     from onekernel.exec.stream_runner import StreamMegakernelRunner
-    model = load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=7)
+    model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=7)
     for batch in (1, 16):
         cache, tokens = random_decode_state(model, batch, 256, None, 7)
         ref = step_on_copy(model, "reference", cache, tokens)
-        got = step_on_copy(model, "megakernel", cache, tokens, gemv="mma")
+        got = step_on_copy(model, "megakernel", cache, tokens, **({"gemv": gemv} if gemv else {}))
         assert isinstance(got[3], StreamMegakernelRunner) and got[3].consts["MMA"], type(got[3])
         err = ((got[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item()
         assert err < 0.08, (batch, err)

@@ -290,15 +290,17 @@ def test_attention_and_merge_tiles_run_in_runs(batch, seed):
 
 
 def test_prefer_stream_depends_on_the_model_only():
-    from types import SimpleNamespace
-
+    """The choice depends on the model and its GEMV path, never on the batch: a tensor-core step always streams,
+    a CUDA-core one from STREAM_MIN_LAYER_BYTES per worker and layer (SmolLM2-135M: 54 KB)."""
     from onekernel.models.decode_graph import decode_graph
 
-    def pref(name, batch):
-        g, _, _ = decode_graph(get_config(name), batch, 64, torch.bfloat16)
-        return prefer_stream(SimpleNamespace(graph=g), 132)
-    for name, want in (("smollm2-135m", False), ("llama-3.2-1b", True), ("llama-3.1-8b", True)):
-        assert [pref(name, b) for b in (1, 5, 16)] == [want] * 3, name
+    def pref(name, batch, gemv=None):
+        g, _, _ = decode_graph(get_config(name), batch, 64, torch.bfloat16, gemv=gemv)
+        return prefer_stream(g, 132)
+    for name, gemv, want in (("smollm2-135m", None, False), ("smollm2-135m", "fma", False),
+                             ("smollm2-135m", "mma", True), ("llama-3.2-1b", None, True),
+                             ("llama-3.2-1b", "fma", True), ("llama-3.1-8b", None, True)):
+        assert [pref(name, b, gemv) for b in (1, 5, 16)] == [want] * 3, (name, gemv)
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"])

@@ -262,7 +262,7 @@ class TPMegakernelRunner(TPRankRunner):
             if why:
                 raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {why}; use backend='triton'")
             return "gluon"
-        if why or triton_opts or options.get("profile") or not prefer_stream(bound, n_workers):
+        if why or triton_opts or options.get("profile") or not prefer_stream(bound.graph, n_workers):
             if gluon_opts:
                 raise InputError(f"option(s) {', '.join(gluon_opts)} belong to the streaming megakernel, which 'auto' "
                                  f"did not pick here ({why or 'Triton options given or a model too small'})")

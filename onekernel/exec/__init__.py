@@ -56,10 +56,9 @@ def megakernel_class(step, backend: str, interpret: bool, options: dict):
     """The megakernel runner class for ``backend``: "triton" (``exec.megakernel``, every device and the
     interpreter), "gluon" (``exec.stream_runner``: the weight-streaming kernel, with CUDA-core or tensor-core
     GEMV bodies as the step's ``gemv`` says; InputError with the reason when the step is unsupported) or "auto"
-    (gluon where supported, no Triton-only option such as ``profile`` is given and the model is big enough for
-    streaming to win: ``stream_plan.prefer_stream``; else triton). The streaming kernel takes every batch 1..16
-    of a model it supports, with either GEMV path, so "auto" picks the same backend for all of them (bitwise
-    batch invariance); a batch above 16 takes the Triton kernel."""
+    (``auto_streams``). The streaming kernel takes every batch 1..16 of a model it supports, with either GEMV path,
+    so "auto" picks the same backend for all of them (bitwise batch invariance); a batch above 16 takes the Triton
+    kernel."""
     from onekernel.exec.megakernel import MegakernelRunner
 
     if backend not in BACKENDS:
@@ -68,20 +67,31 @@ def megakernel_class(step, backend: str, interpret: bool, options: dict):
         if backend == "gluon":
             raise InputError("backend='gluon' runs on a Hopper GPU only, not in the Triton interpreter")
         return MegakernelRunner
-    from onekernel.exec.stream_plan import prefer_stream, unsupported
     from onekernel.exec.stream_runner import StreamMegakernelRunner
 
-    if backend == "gluon":
+    if backend == "gluon" or auto_streams(step.graph, step.batch, step.device, options):
         return StreamMegakernelRunner
+    return MegakernelRunner
+
+
+def auto_streams(graph, batch: int, device, options: dict) -> bool:
+    """Whether ``backend="auto"`` runs a megakernel step of ``graph`` at ``batch`` on ``device`` (a torch.device) on
+    the streaming kernel: no Triton-only option (``profile`` included: the profile tools read the step graph's
+    tasks, the streaming kernel stamps its own re-tiled ones; backend='gluon' gets them) among ``options``, a Hopper
+    GPU and a step it supports (``stream_plan.unsupported_device`` / ``unsupported_graph``), and a model it runs
+    faster (``stream_plan.prefer_stream``). Needs only the graph, so ``runtime.runners`` asks it before binding a
+    step."""
     import inspect
+
+    from onekernel.exec.stream_plan import prefer_stream, unsupported_device, unsupported_graph
+    from onekernel.exec.stream_runner import StreamMegakernelRunner
+
     takes = set(inspect.signature(StreamMegakernelRunner.__init__).parameters)
-    # profile tools read the step graph's tasks; the streaming kernel stamps its own re-tiled tasks
-    # (backend='gluon' to get them)
-    if set(options) - takes or options.get("profile") or unsupported(step):
-        return MegakernelRunner
-    if not prefer_stream(step, options.get("n_workers") or sm_count(step.device)):
-        return MegakernelRunner
-    return StreamMegakernelRunner
+    if set(options) - takes or options.get("profile"):
+        return False
+    if unsupported_device(device) or unsupported_graph(graph, batch):
+        return False
+    return prefer_stream(graph, options.get("n_workers") or sm_count(device))
 
 
 # The runner options a caller may pass, per mode (README, "Runner options"; each runner class documents them);

@@ -101,12 +101,16 @@ def chunk_shape(graph) -> tuple[list[int], int, int, int]:
 
 def unsupported(step) -> str | None:
     """Why the streaming megakernel cannot run ``step`` (None when it can): its device, then ``unsupported_graph``."""
-    dev = step.device
+    return unsupported_device(step.device) or unsupported_graph(step.graph, step.batch)
+
+
+def unsupported_device(dev) -> str | None:
+    """Why the streaming megakernel cannot run on ``dev`` (a torch.device; None on a Hopper GPU)."""
     if dev.type != "cuda":
         return "it needs a CUDA device"
     if torch.cuda.get_device_capability(dev)[0] != 9:
         return "it needs a Hopper GPU (sm_90: TMA, mbarriers, warp specialisation)"
-    return unsupported_graph(step.graph, step.batch)
+    return None
 
 
 def unsupported_graph(g: Graph, batch: int) -> str | None:
@@ -140,16 +144,22 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     return None
 
 
-STREAM_MIN_LAYER_BYTES = 128 << 10  # per worker; below it the Triton megakernel's shorter tasks win (module doc)
+STREAM_MIN_LAYER_BYTES = 128 << 10  # per worker, CUDA-core steps; below it the Triton megakernel's tasks win
 
 
-def prefer_stream(step, n_workers: int) -> bool:
-    """Whether ``backend="auto"`` takes the streaming kernel: when each worker streams at least
-    STREAM_MIN_LAYER_BYTES of weights per layer. Measured on the H200 (bf16, batch 1, context 512): SmolLM2-135M
-    (54 KB per worker per layer) runs 0.874 ms streaming against 0.685 ms Triton; Llama-3.2-1B (460 KB) 1.08 ms
-    against 1.54; Llama-3.1-8B (1.7 MB) 5.43 ms against 8.79. Depends on the model only, never on the batch
-    (a sequence's tokens do not depend on the batch it shares)."""
-    g = step.graph
+def prefer_stream(g: Graph, n_workers: int) -> bool:
+    """Whether ``backend="auto"`` takes the streaming kernel for a step of graph ``g``: always for a tensor-core
+    step (``g.meta["gemv"] == "mma"``), and for a CUDA-core one when each worker streams at least
+    STREAM_MIN_LAYER_BYTES of weights per layer. Measured on the H200 (bf16, context 512, ms per step):
+    - tensor cores, SmolLM2-135M (54 KB per worker per layer; run 19 call 190, 538e6ae): streaming 0.613 / 0.745 /
+      0.975 at batch 1 / 8 / 16 against the Triton megakernel's 0.896 / 1.144 / 1.737 (and its CUDA-core body's
+      0.671 at batch 1); Llama-3.2-1B and Llama-3.1-8B stream at every batch (benchmarks/README.md);
+    - CUDA cores, batch 1: SmolLM2-135M streaming 0.699 against 0.671 Triton (call 190; session 6: 0.874 against
+      0.685); Llama-3.2-1B (460 KB) 1.08 against 1.54; Llama-3.1-8B (1.7 MB) 5.43 against 8.79 (session 6).
+    Depends on the model and its GEMV path only, never on the batch (a sequence's tokens do not depend on the batch
+    it shares)."""
+    if g.meta.get("gemv") == "mma":
+        return True
     n_layers = sum(1 for op in g.ops if op.kind.name == "qkv_rope")
     layer = sum(g.buffers[op.args["w"]].nbytes for op in g.ops
                 if op.kind.name in GEMV_KINDS and op.kind.name != "lm_head")

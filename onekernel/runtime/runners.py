@@ -12,9 +12,11 @@ Every runner has ``step(tokens int32 [B]) -> (logits float32 [B, V], next_tokens
 """
 from __future__ import annotations
 
+import torch
+
 from onekernel.errors import InputError
-from onekernel.exec import DEFAULT_TILING, STEP_MODES, check_device, make_runner, sm_count
-from onekernel.models.decode_graph import build_decode_step
+from onekernel.exec import DEFAULT_TILING, STEP_MODES, auto_streams, check_device, make_runner, sm_count
+from onekernel.models.decode_graph import build_decode_step, default_gemv
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.args import check_flag, check_int, check_model
 from onekernel.runtime.kv_cache import KVCache
@@ -50,8 +52,8 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     device; its batch is the step's).
 
     tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
-    the cache's device); fuse_merge, gemv ("fma" | "mma" | None: the model's default): see
-    ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
+    the cache's device); fuse_merge, gemv ("fma" | "mma" | None: the model's default, ``megakernel_step`` for the
+    megakernel on a Hopper GPU): see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
     the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
     Raises InputError (unknown mode or option value; model not a LoadedModel, or a tensor-parallel shard; cache
     not a KVCache of the model's config, dtype and device; a flag not a bool), DeviceError (a Triton mode without
@@ -74,5 +76,37 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     if n_sm is not None:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
-    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
+    if mode == "megakernel" and gemv is None and not interpret:
+        step = megakernel_step(model, cache, tiling, fuse_merge, options)
+    else:
+        step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
     return make_runner(mode, step, interpret=interpret, **options)
+
+
+def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dict):
+    """The megakernel's bound step on a Hopper GPU when no GEMV path is asked for: on the tensor cores ("mma")
+    where the megakernel then runs the streaming kernel (backend "gluon", or "auto" as ``exec.auto_streams`` decides;
+    ``stream_plan.prefer_stream`` always streams a tensor-core step), else on the model's own path (``default_gemv``;
+    "mma" already for bf16 / fp16 models of a hidden size >= 2048). So it changes the path only for smaller bf16 /
+    fp16 models the streaming kernel supports. SmolLM2-135M (H200, run 19 call 190, ms per step at batch 1 / 8 / 16):
+    the streaming tensor-core megakernel 0.613 / 0.745 / 0.975, the Triton megakernel on CUDA cores 0.671 at batch 1
+    (run 16: 1.888 at batch 8, the real model). graph, eager and pdl keep the model's path: their tensor-core kernels
+    are slower at batch 1 there (pdl 0.805 against 0.547 ms). A property of the model, mode and backend, never of
+    the batch (``auto_streams`` gives the same answer for batches 1..16): every batch of a model runs the same
+    kernel path, so each sequence's logits equal its batch-1 run's. A model that does not stream is bound twice
+    (tensor-core step first, then its own path)."""
+    cfg, dev = model.config, cache.k.device
+    backend = options.get("backend", "auto")
+    if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon") and not options.get("profile")
+            and cache.k.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda"
+            and torch.cuda.get_device_capability(dev)[0] == 9):  # stream_plan.unsupported_device
+        from onekernel.exec.stream_plan import unsupported
+
+        step = build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv="mma")
+        if backend == "gluon":
+            streams = unsupported(step) is None
+        else:
+            streams = auto_streams(step.graph, step.batch, dev, {k: v for k, v in options.items() if k != "backend"})
+        if streams:
+            return step
+    return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
