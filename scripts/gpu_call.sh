@@ -78,12 +78,13 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-191) # session 19's final commit, one H200 (~8.5 min; carry .model/smol.p1, parked for 192): the megakernel of
+191) # session 19's final commit, one H200 (~8.5 min; carry .model/smolgz.00, parked for 192: the tree is 18 MB now, so
+    # the default GGUF travels gzipped (-9, 92.7 MB) in two halves, `split -n 2 -d`): the megakernel of
     # SmolLM2-135M on the tensor-core streaming kernel (runtime.runners.megakernel_step) and the argmax over every batch
     # row at once. Compiles warmed in parallel with the streaming GPU tests (mma + auto: SmolLM2's own megakernel
     # included) and the 1B megakernel's bitwise invariance; then the SmolLM2-135M table (random weights, every mode,
     # batch 1-16) and the Llama-3.2-1B table (every mode, batch 1-16)
-    cp .model/smol.p1 /tmp/model/ 2>/dev/null
+    cp .model/smolgz.00 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench" /tmp/warm
     warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
              >"$W/warm-$name.log" 2>&1) & }
@@ -102,10 +103,10 @@ case "$1" in
     step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes $MT,$MK,megakernel-triton --steps 50
     step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     ;;
-192) # at once after 191 (warm machine; carry .model/smol.p2): the real default model (5 prompts alone and together,
+192) # at once after 191 (warm machine; carry .model/smolgz.01): the real default model (5 prompts alone and together,
     # every mode and the reference) and 1,000 replays + the forced timeout (SmolLM2-135M's streaming megakernel, then
     # Llama-3.2-1B) beside the 8B warm-up (compiled in 191); the Llama-3.1-8B table; the real model's table. ~6 min
-    cat /tmp/model/smol.p1 .model/smol.p2 >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
+    cat /tmp/model/smolgz.00 .model/smolgz.01 | gunzip >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
     mkdir -p "$W/bench" /tmp/warm
     B8="--model llama-3.1-8b --random-weights"
     (timeout 150 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/8b $B8 --batch 1,8,16 \
