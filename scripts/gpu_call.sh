@@ -104,19 +104,22 @@ case "$1" in
     step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     ;;
 192) # at once after 191 (warm machine; carry .model/smolgz.01): the real default model (5 prompts alone and together,
-    # every mode and the reference) and 1,000 replays + the forced timeout (SmolLM2-135M's streaming megakernel, then
-    # Llama-3.2-1B) beside the 8B warm-up (compiled in 191); the Llama-3.1-8B table; the real model's table. ~6 min
+    # every mode and the reference) beside 1,000 replays + the forced timeout (SmolLM2-135M's streaming megakernel, then
+    # Llama-3.2-1B); then the tables 191 ran out of time for (its caches warm): Llama-3.1-8B, Llama-3.2-1B (its batch-16
+    # megakernel row was cut at 130 s), SmolLM2-135M without torch.compile (not warmed past batch 4), the real model
     cat /tmp/model/smolgz.00 .model/smolgz.01 | gunzip >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench" /tmp/warm
+    mkdir -p "$W/bench"
+    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
     B8="--model llama-3.1-8b --random-weights"
-    (timeout 150 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/8b $B8 --batch 1,8,16 \
-        --modes graph,pdl,megakernel,torch+graph >"$W/warm-8b.log" 2>&1) &
-    (step 130 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    (step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
     (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
      step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
     wait
-    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,graph,pdl,megakernel --steps 50
-    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,graph,pdl,megakernel --steps 50
+    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 60 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
+    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
 190) # session 19 (~5 min): SmolLM2-135M (the default model's shapes, random weights) on both GEMV paths: graph, pdl,
     # the Triton megakernel ("auto" keeps it: stream_plan.prefer_stream), the streaming megakernel (megakernel-gluon)
