@@ -78,6 +78,22 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+193) # session 19 (~4 min): SmolLM2-135M's streaming megakernel: the forced timeout's message (EventTable.stall_origin)
+    # and its cold / warm start (compile_times.py, 2 at a time), beside the warm-ups of the Llama-3.2-1B megakernel with
+    # the tensor-core attention's copies issued after P V (STREAM_ATTN_LATE=1) and without; then both timed, base twice
+    mkdir -p /tmp/warm
+    B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    wtree 200 late . STREAM_ATTN_LATE=1 $B1; wtree 200 base . X=0 $B1
+    (step 60 timeout-smol python3 scripts/replay_check.py --model smollm2-135m --replays 10 \
+        --out "$W/replays-smol.json") &
+    (step 170 compile-times python3 scripts/compile_times.py --out "$W" --jobs 2 --timeout 75 \
+        --cases "smollm2-135m:1:megakernel,smollm2-135m:16:megakernel") &
+    wait
+    checked 2
+    ttree 40 base-1b . X=0 $B1
+    ttree 40 late-1b . STREAM_ATTN_LATE=1 $B1
+    ttree 40 base2-1b . X=0 $B1
+    ;;
 191) # session 19's final commit, one H200 (~8.5 min; carry .model/smolgz.00, parked for 192: the tree is 18 MB now, so
     # the default GGUF travels gzipped (-9, 92.7 MB) in two halves, `split -n 2 -d`): the megakernel of
     # SmolLM2-135M on the tensor-core streaming kernel (runtime.runners.megakernel_step) and the argmax over every batch
