@@ -78,6 +78,11 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+194) # session 19 (~2 min): the streaming GPU tests 191 ran out of time for: "auto" (Llama-3.2-1B's tensor-core step, and
+    # SmolLM2-135M's megakernel with no GEMV path asked for: runtime.runners.megakernel_step) at batch 1 and 16
+    step 200 gpu-tests-auto env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k auto \
+        -p no:cacheprovider -rfE
+    ;;
 193) # session 19 (~4 min): SmolLM2-135M's streaming megakernel: the forced timeout's message (EventTable.stall_origin)
     # and its cold / warm start (compile_times.py, 2 at a time), beside the warm-ups of the Llama-3.2-1B megakernel with
     # the tensor-core attention's copies issued after P V (STREAM_ATTN_LATE=1) and without; then both timed, base twice

@@ -121,23 +121,6 @@ class PersistentRunner(StepRunner):
         self._side.synchronize()
         self._raise_if(self._err_host.tolist())
 
-    def _stall_origin(self, a: int, c: int, producers) -> str:
-        """The start of the chain of unmet waits behind a timed-out wait on event ``a`` (expected count ``c``), when
-        it is another event (``EventTable.stall_origin``; the step is c / the event's arrivals per step): a sentence
-        naming its producers, which the recorded wait then follows as a consequence; else ""."""
-        ev = self.events
-        n = ev.expected[a] if 0 <= a < ev.n_events else 0
-        if n <= 0 or c % n or not 0 < c // n < 2 ** 31:
-            return ""
-        step = c // n
-        counts = self.ev_cnt[:ev.n_events].tolist()
-        e = ev.stall_origin(a, counts, step)
-        if e == a:
-            return ""
-        return (f"event {e} (producers: {producers(e)}...) reached count {counts[e]} of {ev.expected[e] * step} in "
-                f"step {step}, though every event its producers wait on is complete: one of them did not finish (stuck "
-                f"in its body, or its own wait's count is wrong), and the wait that gave up first is a consequence: ")
-
     def _raise_if(self, err: list[int]) -> None:
         remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False
         if not err[0] and not remote:
@@ -168,8 +151,8 @@ class PersistentRunner(StepRunner):
             if local:
                 self._failed += f". A local wait gave up too (a consequence of the remote one): {local}"
         elif code == 1:
-            self._failed = (f"megakernel: {self._stall_origin(a, c, producers)}{local}; the schedule, the events or a "
-                            f"producer is wrong (or workers were not co-resident)")
+            self._failed = (f"megakernel: {local}; the schedule, the events or a producer is wrong (or workers were "
+                            f"not co-resident)")
         else:
             what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
             detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))

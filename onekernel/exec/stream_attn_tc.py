@@ -24,8 +24,6 @@ P rounded). docs/DESIGN.md, "Attention on the tensor cores, the warps splitting 
 """
 from __future__ import annotations
 
-import os
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -35,9 +33,6 @@ from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_mma import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
-# measurement switch (session 19): with NBUF >= 2, issue block i + NBUF's copies after block i's P V instead of
-# before its S (the copies then start one block later; S starts earlier)
-LATE_ISSUE = gl.constexpr(os.environ.get("STREAM_ATTN_LATE", "0") == "1")
 
 
 @gluon.constexpr_function
@@ -278,9 +273,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         kt = view(kvv.index(2 * buf), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)   # K^T [4, HD, 16]
         vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
-        if not (LATE_ISSUE and NBUF >= 2):
-            _warp_sync(i)
-            _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
+        _warp_sync(i)
+        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
         x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=2))
@@ -292,9 +286,6 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
             t_s = t_s + (now() - t1)
         acc = mma_v2(gl.convert_layout(pr.to(dt), DA), vb, acc * alpha[:, :, None])
         m = m_new
-        if LATE_ISSUE and NBUF >= 2:
-            _warp_sync(i)
-            _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
         if blk == NB - 1:  # the tile's last block: merge the 4 warps' states, store the partial
             if PROFILE:
                 t_w = now()

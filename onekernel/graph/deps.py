@@ -160,24 +160,6 @@ class EventTable:
         return {k: torch.tensor(v, dtype=torch.int32, device=device) for k, v in
                 (("signal", self.signal), ("wait_ptr", ptr), ("wait_ids", ids), ("expected", self.expected))}
 
-    def stall_origin(self, event: int, counts: list[int], step: int) -> int:
-        """Where the chain of unmet waits behind ``event`` starts, from the counters ``counts`` (one per event, read
-        after a bounded wait on ``event`` gave up in step ``step``, 1-based: event e is met at ``expected[e] *
-        step``): while a producer of the current event itself waits on an unmet event, move to that event. Returns
-        the first event whose producers wait on no unmet event (``event`` itself when its producers are not
-        blocked): one of them did not finish (stuck in its body, or its own wait's count is wrong). The wait a kernel
-        records first is the first to expire, not always the cause: SmolLM2-135M's attention tasks start waiting
-        early and gave up before the stuck task did (run 19, call 192)."""
-        seen = set()
-        while event not in seen:
-            seen.add(event)
-            up = next((e for p in self.producers[event] for e in self.waits[p]
-                       if counts[e] < self.expected[e] * step), None)
-            if up is None:
-                break
-            event = up
-        return event
-
 
 def _consumers(n: int, deps: list[list[int]]) -> list[list[int]]:
     cons: list[list[int]] = [[] for _ in range(n)]
