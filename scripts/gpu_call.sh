@@ -78,6 +78,17 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+195) # session 19 (~3.5 min; .base.tgz = `git archive a88ee12 onekernel | gzip`, run 18's kernels, untracked so it
+    # travels): Llama-3.1-8B megakernel at batch 1 and 8 with this tree's kernels (call 192: 4.574 ms at batch 8) against
+    # a88ee12's (run 18: 4.784 and 4.773), each its own process, warmed in parallel, timed one after the other
+    mkdir -p /tmp/base /tmp/warm && tar -xzf .base.tgz -C /tmp/base
+    B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    wtree 150 head8 . X=0 $B8; wtree 150 base8 /tmp/base X=0 $B8
+    wait
+    checked 2
+    ttree 35 head-8b . X=0 $B8
+    ttree 35 base-8b /tmp/base X=0 $B8
+    ;;
 194) # session 19 (~2 min): the streaming GPU tests 191 ran out of time for: "auto" (Llama-3.2-1B's tensor-core step, and
     # SmolLM2-135M's megakernel with no GEMV path asked for: runtime.runners.megakernel_step) at batch 1 and 16
     step 200 gpu-tests-auto env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k auto \
