@@ -78,6 +78,29 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+196) # prepared in session 19 for the next session (~7 min; untracked tarballs travel: .ap.tgz = `git archive
+    # s19-act-prefetch onekernel | gzip`, .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`): the
+    # deeper activation prefetch against main (SmolLM2-135M at batch 1 / 4 / 8 / 16; with STREAM_MMA_PD_WIDE=1 Llama-
+    # 3.2-1B and Llama-3.1-8B at batch 1 / 4), each its own process, and the timeout fix's forced timeout on SmolLM2
+    mkdir -p /tmp/ap /tmp/to /tmp/warm && tar -xzf .ap.tgz -C /tmp/ap && tar -xzf .to.tgz -C /tmp/to
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,4,8,16"
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,4"
+    wtree 220 base0 . X=0 $S0; wtree 220 ap0 /tmp/ap X=0 $S0
+    wtree 220 base1 . X=0 $S1; wtree 220 apw1 /tmp/ap STREAM_MMA_PD_WIDE=1 $S1
+    wtree 220 base8 . X=0 $S8; wtree 220 apw8 /tmp/ap STREAM_MMA_PD_WIDE=1 $S8
+    wait
+    checked 6
+    ttree 40 base-smol . X=0 $S0
+    ttree 40 ap-smol /tmp/ap X=0 $S0
+    ttree 30 base-1b . X=0 $S1
+    ttree 30 apw-1b /tmp/ap STREAM_MMA_PD_WIDE=1 $S1
+    ttree 40 base-8b . X=0 $S8
+    ttree 40 apw-8b /tmp/ap STREAM_MMA_PD_WIDE=1 $S8
+    ttree 40 base2-smol . X=0 $S0
+    step 60 timeout-smol bash -c "cd /tmp/to && PYTHONPATH=/tmp/site:/tmp/to python3 scripts/replay_check.py \
+        --model smollm2-135m --replays 10 --out $W/replays-to-smol.json"
+    ;;
 195) # session 19 (~3.5 min; .base.tgz = `git archive a88ee12 onekernel | gzip`, run 18's kernels, untracked so it
     # travels): Llama-3.1-8B megakernel at batch 1 and 8 with this tree's kernels (call 192: 4.574 ms at batch 8) against
     # a88ee12's (run 18: 4.784 and 4.773), each its own process, warmed in parallel, timed one after the other
