@@ -42,6 +42,9 @@ def test_small_model_megakernel_takes_the_tensor_cores_at_every_batch(fake_hoppe
     assert [_choose("smollm2-135m", b) for b in (1, 3, 8, 16)] == ["mma"] * 4
     assert fake_hopper == ["mma"] * 4  # bound once: the tensor-core step streams
     assert _choose("smollm2-135m", 5, backend="gluon") == "mma"
+    # options the streaming runner takes keep it; "gluon" profiles the kernel it runs
+    assert _choose("smollm2-135m", 2, wait_ms=500, use_cuda_graph=False) == "mma"
+    assert _choose("smollm2-135m", 2, backend="gluon", profile=True) == "mma"
 
 
 def test_the_model_path_where_the_streaming_kernel_does_not_run(fake_hopper):
@@ -49,6 +52,10 @@ def test_the_model_path_where_the_streaming_kernel_does_not_run(fake_hopper):
     assert _choose("smollm2-135m", 2, backend="triton") == "fma"
     assert _choose("smollm2-135m", 2, profile=True) == "fma"
     assert fake_hopper == [None, None]
+    # an option only the Triton megakernel takes: "auto" runs that one, so the tensor-core step is bound, refused
+    fake_hopper.clear()
+    assert _choose("smollm2-135m", 2, spin_limit=1000) == "fma"
+    assert fake_hopper == ["mma", None]
     # Qwen3's q/k norm has no streaming body: the tensor-core step is bound, refused, then the model's own path
     fake_hopper.clear()
     assert [_choose("qwen3-0.6b", b) for b in (1, 16)] == ["fma", "fma"]
@@ -64,3 +71,29 @@ def test_off_hopper_the_model_path(fake_hopper, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))
     assert _choose("smollm2-135m", 1) == "fma"
     assert fake_hopper == [None]
+
+
+def test_a_fallback_to_the_triton_megakernel_rebinds_the_model_path(monkeypatch):
+    """When "auto" could not build the streaming kernel and fell back to the Triton megakernel, make_step_runner
+    binds the model's own (CUDA-core) step for it instead of the tensor-core one megakernel_step chose."""
+    from onekernel.exec.megakernel import MegakernelRunner
+
+    def step_of(gemv):
+        return SimpleNamespace(graph=SimpleNamespace(meta={"gemv": gemv}))
+    built, ran = [], []
+    for name in ("check_model", "_check_cache", "check_mode"):
+        monkeypatch.setattr(runners, name, lambda *a, **k: None)
+    monkeypatch.setattr(runners, "megakernel_step", lambda *a: step_of("mma"))
+    monkeypatch.setattr(runners, "build_decode_step", lambda *a, **k: built.append(k.get("gemv")) or step_of("fma"))
+
+    def make_runner(mode, step, **options):
+        ran.append(step.graph.meta["gemv"])
+        return object.__new__(MegakernelRunner) if len(ran) == 1 else "the Triton megakernel on its own path"
+    monkeypatch.setattr(runners, "make_runner", make_runner)
+    cfg = get_config("smollm2-135m")
+    cache = SimpleNamespace(batch=2, max_seq_len=64,
+                            k=SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda")))
+    model = SimpleNamespace(config=cfg, weights={})
+    got = runners.make_step_runner("megakernel", model, cache, n_sm=132)
+    assert got == "the Triton megakernel on its own path"
+    assert ran == ["mma", "fma"] and built == [None]

@@ -42,7 +42,9 @@ KERNEL_MODES = ("eager", "graph", "pdl")
 def rank_gemv(group, dtype: torch.dtype, gemv: str | None) -> str:
     """The GEMV path of a rank's decode step: ``gemv`` ("fma" | "mma"; another value is refused by the graph
     builder), or for None the unsharded model's default, ``default_gemv(group.config, dtype)``, so a model takes
-    the same path at every TP size (it depends on the hidden size, which no rank shards). Every shard of a config
+    the same path at every TP size (it depends on the hidden size, which no rank shards); the one exception is the
+    single-GPU megakernel of a model below that size, which runs the tensor cores where it streams
+    (``runtime.runners.megakernel_step``) while its TP ranks keep the CUDA-core path. Every shard of a config
     that ``dist.sharding.check_tp`` and ``decode_graph.check_supported`` accept fits the MMA path: its GEMV
     widths (D, Hq/t * hd, F/t) stay multiples of 16 and hd >= 16 (tests/test_tp_sharding.py)."""
     return default_gemv(group.config, dtype) if gemv is None else gemv

@@ -41,8 +41,9 @@ def add_gemv_argument(p) -> None:
 
 
 def gemv_options(gemv, mode: str) -> dict:
-    """The runner options of a ``gemv`` choice (None: the model's default path): {} or {"gemv": gemv}, the same at
-    every tensor-parallel size (the ranks take the unsharded model's path: ``dist.tp_kernels.rank_gemv``). Raises
+    """The runner options of a ``gemv`` choice (None: the model's default path, ``runtime.runners.megakernel_step``
+    for the single-GPU megakernel): {} or {"gemv": gemv}, the same at every tensor-parallel size (the ranks take the
+    unsharded model's path: ``dist.tp_kernels.rank_gemv``). Raises
     InputError for a path that is not "fma" or "mma" and for the reference mode (PyTorch, no GEMV kernels)."""
     if gemv is None:
         return {}

@@ -78,8 +78,21 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
     if mode == "megakernel" and gemv is None and not interpret:
         step = megakernel_step(model, cache, tiling, fuse_merge, options)
-    else:
-        step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
+        own = default_gemv(model.config, cache.k.dtype)
+        if step.graph.meta["gemv"] == own:
+            return make_runner(mode, step, **options)
+        from onekernel.exec.megakernel import MegakernelRunner
+
+        r = make_runner(mode, step, **options)
+        if not isinstance(r, MegakernelRunner):
+            return r
+        # "auto" fell back to the Triton megakernel (the streaming kernel did not build: logged): the model's own
+        # path there, not the tensor cores megakernel_step chose for the streaming kernel (0.896 against 0.671 ms
+        # on SmolLM2-135M, run 19 call 190)
+        del r, step
+        step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
+        return make_runner(mode, step, **options)
+    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
     return make_runner(mode, step, interpret=interpret, **options)
 
 
@@ -94,10 +107,14 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
     are slower at batch 1 there (pdl 0.805 against 0.547 ms). A property of the model, mode and backend, never of
     the batch (``auto_streams`` gives the same answer for batches 1..16): every batch of a model runs the same
     kernel path, so each sequence's logits equal its batch-1 run's. A model that does not stream is bound twice
-    (tensor-core step first, then its own path)."""
+    (tensor-core step first, freed, then its own path). ``make_step_runner`` also rebinds the model's own path when
+    "auto" falls back to the Triton megakernel because the streaming kernel did not build. Tensor-parallel ranks
+    keep the model's own path (``dist.tp_kernels.rank_gemv``), so a small model's TP megakernel runs its CUDA-core
+    path."""
     cfg, dev = model.config, cache.k.device
     backend = options.get("backend", "auto")
-    if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon") and not options.get("profile")
+    if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon")
+            and (backend == "gluon" or not options.get("profile"))  # "auto" profiles on the Triton kernel
             and cache.k.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda"
             and torch.cuda.get_device_capability(dev)[0] == 9):  # stream_plan.unsupported_device
         from onekernel.exec.stream_plan import unsupported
@@ -109,4 +126,5 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
             streams = auto_streams(step.graph, step.batch, dev, {k: v for k, v in options.items() if k != "backend"})
         if streams:
             return step
+        del step  # its buffers go before the model's own step is bound
     return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
