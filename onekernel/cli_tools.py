@@ -212,6 +212,8 @@ def _run_bench(args) -> int:
     opts = {m: {"gemv": args.gemv} for m in modes if m not in BASELINE_MODES} if args.gemv else None
     if args.gemv:  # the two paths' records must not overwrite each other
         stem += f"-{args.gemv}"
+    if getattr(args, "random_weights", False):  # nor a config's random weights and its real checkpoint (run 19)
+        stem += "-random"
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):
