@@ -65,6 +65,10 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
           step "$lim" "$name" bash -c "cd $dir && env $envs PYTHONPATH=/tmp/site:$dir python3 -m onekernel.cli \
               bench --out $W/$name $* --steps 50"; }
 
+# warm NAME ARGS...: warms `onekernel bench ARGS` of this tree in the background (WARM_S seconds, default 220; the log
+# in $W/warm-NAME.log, what `checked` counts)
+warm() { local name=$1; shift; (timeout "${WARM_S:-220}" python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name \
+         "$@" >"$W/warm-$name.log" 2>&1) & }
 # checks LIMIT [TESTS]: bitwise invariance (Llama-3.2-1B megakernel at 2 / 8 / 16) and the streaming kernel's GPU tests
 # (-k TESTS, default "mma or auto") in the background, beside a call's warm-ups; checked [N]: after `wait`, the
 # warm-ups finished (of N) and every invariance log's and the tests' results into the log
@@ -141,8 +145,6 @@ case "$1" in
     # batch 1-16) and the Llama-3.2-1B table (every mode, batch 1-16)
     cp .model/smolgz.00 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench" /tmp/warm
-    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
     B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
     B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
@@ -204,8 +206,6 @@ case "$1" in
     # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,
     # megakernel, torch+graph at 1 / 8 / 16; torch.compile not re-run) and the 1B batch-16 profile
     mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
     log "warm-up and checks"
@@ -294,8 +294,6 @@ case "$1" in
     # 1B megakernel rows, the Llama-3.1-8B rows (graph, pdl, megakernel, torch+graph at 1 / 8 / 16; torch.compile not
     # re-run), the 1B batch-16 profile
     mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    warm() { local name=$1; shift; (timeout 220 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
     log "warm-up and checks"
@@ -435,8 +433,7 @@ case "$1" in
     # with the GPU tests (the packed RMSNorm rounding first) and bitwise invariance at 2/8/16 in every mode; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (batch 1, 8, 16; torch+graph not re-run)
     cp .model/smol.p1 /tmp/model/ 2>/dev/null
-    warm() { local name=$1; shift; (timeout 185 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name "$@" \
-             >"$W/warm-$name.log" 2>&1) & }
+    WARM_S=185
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
     mkdir -p "$W/bench" /tmp/warm
