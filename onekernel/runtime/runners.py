@@ -77,21 +77,16 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
     if mode == "megakernel" and gemv is None and not interpret:
-        step = megakernel_step(model, cache, tiling, fuse_merge, options)
-        own = default_gemv(model.config, cache.k.dtype)
-        if step.graph.meta["gemv"] == own:
-            return make_runner(mode, step, **options)
         from onekernel.exec.megakernel import MegakernelRunner
 
+        step = megakernel_step(model, cache, tiling, fuse_merge, options)
         r = make_runner(mode, step, **options)
-        if not isinstance(r, MegakernelRunner):
+        if step.graph.meta["gemv"] == default_gemv(model.config, cache.k.dtype) or not isinstance(r, MegakernelRunner):
             return r
         # "auto" fell back to the Triton megakernel (the streaming kernel did not build: logged): the model's own
         # path there, not the tensor cores megakernel_step chose for the streaming kernel (0.896 against 0.671 ms
         # on SmolLM2-135M, run 19 call 190)
-        del r, step
-        step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
-        return make_runner(mode, step, **options)
+        del r, step  # gemv is None: the model's own path
     step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
     return make_runner(mode, step, interpret=interpret, **options)
 
@@ -115,10 +110,11 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
     backend = options.get("backend", "auto")
     if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon")
             and (backend == "gluon" or not options.get("profile"))  # "auto" profiles on the Triton kernel
-            and cache.k.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda"
-            and torch.cuda.get_device_capability(dev)[0] == 9):  # stream_plan.unsupported_device
-        from onekernel.exec.stream_plan import unsupported
+            and cache.k.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda"):
+        from onekernel.exec.stream_plan import unsupported, unsupported_device
 
+        if unsupported_device(dev):
+            return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
         step = build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv="mma")
         if backend == "gluon":
             streams = unsupported(step) is None
