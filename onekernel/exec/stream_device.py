@@ -137,7 +137,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         elif kind == K_MERGE:
             merge_task(rec, a, base_t, base_f, HQ, HD, NSPLIT, NSP2, CHM, LM)
         elif kind == K_ARGMAX:
-            argmax_task(a, base_f, base_i, B, NT)
+            argmax_task(a, base_f, base_i, B, BP, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,

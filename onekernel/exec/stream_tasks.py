@@ -27,22 +27,17 @@ def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.c
 
 
 @gluon.constexpr_function
-def _pow2(n):
-    return 1 << (n - 1).bit_length()
-
-
-@gluon.constexpr_function
 def _argmax_cols(bp):
     """Tasks per argmax pass: 1024 at batch 1 (as before), fewer at a padded batch bp (4096 values per pass)."""
     return min(1024, 4096 // bp)
 
 
 @gluon.jit
-def argmax_task(a, base_f, base_i, B: gl.constexpr, NT: gl.constexpr):
+def argmax_task(a, base_f, base_i, B: gl.constexpr, BP: gl.constexpr, NT: gl.constexpr):
     """next_tokens[b] = pidx[b, t*], t* the smallest t maximising pmax[b, t] (= torch.argmax of the logits). Every
     batch row at once (one L2 round trip for the maxima, one for the indices; row by row it took 11 us at batch 16),
-    each row's maximum and first index over CT tasks at a time as before, so the same selection."""
-    BP: gl.constexpr = _pow2(B)
+    each row's maximum and first index over CT tasks at a time as before, so the same selection. BP: B padded to a
+    power of two (the plan's constant)."""
     CT: gl.constexpr = _argmax_cols(BP)
     L2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
     pmax = base_f + gl.load(a) * 4
