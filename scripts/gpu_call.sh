@@ -82,6 +82,41 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+200) # session 20 (~8.5 min; untracked tarballs travel: .ap.tgz = `git archive s19-act-prefetch onekernel | gzip`,
+    # .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`, .wp.tgz = `git archive s20-warp-parts
+    # onekernel scripts tests pyproject.toml | gzip`, each rebased on this main): every branch against main, each its
+    # own process, warmed in parallel beside s20-warp-parts' streaming GPU tests and invariance and s19-timeout-origin's
+    # forced timeout on SmolLM2-135M; then timed one after the other, main's Llama-3.2-1B twice
+    mkdir -p /tmp/ap /tmp/to /tmp/wp /tmp/warm && tar -xzf .ap.tgz -C /tmp/ap && tar -xzf .to.tgz -C /tmp/to \
+        && tar -xzf .wp.tgz -C /tmp/wp
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,4,8,16"
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    SW="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    wtree 220 base0 . X=0 $S0; wtree 220 ap0 /tmp/ap X=0 $S0
+    wtree 220 base1 . X=0 $S1; wtree 220 wp1 /tmp/wp X=0 $S1; wtree 220 to1 /tmp/to X=0 $S1
+    wtree 220 basew . X=0 $SW; wtree 220 apw1 /tmp/ap STREAM_MMA_PD_WIDE=1 $SW
+    wtree 220 base8 . X=0 $S8; wtree 220 wp8 /tmp/wp X=0 $S8
+    (cd /tmp/wp && timeout 240 env PYTHONPATH=/tmp/site:/tmp/wp python3 scripts/invariance_check.py llama-3.2-1b \
+        --modes megakernel --out "$W/inv-wp.json" >"$W/inv-wp.log" 2>&1) &
+    (cd /tmp/wp && timeout 240 env PYTHONPATH=/tmp/site:/tmp/wp TRITON_INTERPRET=0 python3 -m pytest -q \
+        tests/test_stream_gpu.py -k "mma" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (step 90 timeout-smol bash -c "cd /tmp/to && PYTHONPATH=/tmp/site:/tmp/to python3 scripts/replay_check.py \
+        --model smollm2-135m --replays 10 --out $W/replays-to-smol.json") &
+    wait
+    checked 9
+    grep -h '"mode"' "$W"/inv-wp.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    ttree 40 base-1b . X=0 $S1
+    ttree 40 wp-1b /tmp/wp X=0 $S1
+    ttree 40 to-1b /tmp/to X=0 $S1
+    ttree 40 base-8b . X=0 $S8
+    ttree 40 wp-8b /tmp/wp X=0 $S8
+    ttree 30 base-smol . X=0 $S0
+    ttree 30 ap-smol /tmp/ap X=0 $S0
+    ttree 25 basew-1b . X=0 $SW
+    ttree 25 apw-1b /tmp/ap STREAM_MMA_PD_WIDE=1 $SW
+    ttree 40 base2-1b . X=0 $S1
+    ;;
 196) # prepared in session 19 for the next session (~7 min; untracked tarballs travel: .ap.tgz = `git archive
     # s19-act-prefetch onekernel | gzip`, .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`): the
     # deeper activation prefetch against main (SmolLM2-135M at batch 1 / 4 / 8 / 16; with STREAM_MMA_PD_WIDE=1 Llama-
@@ -243,8 +278,8 @@ case "$1" in
     B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
     B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
     log "warm-up and checks"
-    wtree 240 tc1 . X=0 $B1; wtree 240 nol21 . STREAM_ATTN_L2=0 $B1; wtree 240 base1 . STREAM_ATTN_TC=0 $B1
-    wtree 240 tc8 . X=0 $B8; wtree 240 base8 . STREAM_ATTN_TC=0 $B8
+    wtree 220 tc1 . X=0 $B1; wtree 220 nol21 . STREAM_ATTN_L2=0 $B1; wtree 220 base1 . STREAM_ATTN_TC=0 $B1
+    wtree 220 tc8 . X=0 $B8; wtree 220 base8 . STREAM_ATTN_TC=0 $B8
     checks 240 "llama and mma"
     wait
     checked 5
@@ -264,8 +299,8 @@ case "$1" in
     B1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
     B8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,16"
     log "warm-up and checks"
-    wtree 240 tc1 . X=0 $B1; wtree 240 base1 . STREAM_ATTN_TC=0 $B1
-    wtree 240 tc8 . X=0 $B8; wtree 240 base8 . STREAM_ATTN_TC=0 $B8
+    wtree 220 tc1 . X=0 $B1; wtree 220 base1 . STREAM_ATTN_TC=0 $B1
+    wtree 220 tc8 . X=0 $B8; wtree 220 base8 . STREAM_ATTN_TC=0 $B8
     checks 240
     wait
     checked 4
@@ -315,10 +350,10 @@ case "$1" in
     mkdir -p /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     log "warm-up"
-    for b in 1 8 16; do wtree 240 pg-1b-$b . X=0 $B1 --modes pdl-gluon --batch $b; done
-    wtree 240 rest-1b . X=0 $B1 --modes graph,pdl,megakernel --batch 1,8,16
-    wtree 240 pg-8b . X=0 $B8 --modes pdl-gluon --batch 1,16
-    wtree 240 rest-8b . X=0 $B8 --modes graph,pdl,megakernel --batch 1,16
+    for b in 1 8 16; do wtree 220 pg-1b-$b . X=0 $B1 --modes pdl-gluon --batch $b; done
+    wtree 220 rest-1b . X=0 $B1 --modes graph,pdl,megakernel --batch 1,8,16
+    wtree 220 pg-8b . X=0 $B8 --modes pdl-gluon --batch 1,16
+    wtree 220 rest-8b . X=0 $B8 --modes graph,pdl,megakernel --batch 1,16
     wait
     log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l) of 6 benches finished"
     ttree 60 modes-1b . X=0 $B1 --modes graph,pdl,pdl-gluon,megakernel --batch 1,8,16
