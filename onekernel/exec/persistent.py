@@ -76,7 +76,9 @@ class PersistentRunner(StepRunner):
         dev = self.bound.device
         self.use_cuda_graph = cuda_graphs_enabled(use_cuda_graph) and on_gpu
         self._side = torch.cuda.Stream(dev) if on_gpu else None  # poll(): reads err beside the queued steps
-        self._err_host = torch.zeros(self.err.numel(), dtype=torch.int32, pin_memory=on_gpu)
+        # the words check() / poll() read every time: the streaming kernel's per-task slots after them only on a failure
+        self.err_head = getattr(self, "err_head", self.err.numel())
+        self._err_host = torch.zeros(self.err_head, dtype=torch.int32, pin_memory=on_gpu)
         self._cuda_graph = None
         self.check_every, self._steps, self._failed = check_every, 0, None
 
@@ -109,7 +111,7 @@ class PersistentRunner(StepRunner):
 
     def check(self) -> None:
         """Raise KernelTimeoutError if a bounded wait gave up (reads the error word from the device: a sync)."""
-        self._raise_if(self.err.tolist())
+        self._raise_if(self.err[:self.err_head].tolist())
 
     def poll(self) -> None:
         """Raise KernelTimeoutError if a finished step's wait gave up: copies the error word on a side stream,
@@ -117,9 +119,28 @@ class PersistentRunner(StepRunner):
         if self._side is None:
             return self.check()
         with torch.cuda.stream(self._side):
-            self._err_host.copy_(self.err, non_blocking=True)
+            self._err_host.copy_(self.err[:self.err_head], non_blocking=True)
         self._side.synchronize()
         self._raise_if(self._err_host.tolist())
+
+    def _wait_origin(self, first: int, where, producers) -> str:
+        """Where the step stopped when the first wait to give up (task ``first``) is not it: the streaming kernel's
+        per-task slots (err[err_head:], stream_base.record_task) hold every local wait that gave up, and a wait is a
+        consequence when a producer of its event gave up too. Returns a sentence naming the first wait none of
+        whose event's producers gave up (lowest task id) when it is another task than ``first``; else ""."""
+        if self.err.numel() <= self.err_head:
+            return ""
+        slots = self.err[self.err_head:].view(-1, 3).tolist()
+        gave_up = {t: (e - 1, seen, want) for t, (e, seen, want) in enumerate(slots) if e > 0}
+        roots = [t for t, (e, _, _) in gave_up.items()
+                 if 0 <= e < self.events.n_events and not any(p in gave_up for p in self.events.producers[e])]
+        if not roots or first in roots:
+            return ""
+        t = roots[0]
+        e, seen, want = gave_up[t]
+        return (f"{where(t)} waited on event {e} (producers: {producers(e)}...) and saw count {seen} < expected {want}, "
+                f"and no producer of that event gave up waiting: the step stopped there; {len(gave_up) - 1} other "
+                f"wait(s) gave up as its consequences, the first of them: ")
 
     def _raise_if(self, err: list[int]) -> None:
         remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False
@@ -151,8 +172,8 @@ class PersistentRunner(StepRunner):
             if local:
                 self._failed += f". A local wait gave up too (a consequence of the remote one): {local}"
         elif code == 1:
-            self._failed = (f"megakernel: {local}; the schedule, the events or a producer is wrong (or workers were "
-                            f"not co-resident)")
+            self._failed = (f"megakernel: {self._wait_origin(t, where, producers)}{local}; the schedule, the events "
+                            f"or a producer is wrong (or workers were not co-resident)")
         else:
             what, *names = self.wait_errors.get(code, ("unknown failure", "a", "b", "c"))
             detail = " ".join(f"{n} {v}" for n, v in zip(names, (a, b, c)))

@@ -48,6 +48,12 @@ F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
 # than system-scope ones) cannot hide it; it then sets err[0] = ERR_STOP (if still 0) so the local spins stop.
 ERR_RSLOT = _c(8)
 ERR_STOP = _c(6)
+# The streaming kernel's err continues with a slot per task: err[ERR_TASKS + 3 t : + 3] = (event + 1, seen, want) of
+# task t's local wait that gave up (0: none). Every wait that was already pending when the first failure was recorded
+# runs to its own time limit and fills its slot, so the host can tell the wait the step stopped at (no producer of
+# its event gave up) from its consequences (exec.persistent: the first wait to give up on a small model was a
+# consequence, run 19 call 192).
+ERR_TASKS = _c(16)
 ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
           3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
 
@@ -182,6 +188,15 @@ def record(err, code, t, a, b, c):
 
 
 @gluon.jit
+def record_task(err, t, ev, seen, want):
+    """Task t's slot err[ERR_TASKS + 3 t : + 3] = (ev + 1, seen, want): a local wait of t gave up."""
+    p = err + ERR_TASKS + 3 * t
+    gl.store(p, ev + 1)
+    gl.store(p + 1, seen)
+    gl.store(p + 2, want)
+
+
+@gluon.jit
 def ld_acquire_sys(p):
     """``ld.acquire.sys`` of one int32: pairs with another GPU's ``atom.release.sys`` on that address (a peer's
     event counter in symmetric memory, over NVLink); this thread's later loads see what the peer's CTA stored
@@ -229,8 +244,10 @@ def wait_bounded(ok, addr, parity, err, code, t, i, slot, WAIT_NS: gl.constexpr)
 @gluon.jit
 def _spin(cnt, want, stop, err, t, ev, peer, WAIT_NS: gl.constexpr, SYS: gl.constexpr):
     """Spin until cnt[0] >= want (every thread; ``ld.acquire.sys`` with SYS, else ``ld.acquire.gpu``), for at
-    most WAIT_NS and not once *stop != 0 (read every 256 polls: another failure was recorded). On timeout:
-    ``record_remote`` (SYS) or ``record`` (1, task, event, seen, want)."""
+    most WAIT_NS and not once *stop != 0 (read every 256 polls: another failure was recorded; a local wait reads it
+    only in its first WAIT_NS / 2, so the waits pending when the first failure is recorded reach their own limits).
+    On timeout: ``record_remote`` (SYS) or ``record`` (1, task, event, seen, want) and the task's slot
+    (``record_task``)."""
     if SYS:
         seen = ld_acquire_sys(cnt)
     else:
@@ -248,12 +265,16 @@ def _spin(cnt, want, stop, err, t, ev, peer, WAIT_NS: gl.constexpr, SYS: gl.cons
             tn = now()
             n += 1
             if n % 256 == 0:
-                bad = gl.load(stop, volatile=True)
+                if SYS:
+                    bad = gl.load(stop, volatile=True)
+                elif tn - t0 < WAIT_NS // 2:
+                    bad = gl.load(stop, volatile=True)
         if (seen < want) & (bad == 0):
             if SYS:
                 record_remote(err, t, ev, seen, want, peer)
             else:
                 record(err, 1, t, ev, seen, want)
+                record_task(err, t, ev, seen, want)
 
 
 @gluon.jit

@@ -183,7 +183,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
-    counters), epoch / done int32 [1], err int32 [5], prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
+    counters), epoch / done int32 [1], err int32 [ERR_TASKS + 3 x tasks] (stream_base: the first failure, then a slot per task), prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
     satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
     stream_mma.gemv_mma). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
@@ -197,7 +197,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     columns per tile) wait on their local producers, then on the same events in every peer's counters
     (``rwl`` int32 [m, 3] = (event, expected, peer), ``ev_cnt + peer_off[peer]``: int64 [ranks] elements from
     this rank's counters to each rank's) with ``ld.acquire.sys``; tasks whose record has F_SYS signal with a
-    system-scope release; err is int32 [ERR_RSLOT + 6] (stream_base: the remote failure in its own slot).
+    system-scope release; err[ERR_RSLOT:ERR_RSLOT + 6] holds the remote failure (stream_base).
 
     Segments (exec.stream_segments: the separate-kernel modes on these bodies): worker w runs the queue positions
     qbeg[w]:qend[w] and streams the chunks cbeg[w]:cend[w] (the megakernel: qoff[w]:qoff[w+1], chunk_off[w]:

@@ -18,7 +18,7 @@ import torch
 
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
-from onekernel.exec.stream_base import ERR_RSLOT, ERRORS
+from onekernel.exec.stream_base import ERR_TASKS, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
@@ -157,8 +157,10 @@ class StreamMegakernelRunner(PersistentRunner):
             self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
             self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
         self.epoch, self.done = torch.ones(1, **i32), torch.zeros(1, **i32)
-        # TP: err[ERR_RSLOT:ERR_RSLOT + 6] the remote failure (stream_base; PersistentRunner reports it first)
-        self.err = torch.zeros(int(ERR_RSLOT) + 6 if self.tp else 5, **i32)
+        # err[0:5] the first failure; TP: err[ERR_RSLOT:ERR_RSLOT + 6] the remote one (PersistentRunner reports it
+        # first); err[ERR_TASKS:] a slot per task of the re-tiled graph (stream_base.record_task)
+        self.err_head = int(ERR_TASKS)
+        self.err = torch.zeros(int(ERR_TASKS) + 3 * max(len(g.tasks), 1), **i32)
         # prof: per task of the re-tiled graph (self.task_graph), not of the step's graph; the kernel writes its rows,
         # then (tensor-core GEMV tasks) as many sub-timing rows: prof_sub (stream_mma.gemv_mma)
         n = max(len(g.tasks), 1) if profile else 1

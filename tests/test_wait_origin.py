@@ -1,0 +1,70 @@
+"""A megakernel timeout names the wait the step stopped at, not only the first wait to give up: the streaming
+kernel's per-task slots (stream_base.record_task, after the error word's head) list every wait that gave up, and
+``PersistentRunner._raise_if`` names the one none of whose event's producers gave up (exec/persistent.py). The
+kernel side runs on the H200 (scripts/replay_check.py's forced timeout); here the host side reads error words
+written as the kernel writes them."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from onekernel.errors import KernelTimeoutError
+from onekernel.exec.persistent import PersistentRunner
+from onekernel.graph.deps import EventTable
+
+HEAD = 16  # stream_base.ERR_TASKS
+# tasks: 0 embed; 1, 2 down.1 (wait e0); 3, 4 qkv_rope.2 (wait e1); 5 attn_partial.2 (waits e2)
+NAMES = ["embed", "down.1", "down.1", "qkv_rope.2", "qkv_rope.2", "attn_partial.2"]
+EVENTS = EventTable(signal=[0, 1, 1, 2, 2, -1], waits=[[], [0], [0], [1], [1], [2]], expected=[1, 2, 2, 1],
+                    producers=[[0], [1, 2], [3, 4], [5]])
+
+
+class _Runner(PersistentRunner):
+    """The host side of a megakernel runner, without a kernel."""
+    task_graph = property(lambda self: self._graph)
+
+
+def _runner(gave_up: dict, first: int, slots: bool = True):
+    """A runner whose error word says task ``first`` gave up first and whose slots hold ``gave_up`` (task ->
+    (event, seen, want))."""
+    r = object.__new__(_Runner)
+    ops = [SimpleNamespace(name=n, kind=SimpleNamespace(name=n.split(".")[0])) for n in NAMES]
+    graph = SimpleNamespace(ops=ops, tasks=[SimpleNamespace(op=i, tile=0) for i in range(len(NAMES))])
+    r.__dict__.update(_graph=graph, events=EVENTS, wait_limit="200 ms", _failed=None, err_head=HEAD)
+    err = torch.zeros(HEAD + 3 * len(NAMES) if slots else 5, dtype=torch.int32)
+    e, seen, want = gave_up[first]
+    err[:5] = torch.tensor([1, first, e, seen, want])
+    if slots:
+        for t, (e, seen, want) in gave_up.items():
+            err[HEAD + 3 * t: HEAD + 3 * t + 3] = torch.tensor([e + 1, seen, want])
+    r.err = err
+    return r
+
+
+def _message(r) -> str:
+    with pytest.raises(KernelTimeoutError) as info:
+        r._raise_if(r.err[:r.err_head].tolist())
+    return str(info.value)
+
+
+def test_the_wait_the_step_stopped_at_comes_first():
+    # task 2 (down.1) waits on a count no producer reaches; qkv_rope.2 and attn_partial.2 gave up behind it, and the
+    # attention wait gave up first (it started waiting first)
+    gave_up = {2: (0, 1, 1 << 20), 3: (1, 1, 2), 4: (1, 1, 2), 5: (2, 0, 2)}
+    msg = _message(_runner(gave_up, first=5))
+    assert msg.startswith("megakernel: task 2 (down.1, op kind down, tile 0) waited on event 0 (producers: "
+                          "['embed']...) and saw count 1 < expected 1048576"), msg
+    assert "3 other wait(s) gave up as its consequences, the first of them: task 5 (attn_partial.2" in msg, msg
+
+
+def test_the_first_wait_to_give_up_when_it_is_where_the_step_stopped():
+    gave_up = {2: (0, 1, 1 << 20), 5: (2, 0, 2)}  # task 5's producers (3, 4) did not give up: two origins
+    msg = _message(_runner(gave_up, first=5))
+    assert msg.startswith("megakernel: task 5 (attn_partial.2"), msg
+    assert "consequences" not in msg
+
+
+def test_no_slots_no_change():
+    """The Triton megakernel's error word has no per-task slots: the first wait to give up, as before."""
+    msg = _message(_runner({5: (2, 0, 2)}, first=5, slots=False))
+    assert msg.startswith("megakernel: task 5 (attn_partial.2") and "consequences" not in msg, msg
