@@ -82,10 +82,11 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-201) # session 20's final commit, one H200 (~7.5 min; carry .model/smolgz.00, parked for 202): warm-ups of every table's
+201) # session 20's final commit, one H200 (~7.5 min; carry .model/smolgz3.00, parked for 203: the tracked tree is 20 MB
+    # now, so the default GGUF travels gzipped in three parts, `split -n 3 -d`, one per call): warm-ups of every table's
     # compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
-    cp .model/smolgz.00 /tmp/model/ 2>/dev/null
+    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench" /tmp/warm
     B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
     B8="--model llama-3.1-8b --random-weights"
@@ -101,21 +102,27 @@ case "$1" in
     step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-202) # at once after 201 (warm machine, caches warm; carry .model/smolgz.01; ~5 min): the real default model (5 prompts
-    # alone and together, every mode and the reference) beside 1,000 replays and the forced timeout (SmolLM2-135M, then
-    # Llama-3.2-1B); then the SmolLM2-135M tables (random weights, batch 1-16; the real GGUF at 1 and 8) and the
-    # Llama-3.2-1B batch-1 profile with its PNG
-    cat /tmp/model/smolgz.00 .model/smolgz.01 | gunzip >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench" "$W/bench-real"
+202) # at once after 201 (warm machine, caches warm; carry .model/smolgz3.01, parked; ~3.5 min): 1,000 replays and the
+    # forced timeout (SmolLM2-135M, then Llama-3.2-1B) beside the SmolLM2-135M table (random weights, batch 1-16); then
+    # the Llama-3.2-1B batch-1 profile with its PNG
+    cp .model/smolgz3.01 /tmp/model/ 2>/dev/null
+    mkdir -p "$W/bench"
     B0="--model smollm2-135m --random-weights"
     MK="graph,pdl,megakernel"
-    (step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
     (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
      step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
-    wait
     step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
-    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
+    wait
     step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    ;;
+203) # at once after 202 (carry .model/smolgz3.02; ~3.5 min): the default GGUF joined; its greedy tokens (5 prompts alone
+    # and together, every mode and the reference), then its table at batch 1 and 8
+    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
+        && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench-real"
+    MK="graph,pdl,megakernel"
+    step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
+    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
 200) # session 20 (~8.5 min; untracked tarballs travel: .ap.tgz = `git archive s19-act-prefetch onekernel | gzip`,
     # .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`, .wp.tgz = `git archive s20-warp-parts
