@@ -82,11 +82,53 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-201) # session 20's final commit, one H200 (~7.5 min; carry .model/smolgz3.00, parked for 203: the tracked tree is 20 MB
-    # now, so the default GGUF travels gzipped in three parts, `split -n 3 -d`, one per call): warm-ups of every table's
+204) # session 20 (~6 min; carry .model/smolgz3.00, parked for 206; untracked .as.tgz = `git archive s20-attn-setup
+    # onekernel scripts tests pyproject.toml | gzip`): the attention task's setup off the critical path against main,
+    # each its own process, warmed in parallel beside a bitwise A/B of one step (scripts/logits_dump.py: random
+    # positions; the branch loads the same values) on Llama-3.2-1B batch 8 and SmolLM2-135M batch 3, and main's forced
+    # timeout on SmolLM2-135M (the wait origin by queue order); then timed one after the other
+    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
+    mkdir -p /tmp/as /tmp/warm "$W/dump" && tar -xzf .as.tgz -C /tmp/as
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1"
+    wtree 180 base1 . X=0 $S1; wtree 180 as1 /tmp/as X=0 $S1
+    wtree 180 base8 . X=0 $S8; wtree 180 as8 /tmp/as X=0 $S8
+    wtree 180 base0 . X=0 $S0; wtree 180 as0 /tmp/as X=0 $S0
+    for m in "llama-3.2-1b 8" "smollm2-135m 3"; do set -- $m
+        (timeout 170 python3 scripts/logits_dump.py "$W/dump/base-$1.pt" --model $1 --batch $2 >"$W/dump/base-$1.log" 2>&1;
+         cd /tmp/as && timeout 120 env PYTHONPATH=/tmp/site:/tmp/as python3 scripts/logits_dump.py "$W/dump/as-$1.pt" \
+            --model $1 --batch $2 >"$W/dump/as-$1.log" 2>&1) &
+    done
+    (step 80 timeout-smol python3 scripts/replay_check.py --model smollm2-135m --replays 10 \
+        --out "$W/replays-smol.json") &
+    wait
+    checked 6
+    for m in llama-3.2-1b smollm2-135m; do
+        python3 scripts/logits_dump.py --compare "$W/dump/base-$m.pt" "$W/dump/as-$m.pt" 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+        log "bitwise $m: rc=${PIPESTATUS[0]}"; done
+    ttree 30 base-1b . X=0 $S1
+    ttree 30 as-1b /tmp/as X=0 $S1
+    ttree 35 base-8b . X=0 $S8
+    ttree 35 as-8b /tmp/as X=0 $S8
+    ttree 20 base-smol . X=0 $S0
+    ttree 20 as-smol /tmp/as X=0 $S0
+    ;;
+205) # at once after 204 (carry .model/smolgz3.01): the second part parked
+    cp .model/smolgz3.01 /tmp/model/ && log "parked: $(ls /tmp/model)"
+    ;;
+206) # at once after 205 (carry .model/smolgz3.02; ~3 min): the default GGUF joined; its greedy tokens (5 prompts alone
+    # and together, every mode and the reference), then its table at batch 1 and 8
+    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
+        && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench-real"
+    MK="graph,pdl,megakernel"
+    step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
+    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
+    ;;
+201) # session 20's final commit, one H200 (~6 min): warm-ups of every table's
     # compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
-    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench" /tmp/warm
     B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
     B8="--model llama-3.1-8b --random-weights"
@@ -102,10 +144,9 @@ case "$1" in
     step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-202) # at once after 201 (warm machine, caches warm; carry .model/smolgz3.01, parked; ~3.5 min): 1,000 replays and the
+202) # at once after 201 (warm machine, caches warm; ~3.5 min): 1,000 replays and the
     # forced timeout (SmolLM2-135M, then Llama-3.2-1B) beside the SmolLM2-135M table (random weights, batch 1-16); then
     # the Llama-3.2-1B batch-1 profile with its PNG
-    cp .model/smolgz3.01 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench"
     B0="--model smollm2-135m --random-weights"
     MK="graph,pdl,megakernel"
@@ -114,15 +155,6 @@ case "$1" in
     step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
     wait
     step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
-    ;;
-203) # at once after 202 (carry .model/smolgz3.02; ~3.5 min): the default GGUF joined; its greedy tokens (5 prompts alone
-    # and together, every mode and the reference), then its table at batch 1 and 8
-    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
-        && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench-real"
-    MK="graph,pdl,megakernel"
-    step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
-    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
 200) # session 20 (~8.5 min; untracked tarballs travel: .ap.tgz = `git archive s19-act-prefetch onekernel | gzip`,
     # .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`, .wp.tgz = `git archive s20-warp-parts

@@ -24,10 +24,11 @@ class _Runner(PersistentRunner):
     task_graph = property(lambda self: self._graph)
 
 
-def _runner(gave_up: dict, first: int, slots: bool = True):
+def _runner(gave_up: dict, first: int, slots: bool = True, queues=None):
     """A runner whose error word says task ``first`` gave up first and whose slots hold ``gave_up`` (task ->
-    (event, seen, want))."""
+    (event, seen, want)); ``queues``: its workers' task orders (None: unknown, as the Triton megakernel's)."""
     r = object.__new__(_Runner)
+    r.queues = lambda: queues
     ops = [SimpleNamespace(name=n, kind=SimpleNamespace(name=n.split(".")[0])) for n in NAMES]
     graph = SimpleNamespace(ops=ops, tasks=[SimpleNamespace(op=i, tile=0) for i in range(len(NAMES))])
     r.__dict__.update(_graph=graph, events=EVENTS, wait_limit="200 ms", _failed=None, err_head=HEAD)
@@ -62,6 +63,25 @@ def test_the_first_wait_to_give_up_when_it_is_where_the_step_stopped():
     msg = _message(_runner(gave_up, first=5))
     assert msg.startswith("megakernel: task 5 (attn_partial.2"), msg
     assert "consequences" not in msg
+
+
+def test_a_producer_that_stopped_without_a_slot_is_held_up_by_its_queue():
+    """H200, run 20 call 202: on SmolLM2-135M the attention wait gave up first, and its producers (qkv_rope) never
+    got a slot: their waits started after the failure was recorded and stopped at the error word. They run after a
+    down.1 task that gave up in their workers' queues, so they were held up, and the step stopped at down.1."""
+    gave_up = {1: (0, 1, 1 << 20), 2: (0, 1, 1 << 20), 5: (2, 0, 2)}
+    msg = _message(_runner(gave_up, first=5, queues=[[0, 1, 3], [2, 4, 5]]))
+    assert msg.startswith("megakernel: task 1 (down.1, op kind down, tile 0) waited on event 0"), msg
+    assert "2 other wait(s) gave up as its consequences, the first of them: task 5 (attn_partial.2" in msg, msg
+
+
+def test_queues_before_the_failure_hold_nothing_up():
+    """Producers that come before every failed wait in their queues ran normally: the attention wait whose
+    producers they are is where the step stopped (task 5's producers 3 and 4 run first on their workers)."""
+    gave_up = {2: (0, 1, 1 << 20), 5: (2, 0, 2)}
+    msg = _message(_runner(gave_up, first=2, queues=[[0, 3, 1], [4, 2, 5]]))
+    assert msg.startswith("megakernel: task 2 (down.1"), msg
+    assert "consequences" not in msg, msg
 
 
 def test_no_slots_no_change():

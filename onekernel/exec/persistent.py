@@ -123,24 +123,44 @@ class PersistentRunner(StepRunner):
         self._side.synchronize()
         self._raise_if(self._err_host.tolist())
 
+    def queues(self) -> list[list[int]] | None:
+        """Each worker's tasks in the order it runs them (task ids of ``self.events``), or None where the runner
+        does not know them; ``_wait_origin`` uses them. The streaming runner returns its plan's schedule."""
+        return None
+
+    def _held_up(self, gave_up: dict) -> set[int]:
+        """The tasks a failed wait held up: every task that gave up, and each task after one in its worker's queue
+        (a worker runs its queue in order: such a task started late, and its own wait may have stopped at the error
+        word without a slot of its own, stream_base._spin)."""
+        held = set(gave_up)
+        for q in self.queues() or ():
+            late = False
+            for t in q:
+                late = late or t in gave_up
+                if late:
+                    held.add(t)
+        return held
+
     def _wait_origin(self, first: int, where, producers) -> str:
         """Where the step stopped when the first wait to give up (task ``first``) is not it: the streaming kernel's
         per-task slots (err[err_head:], stream_base.record_task) hold every local wait that gave up, and a wait is a
-        consequence when a producer of its event gave up too. Returns a sentence naming the first wait none of
-        whose event's producers gave up (lowest task id) when it is another task than ``first``; else ""."""
+        consequence when a producer of its event was held up too (``_held_up``: it gave up, or it comes after a
+        task that did in its worker's queue). Returns a sentence naming the first wait (lowest task id) none of
+        whose event's producers was held up when it is another task than ``first``; else ""."""
         if self.err.numel() <= self.err_head:
             return ""
         slots = self.err[self.err_head:].view(-1, 3).tolist()
         gave_up = {t: (e - 1, seen, want) for t, (e, seen, want) in enumerate(slots) if e > 0}
+        held = self._held_up(gave_up)
         roots = [t for t, (e, _, _) in gave_up.items()
-                 if 0 <= e < self.events.n_events and not any(p in gave_up for p in self.events.producers[e])]
+                 if 0 <= e < self.events.n_events and not any(p in held for p in self.events.producers[e])]
         if not roots or first in roots:
             return ""
         t = roots[0]
         e, seen, want = gave_up[t]
         return (f"{where(t)} waited on event {e} (producers: {producers(e)}...) and saw count {seen} < expected {want}, "
-                f"and no producer of that event gave up waiting: the step stopped there; {len(gave_up) - 1} other "
-                f"wait(s) gave up as its consequences, the first of them: ")
+                f"and no producer of that event was held up by a failed wait: the step stopped there; "
+                f"{len(gave_up) - 1} other wait(s) gave up as its consequences, the first of them: ")
 
     def _raise_if(self, err: list[int]) -> None:
         remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False

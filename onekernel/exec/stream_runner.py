@@ -202,6 +202,10 @@ class StreamMegakernelRunner(PersistentRunner):
         k, self.consts = self._fit(props, self.consts, self._args())
         self._check_residency(k, props)
 
+    def queues(self) -> list[list[int]]:
+        """Each worker's queue of the plan's tasks (the record order the kernel walks)."""
+        return self.plan.schedule.queues
+
     def _fit(self, props, consts: dict, args, **launch):
         """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``), its consts);
         launch: the launch's compile options (``launch_pdl``)."""
