@@ -28,6 +28,8 @@
 # 180 + 181 (the tensor-core attention against the CUDA-core one; 181 with an L2 prefetch, removed), 182 (the final
 # tables at a88ee12), 183 (the 8B batch-8 A/B, the per-op table, the 1B profile), 184 (branch s18-attn-rbuf, slower; in
 # git history, `git show 936499e:scripts/gpu_call.sh`), 185 (stamps inside the attention's block loop): session 18.
+# 191 + 192 (session 19's final tables; the GGUF in two halves, which no longer fit a call): in git history (`git show
+# 92b6352:scripts/gpu_call.sh`); 201 + 202 replace them, 204-206 carry the GGUF in three parts.
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
@@ -191,29 +193,6 @@ case "$1" in
     ttree 25 apw-1b /tmp/ap STREAM_MMA_PD_WIDE=1 $SW
     ttree 40 base2-1b . X=0 $S1
     ;;
-196) # prepared in session 19 for the next session (~7 min; untracked tarballs travel: .ap.tgz = `git archive
-    # s19-act-prefetch onekernel | gzip`, .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`): the
-    # deeper activation prefetch against main (SmolLM2-135M at batch 1 / 4 / 8 / 16; with STREAM_MMA_PD_WIDE=1 Llama-
-    # 3.2-1B and Llama-3.1-8B at batch 1 / 4), each its own process, and the timeout fix's forced timeout on SmolLM2
-    mkdir -p /tmp/ap /tmp/to /tmp/warm && tar -xzf .ap.tgz -C /tmp/ap && tar -xzf .to.tgz -C /tmp/to
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,4,8,16"
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,4"
-    wtree 220 base0 . X=0 $S0; wtree 220 ap0 /tmp/ap X=0 $S0
-    wtree 220 base1 . X=0 $S1; wtree 220 apw1 /tmp/ap STREAM_MMA_PD_WIDE=1 $S1
-    wtree 220 base8 . X=0 $S8; wtree 220 apw8 /tmp/ap STREAM_MMA_PD_WIDE=1 $S8
-    wait
-    checked 6
-    ttree 40 base-smol . X=0 $S0
-    ttree 40 ap-smol /tmp/ap X=0 $S0
-    ttree 30 base-1b . X=0 $S1
-    ttree 30 apw-1b /tmp/ap STREAM_MMA_PD_WIDE=1 $S1
-    ttree 40 base-8b . X=0 $S8
-    ttree 40 apw-8b /tmp/ap STREAM_MMA_PD_WIDE=1 $S8
-    ttree 40 base2-smol . X=0 $S0
-    step 60 timeout-smol bash -c "cd /tmp/to && PYTHONPATH=/tmp/site:/tmp/to python3 scripts/replay_check.py \
-        --model smollm2-135m --replays 10 --out $W/replays-to-smol.json"
-    ;;
 195) # session 19 (~3.5 min; .base.tgz = `git archive a88ee12 onekernel | gzip`, run 18's kernels, untracked so it
     # travels): Llama-3.1-8B megakernel at batch 1 and 8 with this tree's kernels (call 192: 4.574 ms at batch 8) against
     # a88ee12's (run 18: 4.784 and 4.773), each its own process, warmed in parallel, timed one after the other
@@ -245,47 +224,6 @@ case "$1" in
     ttree 40 base-1b . X=0 $B1
     ttree 40 late-1b . STREAM_ATTN_LATE=1 $B1
     ttree 40 base2-1b . X=0 $B1
-    ;;
-191) # session 19's final commit, one H200 (~8.5 min; carry .model/smolgz.00, parked for 192: the tree is 18 MB now, so
-    # the default GGUF travels gzipped (-9, 92.7 MB) in two halves, `split -n 2 -d`): the megakernel of
-    # SmolLM2-135M on the tensor-core streaming kernel (runtime.runners.megakernel_step) and the argmax over every batch
-    # row at once. Compiles warmed in parallel with the streaming GPU tests (mma + auto: SmolLM2's own megakernel
-    # included) and the 1B megakernel's bitwise invariance; then the SmolLM2-135M table (random weights, every mode,
-    # batch 1-16) and the Llama-3.2-1B table (every mode, batch 1-16)
-    cp .model/smolgz.00 /tmp/model/ 2>/dev/null
-    mkdir -p "$W/bench" /tmp/warm
-    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
-    B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    log "warm-up and checks"
-    warm smol $B0 --batch 1,2,4,8,16 --modes $MK,megakernel-triton
-    warm smol-t $B0 --batch 1,2,4,8,16 --modes $MT
-    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
-    checks 220
-    wait
-    checked 5
-    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes $MT,$MK,megakernel-triton --steps 50
-    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    ;;
-192) # at once after 191 (warm machine; carry .model/smolgz.01): the real default model (5 prompts alone and together,
-    # every mode and the reference) beside 1,000 replays + the forced timeout (SmolLM2-135M's streaming megakernel, then
-    # Llama-3.2-1B); then the tables 191 ran out of time for (its caches warm): Llama-3.1-8B, Llama-3.2-1B (its batch-16
-    # megakernel row was cut at 130 s), SmolLM2-135M without torch.compile (not warmed past batch 4), the real model
-    cat /tmp/model/smolgz.00 .model/smolgz.01 | gunzip >"$GGUF" && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench"
-    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
-    B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    (step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json") &
-    (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
-     step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
-    wait
-    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 60 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
-    step 50 bench-135m $bench/bench --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
 190) # session 19 (~5 min): SmolLM2-135M (the default model's shapes, random weights) on both GEMV paths: graph, pdl,
     # the Triton megakernel ("auto" keeps it: stream_plan.prefer_stream), the streaming megakernel (megakernel-gluon)
