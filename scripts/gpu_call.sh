@@ -84,6 +84,18 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+209) # session 20 (~2.5 min; untracked .pv.tgz / .l1.tgz = `git archive s20-attn-posv` / `s20-attn-l1` `onekernel | gzip`):
+    # the two halves of s20-attn-setup against main on Llama-3.2-1B, each its own process, main timed twice
+    mkdir -p /tmp/pv /tmp/l1 /tmp/warm && tar -xzf .pv.tgz -C /tmp/pv && tar -xzf .l1.tgz -C /tmp/l1
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    wtree 150 base1 . X=0 $S1; wtree 150 pv1 /tmp/pv X=0 $S1; wtree 150 l11 /tmp/l1 X=0 $S1
+    wait
+    checked 3
+    ttree 25 base-1b . X=0 $S1
+    ttree 25 pv-1b /tmp/pv X=0 $S1
+    ttree 25 l1-1b /tmp/l1 X=0 $S1
+    ttree 25 base2-1b . X=0 $S1
+    ;;
 204) # session 20 (~6 min; carry .model/smolgz3.00, parked for 206; untracked .as.tgz = `git archive s20-attn-setup
     # onekernel scripts tests pyproject.toml | gzip`): the attention task's setup off the critical path against main,
     # each its own process, warmed in parallel beside a bitwise A/B of one step (scripts/logits_dump.py: random
