@@ -256,6 +256,38 @@ def test_schedule_records_and_tables(seed):
     assert tab[op.index, 2] * 16 == tensors[op.args["q"]].data_ptr() - bases[torch.bfloat16].data_ptr()
 
 
+@pytest.mark.parametrize("op_events", [True, False])
+def test_every_task_waits_on_whole_producer_ops(op_events, seed, monkeypatch):
+    """STREAM_OP_EVENTS (default on, one GPU): every task spins on one counter per producer op, so an attention task
+    waits on one event that every qkv task of its layer signals (expected: their count), not on the 1-5 tile events
+    of the qkv tasks that write its heads (each a dependent round trip on the GPU). Either way every task's events
+    cover its real dependencies (graph.deps, from the regions) and the schedule stays valid."""
+    from onekernel.exec import stream_plan
+    from onekernel.graph.deps import derive_dependencies
+    monkeypatch.setattr(stream_plan, "OP_EVENTS", op_events)
+    step, W = _step(3, seed)
+    plan = make_plan(step, W, fold=False)
+    g, ev = plan.graph, plan.events
+    validate(plan.schedule, g, [[] for _ in g.tasks])
+    deps = derive_dependencies(g)
+    reach = []  # tasks each task's waits order it after, directly or through its producers' waits (ids ascend)
+    for t in range(len(g.tasks)):
+        direct = {p for e in ev.waits[t] for p in ev.producers[e]}
+        reach.append(direct.union(*(reach[p] for p in direct)))
+        assert set(deps[t]) <= reach[t], (t, sorted(set(deps[t]) - reach[t]))
+    for op in g.ops:
+        if op.kind.name != "attn_partial":
+            continue
+        qkv = next(o for o in g.ops if o.name == op.name.replace("attn_partial", "qkv_rope"))
+        for t in op.task_ids:
+            if op_events:
+                assert len(ev.waits[t]) == 1, ev.waits[t]
+                e = ev.waits[t][0]
+                assert sorted(ev.producers[e]) == sorted(qkv.task_ids) and ev.expected[e] == len(qkv.task_ids)
+            else:
+                assert all(set(ev.producers[e]) <= set(qkv.task_ids) for e in ev.waits[t])
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_attention_and_merge_tiles_run_in_runs(batch, seed):
     """Attention partials and merges: the source graph's tiles in runs of consecutive tiles, every tile in

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hashlib
+import os
 
 import numpy as np
 import torch
@@ -59,6 +60,10 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         mma_smem, pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
+# One event per producer op (graph.deps.derive_op_events) on a single GPU: an attention task then spins on one
+# counter, where tile events gave it 1-5 (each a dependent L2 round trip, and one more per wait-list entry; the
+# attention stage started ~2 us after its producers ended: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events.
+OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -355,7 +360,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             if bad:
                 raise ScheduleError(f"streaming megakernel: only all-reduce tasks may read other ranks' buffers; task "
                                     f"{bad[0]} ({g.ops[g.tasks[bad[0]].op].name}) does")
-        events, sched_deps = events_and_order(g, deps, remote)
+        events, sched_deps = events_and_order(g, deps, remote, ev_mode)
         queues, load = [[] for _ in range(n_workers)], [0] * n_workers
         gemv = set(GEMV_KINDS.values())
         for op, kind in zip(g.ops, kinds):
@@ -375,10 +380,11 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
         return (events, schedule, *records(plan), remote_wait_list(plan))
 
     n = len(g.tasks)
+    ev_mode = "op" if OP_EVENTS else "tile"  # tensor parallel keeps tile events (graph.deps.events_and_order)
     units_arr = np.asarray(units, dtype=np.int64).reshape(-1, 2)
     (events, schedule, qrec, wl, rwl), hit = host_cache.cached(
         "stream", g, compute, encode_products, lambda a: decode_products(a, n), n_workers=n_workers,
-        kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest())
+        kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest(), events=ev_mode)
     plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
     plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
     plan.cache_hit = hit
