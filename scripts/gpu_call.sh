@@ -84,6 +84,36 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+210) # prepared in session 20 for the next one (~8 min, not yet run): one event per producer op (STREAM_OP_EVENTS=1:
+    # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own
+    # process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8: the events order
+    # the tasks, never their values); then the timings, the forced timeout and the 1B batch-1 profile with it. At
+    # most two 8B processes (~49 GB each) at once: the GPU's 139 GB ran out with 12 processes in call 200
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8,16"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 220 tile1 . STREAM_OP_EVENTS=0 $S1; wtree 220 op1 . STREAM_OP_EVENTS=1 $S1
+    wtree 220 tile8 . STREAM_OP_EVENTS=0 $S8; wtree 220 op8 . STREAM_OP_EVENTS=1 $S8
+    wtree 220 tile0 . STREAM_OP_EVENTS=0 $S0; wtree 220 op0 . STREAM_OP_EVENTS=1 $S0
+    (timeout 120 env STREAM_OP_EVENTS=0 python3 scripts/logits_dump.py "$W/tile-1b.pt" >"$W/dump-tile.log" 2>&1
+     timeout 100 env STREAM_OP_EVENTS=1 python3 scripts/logits_dump.py "$W/op-1b.pt" >"$W/dump-op.log" 2>&1) &
+    wait
+    checked 6
+    python3 scripts/logits_dump.py --compare "$W/tile-1b.pt" "$W/op-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    rm -f "$W"/*.pt
+    ttree 35 tile-1b . STREAM_OP_EVENTS=0 $S1
+    ttree 35 op-1b . STREAM_OP_EVENTS=1 $S1
+    ttree 45 tile-8b . STREAM_OP_EVENTS=0 $S8
+    ttree 45 op-8b . STREAM_OP_EVENTS=1 $S8
+    ttree 20 tile-smol . STREAM_OP_EVENTS=0 $S0
+    ttree 20 op-smol . STREAM_OP_EVENTS=1 $S0
+    ttree 35 tile2-1b . STREAM_OP_EVENTS=0 $S1
+    step 60 timeouts env STREAM_OP_EVENTS=1 python3 scripts/replay_check.py --model smollm2-135m --replays 10 \
+        --out "$W/replays-op-smol.json"
+    step 60 profile-1b-1 env STREAM_OP_EVENTS=1 python3 scripts/stream_profile.py --out "$W/profile-op" \
+        --model llama-3.2-1b --batch 1
+    ;;
 209) # session 20 (~2.5 min; untracked .pv.tgz / .l1.tgz = `git archive s20-attn-posv` / `s20-attn-l1` `onekernel | gzip`):
     # the two halves of s20-attn-setup against main on Llama-3.2-1B, each its own process, main timed twice
     mkdir -p /tmp/pv /tmp/l1 /tmp/warm && tar -xzf .pv.tgz -C /tmp/pv && tar -xzf .l1.tgz -C /tmp/l1

@@ -60,10 +60,11 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         mma_smem, pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
-# One event per producer op (graph.deps.derive_op_events) on a single GPU: an attention task then spins on one
-# counter, where tile events gave it 1-5 (each a dependent L2 round trip, and one more per wait-list entry; the
-# attention stage started ~2 us after its producers ended: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events.
-OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
+# STREAM_OP_EVENTS=1: one event per producer op (graph.deps.derive_op_events) on a single GPU, so an attention task
+# spins on one counter, where tile events give it 1-5 (each a dependent L2 round trip, and one more per wait-list
+# entry; the attention stage starts ~2 us after its producers end: docs/DESIGN.md). Off (tile events) until it is
+# measured on the H200 (scripts/gpu_call.sh 210); the kernels are the same either way.
+OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "0") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
