@@ -72,7 +72,8 @@ def test_a_producer_that_stopped_without_a_slot_is_held_up_by_its_queue():
     gave_up = {1: (0, 1, 1 << 20), 2: (0, 1, 1 << 20), 5: (2, 0, 2)}
     msg = _message(_runner(gave_up, first=5, queues=[[0, 1, 3], [2, 4, 5]]))
     assert msg.startswith("megakernel: task 1 (down.1, op kind down, tile 0) waited on event 0"), msg
-    assert "2 other wait(s) gave up as its consequences, the first of them: task 5 (attn_partial.2" in msg, msg
+    assert "the step stopped there (and 1 other task(s) on that event); 1 other wait(s) gave up as its " \
+           "consequences, the first of them: task 5 (attn_partial.2" in msg, msg
 
 
 def test_queues_before_the_failure_hold_nothing_up():
@@ -82,6 +83,29 @@ def test_queues_before_the_failure_hold_nothing_up():
     msg = _message(_runner(gave_up, first=2, queues=[[0, 3, 1], [4, 2, 5]]))
     assert msg.startswith("megakernel: task 2 (down.1"), msg
     assert "consequences" not in msg, msg
+
+
+def test_two_origins_are_both_named_and_not_counted_as_consequences():
+    """Task 1 (event 0) and task 5 (event 2, produced by task 0, which ran normally) both stopped on their own; task 3
+    gave up first, a consequence of task 1 (event 1's producers are the down.1 tasks)."""
+    gave_up = {1: (0, 1, 1 << 20), 3: (1, 0, 2), 5: (2, 0, 1)}
+    r = _runner(gave_up, first=3, queues=[[0, 1, 3], [2, 4, 5]])
+    r.events = EventTable(signal=EVENTS.signal, waits=EVENTS.waits, expected=EVENTS.expected,
+                          producers=[[0], [1, 2], [0], [5]])
+    msg = _message(r)
+    assert msg.startswith("megakernel: task 1 (down.1"), msg
+    assert "the step stopped there; 1 wait(s) on other events stopped on their own too (tasks 5); 1 other " \
+           "wait(s) gave up as its consequences, the first of them: task 3 (qkv_rope.2" in msg, msg
+
+
+def test_a_corrupt_error_word_still_raises_the_timeout():
+    """An event id outside the plan in the head, and slots that are not whole triples: a KernelTimeoutError that
+    says so, never an IndexError or a reshape error."""
+    r = _runner({5: (2, 0, 2)}, first=5)
+    r.err[2] = 99
+    r.err = torch.cat([r.err, torch.tensor([7], dtype=torch.int32)])
+    msg = _message(r)
+    assert "waited on event 99 (producers: ['unknown event: the plan has 4']...)" in msg, msg
 
 
 def test_no_slots_no_change():

@@ -149,7 +149,8 @@ class PersistentRunner(StepRunner):
         whose event's producers was held up when it is another task than ``first``; else ""."""
         if self.err.numel() <= self.err_head:
             return ""
-        slots = self.err[self.err_head:].view(-1, 3).tolist()
+        tail = self.err[self.err_head:]
+        slots = tail[:tail.numel() // 3 * 3].view(-1, 3).tolist()
         gave_up = {t: (e - 1, seen, want) for t, (e, seen, want) in enumerate(slots) if e > 0}
         held = self._held_up(gave_up)
         roots = [t for t, (e, _, _) in gave_up.items()
@@ -158,9 +159,15 @@ class PersistentRunner(StepRunner):
             return ""
         t = roots[0]
         e, seen, want = gave_up[t]
+        same = sum(1 for r in roots[1:] if gave_up[r][0] == e)  # the op's other tiles on the same event
+        others = [r for r in roots if gave_up[r][0] != e]  # waits on other events that stopped on their own too
+        also = f" (and {same} other task(s) on that event)" if same else ""
+        if others:
+            also += (f"; {len(others)} wait(s) on other events stopped on their own too (tasks "
+                     f"{', '.join(str(r) for r in others[:3])}{'...' if len(others) > 3 else ''})")
         return (f"{where(t)} waited on event {e} (producers: {producers(e)}...) and saw count {seen} < expected {want}, "
-                f"and no producer of that event was held up by a failed wait: the step stopped there; "
-                f"{len(gave_up) - 1} other wait(s) gave up as its consequences, the first of them: ")
+                f"and no producer of that event was held up by a failed wait: the step stopped there{also}; "
+                f"{len(gave_up) - len(roots)} other wait(s) gave up as its consequences, the first of them: ")
 
     def _raise_if(self, err: list[int]) -> None:
         remote = err[RSLOT] == 5 if len(err) > RSLOT + 5 else False
@@ -176,6 +183,8 @@ class PersistentRunner(StepRunner):
             return "a worker's ring"
 
         def producers(e: int) -> list[str]:
+            if not 0 <= e < self.events.n_events:  # a corrupt error word: say so, do not index with it
+                return [f"unknown event: the plan has {self.events.n_events}"]
             return [g.ops[g.tasks[p].op].name for p in self.events.producers[e][:3]]
 
         code, t, a, b, c = err[:5]
