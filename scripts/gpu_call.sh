@@ -28,8 +28,8 @@
 # 180 + 181 (the tensor-core attention against the CUDA-core one; 181 with an L2 prefetch, removed), 182 (the final
 # tables at a88ee12), 183 (the 8B batch-8 A/B, the per-op table, the 1B profile), 184 (branch s18-attn-rbuf, slower; in
 # git history, `git show 936499e:scripts/gpu_call.sh`), 185 (stamps inside the attention's block loop): session 18.
-# 191 + 192 (session 19's final tables; the GGUF in two halves, which no longer fit a call): in git history (`git show
-# 92b6352:scripts/gpu_call.sh`); 201 + 202 replace them, 204-206 carry the GGUF in three parts.
+# 182 (session 18's final tables) and 191 + 192 (session 19's; the GGUF in two halves, which no longer fit a call): in
+# git history (`git show 92b6352:scripts/gpu_call.sh`); 201 + 202 replace them, 204-206 carry the GGUF in three parts.
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
@@ -289,24 +289,6 @@ case "$1" in
     mkdir -p "$W/profile"
     step 40 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 65 profile-8b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.1-8b --batch 8
-    ;;
-182) # session 18's final commit, one H200 (~9 min): attention on the tensor cores (stream_attn_tc, the default where
-    # it fits). Compiles warmed in parallel with the streaming GPU tests (mma + auto) and the megakernel's bitwise
-    # invariance at 2/8/16; then the Llama-3.2-1B table (every mode, batch 1-16), the Llama-3.1-8B rows (graph, pdl,
-    # megakernel, torch+graph at 1 / 8 / 16; torch.compile not re-run) and the 1B batch-16 profile
-    mkdir -p "$W/bench" "$W/profile" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    log "warm-up and checks"
-    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
-    checks 220
-    wait
-    checked 3
-    step 130 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 150 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    step 45 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
 183) # after 182 (~5 min): Llama-3.1-8B megakernel at batch 1 / 8 with the tensor-core attention (the default) and
     # without it (STREAM_ATTN_TC=0: "base"), each its own process (182's table had 8B batch 8 at 4.784 ms against run
