@@ -29,7 +29,9 @@
 # tables at a88ee12), 183 (the 8B batch-8 A/B, the per-op table, the 1B profile), 184 (branch s18-attn-rbuf, slower; in
 # git history, `git show 936499e:scripts/gpu_call.sh`), 185 (stamps inside the attention's block loop): session 18.
 # 182 (session 18's final tables) and 191 + 192 (session 19's; the GGUF in two halves, which no longer fit a call): in
-# git history (`git show 92b6352:scripts/gpu_call.sh`); 201 + 202 replace them, 204-206 carry the GGUF in three parts.
+# git history (`git show 92b6352:scripts/gpu_call.sh`).
+# 200-209 (session 20: branch A/Bs, the final tables 201 + 202, the GGUF in three parts 204-206): in git history
+# (`git show 176829c:scripts/gpu_call.sh`); 211 + 212 + 213 replace them.
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
@@ -84,7 +86,53 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-210) # prepared in session 20 for the next one (~8 min, not yet run): one event per producer op (STREAM_OP_EVENTS=1:
+211) # session 21's final commit, one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
+    # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
+    # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
+    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
+    mkdir -p "$W/bench" /tmp/warm
+    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
+    B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up and checks"
+    warm smol $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton
+    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
+    checks 220
+    wait
+    checked 4
+    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    ;;
+212) # at once after 211 (warm machine, caches warm; carry .model/smolgz3.01; ~6.5 min): 1,000 replays and the
+    # forced timeouts (SmolLM2-135M, then Llama-3.2-1B) beside the cold / warm start of six cases (fresh processes, two
+    # at a time: at most two 8B processes); then the SmolLM2-135M table alone; the Llama-3.2-1B profiles at batch 1
+    # and 8 with their PNGs
+    cp .model/smolgz3.01 /tmp/model/ && log "parked: $(ls /tmp/model)"
+    mkdir -p "$W/bench"
+    B0="--model smollm2-135m --random-weights"
+    MK="graph,pdl,megakernel"
+    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
+    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
+    (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
+     step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
+    (step 200 compile-times python3 scripts/compile_times.py --out "$W" --jobs 2 --timeout 60 --cases "$CT") &
+    wait
+    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
+    step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    step 60 profile-1b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
+    ;;
+213) # at once after 212 (carry .model/smolgz3.02; ~3 min): the default GGUF joined; its greedy tokens (5 prompts alone
+    # and together, every mode and the reference), then its table at batch 1 and 8
+    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
+        && log "model joined: $(stat -c %s "$GGUF") bytes"
+    mkdir -p "$W/bench-real"
+    MK="graph,pdl,megakernel"
+    step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
+    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
+    ;;
+210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own
     # process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8: the events order
     # the tasks, never their values); then the timings, the forced timeout and the 1B batch-1 profile with it. At
@@ -113,127 +161,6 @@ case "$1" in
         --out "$W/replays-op-smol.json"
     step 60 profile-1b-1 env STREAM_OP_EVENTS=1 python3 scripts/stream_profile.py --out "$W/profile-op" \
         --model llama-3.2-1b --batch 1
-    ;;
-209) # session 20 (~2.5 min; untracked .pv.tgz / .l1.tgz = `git archive s20-attn-posv` / `s20-attn-l1` `onekernel | gzip`):
-    # the two halves of s20-attn-setup against main on Llama-3.2-1B, each its own process, main timed twice
-    mkdir -p /tmp/pv /tmp/l1 /tmp/warm && tar -xzf .pv.tgz -C /tmp/pv && tar -xzf .l1.tgz -C /tmp/l1
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    wtree 150 base1 . X=0 $S1; wtree 150 pv1 /tmp/pv X=0 $S1; wtree 150 l11 /tmp/l1 X=0 $S1
-    wait
-    checked 3
-    ttree 25 base-1b . X=0 $S1
-    ttree 25 pv-1b /tmp/pv X=0 $S1
-    ttree 25 l1-1b /tmp/l1 X=0 $S1
-    ttree 25 base2-1b . X=0 $S1
-    ;;
-204) # session 20 (~6 min; carry .model/smolgz3.00, parked for 206; untracked .as.tgz = `git archive s20-attn-setup
-    # onekernel scripts tests pyproject.toml | gzip`): the attention task's setup off the critical path against main,
-    # each its own process, warmed in parallel beside a bitwise A/B of one step (scripts/logits_dump.py: random
-    # positions; the branch loads the same values) on Llama-3.2-1B batch 8 and SmolLM2-135M batch 3, and main's forced
-    # timeout on SmolLM2-135M (the wait origin by queue order); then timed one after the other
-    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
-    mkdir -p /tmp/as /tmp/warm "$W/dump" && tar -xzf .as.tgz -C /tmp/as
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1"
-    wtree 180 base1 . X=0 $S1; wtree 180 as1 /tmp/as X=0 $S1
-    wtree 180 base8 . X=0 $S8; wtree 180 as8 /tmp/as X=0 $S8
-    wtree 180 base0 . X=0 $S0; wtree 180 as0 /tmp/as X=0 $S0
-    for m in "llama-3.2-1b 8" "smollm2-135m 3"; do set -- $m
-        (timeout 170 python3 scripts/logits_dump.py "$W/dump/base-$1.pt" --model $1 --batch $2 >"$W/dump/base-$1.log" 2>&1;
-         cd /tmp/as && timeout 120 env PYTHONPATH=/tmp/site:/tmp/as python3 scripts/logits_dump.py "$W/dump/as-$1.pt" \
-            --model $1 --batch $2 >"$W/dump/as-$1.log" 2>&1) &
-    done
-    (step 80 timeout-smol python3 scripts/replay_check.py --model smollm2-135m --replays 10 \
-        --out "$W/replays-smol.json") &
-    wait
-    checked 6
-    for m in llama-3.2-1b smollm2-135m; do
-        python3 scripts/logits_dump.py --compare "$W/dump/base-$m.pt" "$W/dump/as-$m.pt" 2>&1 | tail -3 | tee -a "$OUT/log.txt"
-        log "bitwise $m: rc=${PIPESTATUS[0]}"; done
-    ttree 30 base-1b . X=0 $S1
-    ttree 30 as-1b /tmp/as X=0 $S1
-    ttree 35 base-8b . X=0 $S8
-    ttree 35 as-8b /tmp/as X=0 $S8
-    ttree 20 base-smol . X=0 $S0
-    ttree 20 as-smol /tmp/as X=0 $S0
-    ;;
-205) # at once after 204 (carry .model/smolgz3.01): the second part parked
-    cp .model/smolgz3.01 /tmp/model/ && log "parked: $(ls /tmp/model)"
-    ;;
-206) # at once after 205 (carry .model/smolgz3.02; ~3 min): the default GGUF joined; its greedy tokens (5 prompts alone
-    # and together, every mode and the reference), then its table at batch 1 and 8
-    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
-        && log "model joined: $(stat -c %s "$GGUF") bytes"
-    mkdir -p "$W/bench-real"
-    MK="graph,pdl,megakernel"
-    step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
-    step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
-    ;;
-201) # session 20's final commit, one H200 (~6 min): warm-ups of every table's
-    # compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
-    # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
-    mkdir -p "$W/bench" /tmp/warm
-    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
-    B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    log "warm-up and checks"
-    warm smol $B0 --batch 1,2,4,8,16 --modes $MK,megakernel-triton
-    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
-    checks 220
-    wait
-    checked 4
-    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    ;;
-202) # at once after 201 (warm machine, caches warm; ~3.5 min): 1,000 replays and the
-    # forced timeout (SmolLM2-135M, then Llama-3.2-1B) beside the SmolLM2-135M table (random weights, batch 1-16); then
-    # the Llama-3.2-1B batch-1 profile with its PNG
-    mkdir -p "$W/bench"
-    B0="--model smollm2-135m --random-weights"
-    MK="graph,pdl,megakernel"
-    (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
-     step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &
-    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
-    wait
-    step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
-    ;;
-200) # session 20 (~8.5 min; untracked tarballs travel: .ap.tgz = `git archive s19-act-prefetch onekernel | gzip`,
-    # .to.tgz = `git archive s19-timeout-origin onekernel scripts | gzip`, .wp.tgz = `git archive s20-warp-parts
-    # onekernel scripts tests pyproject.toml | gzip`, each rebased on this main): every branch against main, each its
-    # own process, warmed in parallel beside s20-warp-parts' streaming GPU tests and invariance and s19-timeout-origin's
-    # forced timeout on SmolLM2-135M; then timed one after the other, main's Llama-3.2-1B twice
-    mkdir -p /tmp/ap /tmp/to /tmp/wp /tmp/warm && tar -xzf .ap.tgz -C /tmp/ap && tar -xzf .to.tgz -C /tmp/to \
-        && tar -xzf .wp.tgz -C /tmp/wp
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,4,8,16"
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    SW="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
-    wtree 220 base0 . X=0 $S0; wtree 220 ap0 /tmp/ap X=0 $S0
-    wtree 220 base1 . X=0 $S1; wtree 220 wp1 /tmp/wp X=0 $S1; wtree 220 to1 /tmp/to X=0 $S1
-    wtree 220 basew . X=0 $SW; wtree 220 apw1 /tmp/ap STREAM_MMA_PD_WIDE=1 $SW
-    wtree 220 base8 . X=0 $S8; wtree 220 wp8 /tmp/wp X=0 $S8
-    (cd /tmp/wp && timeout 240 env PYTHONPATH=/tmp/site:/tmp/wp python3 scripts/invariance_check.py llama-3.2-1b \
-        --modes megakernel --out "$W/inv-wp.json" >"$W/inv-wp.log" 2>&1) &
-    (cd /tmp/wp && timeout 240 env PYTHONPATH=/tmp/site:/tmp/wp TRITON_INTERPRET=0 python3 -m pytest -q \
-        tests/test_stream_gpu.py -k "mma" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    (step 90 timeout-smol bash -c "cd /tmp/to && PYTHONPATH=/tmp/site:/tmp/to python3 scripts/replay_check.py \
-        --model smollm2-135m --replays 10 --out $W/replays-to-smol.json") &
-    wait
-    checked 9
-    grep -h '"mode"' "$W"/inv-wp.log | cut -c1-200 | tee -a "$OUT/log.txt"
-    ttree 40 base-1b . X=0 $S1
-    ttree 40 wp-1b /tmp/wp X=0 $S1
-    ttree 40 to-1b /tmp/to X=0 $S1
-    ttree 40 base-8b . X=0 $S8
-    ttree 40 wp-8b /tmp/wp X=0 $S8
-    ttree 30 base-smol . X=0 $S0
-    ttree 30 ap-smol /tmp/ap X=0 $S0
-    ttree 25 basew-1b . X=0 $SW
-    ttree 25 apw-1b /tmp/ap STREAM_MMA_PD_WIDE=1 $SW
-    ttree 40 base2-1b . X=0 $S1
     ;;
 195) # session 19 (~3.5 min; .base.tgz = `git archive a88ee12 onekernel | gzip`, run 18's kernels, untracked so it
     # travels): Llama-3.1-8B megakernel at batch 1 and 8 with this tree's kernels (call 192: 4.574 ms at batch 8) against

@@ -258,7 +258,7 @@ def test_schedule_records_and_tables(seed):
 
 @pytest.mark.parametrize("op_events", [True, False])
 def test_every_task_waits_on_whole_producer_ops(op_events, seed, monkeypatch):
-    """STREAM_OP_EVENTS=1 (one GPU; off by default until measured): every task spins on one counter per producer op, so an attention task
+    """STREAM_OP_EVENTS=1 (one GPU; the default since run 21): every task spins on one counter per producer op, so an attention task
     waits on one event that every qkv task of its layer signals (expected: their count), not on the 1-5 tile events
     of the qkv tasks that write its heads (each a dependent round trip on the GPU). Either way every task's events
     cover its real dependencies (graph.deps, from the regions) and the schedule stays valid."""
