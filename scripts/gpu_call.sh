@@ -132,6 +132,42 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+214) # session 21 (~5 min): a task's wait fields loaded with its record and attention's first K/V block loaded without
+    # the positions (STREAM_EARLY_WAIT=1: the spin then waits on its own ld.acquire only) against main, the same tree,
+    # each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8 and
+    # SmolLM2-135M batch 3: only loads move); then the timings (main first and last on 1B) and the 1B profiles with it.
+    # At most two 8B processes at once
+    mkdir -p /tmp/warm "$W/dump"
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8,16"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 220 base1 . STREAM_EARLY_WAIT=0 $S1; wtree 220 early1 . STREAM_EARLY_WAIT=1 $S1
+    wtree 220 base8 . STREAM_EARLY_WAIT=0 $S8; wtree 220 early8 . STREAM_EARLY_WAIT=1 $S8
+    wtree 220 base0 . STREAM_EARLY_WAIT=0 $S0; wtree 220 early0 . STREAM_EARLY_WAIT=1 $S0
+    for m in "llama-3.2-1b 8" "smollm2-135m 3"; do set -- $m
+        (timeout 150 env STREAM_EARLY_WAIT=0 python3 scripts/logits_dump.py "$W/dump/base-$1.pt" --model $1 --batch $2 \
+            >"$W/dump/base-$1.log" 2>&1
+         timeout 120 env STREAM_EARLY_WAIT=1 python3 scripts/logits_dump.py "$W/dump/early-$1.pt" --model $1 --batch $2 \
+            >"$W/dump/early-$1.log" 2>&1) &
+    done
+    wait
+    checked 6
+    for m in llama-3.2-1b smollm2-135m; do
+        python3 scripts/logits_dump.py --compare "$W/dump/base-$m.pt" "$W/dump/early-$m.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+        log "bitwise $m: rc=${PIPESTATUS[0]}"; done
+    rm -f "$W"/dump/*.pt
+    ttree 35 base-1b . STREAM_EARLY_WAIT=0 $S1
+    ttree 35 early-1b . STREAM_EARLY_WAIT=1 $S1
+    ttree 45 base-8b . STREAM_EARLY_WAIT=0 $S8
+    ttree 45 early-8b . STREAM_EARLY_WAIT=1 $S8
+    ttree 20 base-smol . STREAM_EARLY_WAIT=0 $S0
+    ttree 20 early-smol . STREAM_EARLY_WAIT=1 $S0
+    ttree 35 base2-1b . STREAM_EARLY_WAIT=0 $S1
+    step 60 profile-1b-1 env STREAM_EARLY_WAIT=1 python3 scripts/stream_profile.py --out "$W/profile" \
+        --model llama-3.2-1b --batch 1
+    step 60 profile-1b-8 env STREAM_EARLY_WAIT=1 python3 scripts/stream_profile.py --out "$W/profile" \
+        --model llama-3.2-1b --batch 8
+    ;;
 210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own
     # process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8: the events order
