@@ -132,6 +132,24 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+215) # session 21 (~3 min): the tensor-core attention's first K/V block during the spin, Llama-3.2-1B only, each its own
+    # process: loaded before it (STREAM_EARLY_WAIT=1), after it (2: nothing in flight during the spin, a measurement),
+    # prefetched into L2 before it and loaded after it (3), against main (0, timed first and last); a bitwise
+    # logits_dump A/B of 3 against 0 beside the warm-ups; the batch-1 profiles of 2 and 3
+    mkdir -p /tmp/warm "$W/dump"
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    for e in 0 1 2 3; do wtree 150 e$e . STREAM_EARLY_WAIT=$e $S1; done
+    (timeout 100 env STREAM_EARLY_WAIT=0 python3 scripts/logits_dump.py "$W/dump/e0.pt" >"$W/dump/e0.log" 2>&1
+     timeout 80 env STREAM_EARLY_WAIT=3 python3 scripts/logits_dump.py "$W/dump/e3.pt" >"$W/dump/e3.log" 2>&1) &
+    wait
+    checked 4
+    python3 scripts/logits_dump.py --compare "$W/dump/e0.pt" "$W/dump/e3.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    rm -f "$W"/dump/*.pt
+    for e in 0 1 2 3; do ttree 30 e$e-1b . STREAM_EARLY_WAIT=$e $S1; done
+    ttree 30 e0again-1b . STREAM_EARLY_WAIT=0 $S1
+    for e in 2 3; do step 45 profile-e$e env STREAM_EARLY_WAIT=$e python3 scripts/stream_profile.py \
+        --out "$W/profile-e$e" --model llama-3.2-1b --batch 1; done
+    ;;
 214) # session 21 (~5 min): a task's wait fields loaded with its record and attention's first K/V block loaded without
     # the positions (STREAM_EARLY_WAIT=1: the spin then waits on its own ld.acquire only) against main, the same tree,
     # each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8 and

@@ -48,7 +48,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
           NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, sub=None,
-          EARLY: gl.constexpr = False, wf=None):
+          EARLY: gl.constexpr = 0, wf=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).

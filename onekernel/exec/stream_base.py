@@ -178,6 +178,14 @@ def smem_addr(offset):
 
 
 @gluon.jit
+def prefetch_l2(p, m):
+    """``prefetch.global.L2`` of the line at each pointer of ``p`` where ``m``: no register waits for it, so no
+    later load (an ``ld.acquire`` spin) is held up behind it."""
+    gl.inline_asm_elementwise("{ .reg .pred q; setp.ne.b32 q, $2, 0; @q prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [p, m.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def record(err, code, t, a, b, c):
     """The first failure claims err[0] and writes err[0:5] = (code, task, a, b, c); per thread, barrier-free."""
     gl.inline_asm_elementwise(

@@ -192,7 +192,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      EARLY: gl.constexpr = False):
+                      EARLY: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
