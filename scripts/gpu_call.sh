@@ -32,6 +32,8 @@
 # git history (`git show 92b6352:scripts/gpu_call.sh`).
 # 200-209 (session 20: branch A/Bs, the final tables 201 + 202, the GGUF in three parts 204-206): in git history
 # (`git show 176829c:scripts/gpu_call.sh`); 211 + 212 + 213 replace them.
+# 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
+# spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
@@ -131,60 +133,6 @@ case "$1" in
     MK="graph,pdl,megakernel"
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
-    ;;
-215) # session 21 (~3 min): the tensor-core attention's first K/V block during the spin, Llama-3.2-1B only, each its own
-    # process: loaded before it (STREAM_EARLY_WAIT=1), after it (2: nothing in flight during the spin, a measurement),
-    # prefetched into L2 before it and loaded after it (3), against main (0); a bitwise
-    # logits_dump A/B of 3 against 0 beside the warm-ups; the batch-1 profiles of 2 and 3 (~3 min with the start:
-    # the end of session 21's budget)
-    mkdir -p /tmp/warm "$W/dump"
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    for e in 0 1 2 3; do wtree 150 e$e . STREAM_EARLY_WAIT=$e $S1; done
-    (timeout 100 env STREAM_EARLY_WAIT=0 python3 scripts/logits_dump.py "$W/dump/e0.pt" >"$W/dump/e0.log" 2>&1
-     timeout 80 env STREAM_EARLY_WAIT=3 python3 scripts/logits_dump.py "$W/dump/e3.pt" >"$W/dump/e3.log" 2>&1) &
-    wait
-    checked 4
-    python3 scripts/logits_dump.py --compare "$W/dump/e0.pt" "$W/dump/e3.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-    rm -f "$W"/dump/*.pt
-    for e in 0 1 2 3; do ttree 30 e$e-1b . STREAM_EARLY_WAIT=$e $S1; done
-    for e in 2 3; do step 45 profile-e$e env STREAM_EARLY_WAIT=$e python3 scripts/stream_profile.py \
-        --out "$W/profile-e$e" --model llama-3.2-1b --batch 1; done
-    ;;
-214) # session 21 (~5 min): a task's wait fields loaded with its record and attention's first K/V block loaded without
-    # the positions (STREAM_EARLY_WAIT=1: the spin then waits on its own ld.acquire only) against main, the same tree,
-    # each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8 and
-    # SmolLM2-135M batch 3: only loads move); then the timings (main first and last on 1B) and the 1B profiles with it.
-    # At most two 8B processes at once
-    mkdir -p /tmp/warm "$W/dump"
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8,16"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
-    wtree 220 base1 . STREAM_EARLY_WAIT=0 $S1; wtree 220 early1 . STREAM_EARLY_WAIT=1 $S1
-    wtree 220 base8 . STREAM_EARLY_WAIT=0 $S8; wtree 220 early8 . STREAM_EARLY_WAIT=1 $S8
-    wtree 220 base0 . STREAM_EARLY_WAIT=0 $S0; wtree 220 early0 . STREAM_EARLY_WAIT=1 $S0
-    for m in "llama-3.2-1b 8" "smollm2-135m 3"; do set -- $m
-        (timeout 150 env STREAM_EARLY_WAIT=0 python3 scripts/logits_dump.py "$W/dump/base-$1.pt" --model $1 --batch $2 \
-            >"$W/dump/base-$1.log" 2>&1
-         timeout 120 env STREAM_EARLY_WAIT=1 python3 scripts/logits_dump.py "$W/dump/early-$1.pt" --model $1 --batch $2 \
-            >"$W/dump/early-$1.log" 2>&1) &
-    done
-    wait
-    checked 6
-    for m in llama-3.2-1b smollm2-135m; do
-        python3 scripts/logits_dump.py --compare "$W/dump/base-$m.pt" "$W/dump/early-$m.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-        log "bitwise $m: rc=${PIPESTATUS[0]}"; done
-    rm -f "$W"/dump/*.pt
-    ttree 35 base-1b . STREAM_EARLY_WAIT=0 $S1
-    ttree 35 early-1b . STREAM_EARLY_WAIT=1 $S1
-    ttree 45 base-8b . STREAM_EARLY_WAIT=0 $S8
-    ttree 45 early-8b . STREAM_EARLY_WAIT=1 $S8
-    ttree 20 base-smol . STREAM_EARLY_WAIT=0 $S0
-    ttree 20 early-smol . STREAM_EARLY_WAIT=1 $S0
-    ttree 35 base2-1b . STREAM_EARLY_WAIT=0 $S1
-    step 60 profile-1b-1 env STREAM_EARLY_WAIT=1 python3 scripts/stream_profile.py --out "$W/profile" \
-        --model llama-3.2-1b --batch 1
-    step 60 profile-1b-8 env STREAM_EARLY_WAIT=1 python3 scripts/stream_profile.py --out "$W/profile" \
-        --model llama-3.2-1b --batch 8
     ;;
 210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own

@@ -57,19 +57,6 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
         assert rec["SLOTS"] == 9, rec
 
 
-@pytest.mark.parametrize("model,batch", [("llama-3.2-1b", 16), ("smollm2-135m", 1)])
-def test_early_wait_kernel_compiles_for_sm90(model, batch):
-    """STREAM_EARLY_WAIT=1 (stream_plan.EARLY_WAIT: the wait fields and a GEMV task's argument loads issued with its
-    record, their pointer arithmetic after the spin, attention's first K/V block loaded without the positions)
-    compiles for sm_90a within the spill bound on both attention bodies (Llama-3.2-1B batch 16: the tensor-core
-    attention and the cp.async activation tiles, whose 16-byte copies need K's multiple-of-8 hint to survive the
-    move; SmolLM2-135M: the CUDA-core attention), with the same tensor-core work as the default kernel."""
-    rec = _check(model, batch, "mma", STREAM_EARLY_WAIT="1")
-    assert rec["EARLY"] == 1 and rec["spill_bytes"] <= 32 and rec["smem"] <= 232448, rec
-    assert rec["compiles"] == 1 and rec["mma_sync"] > 0, rec
-    assert (rec["cp_async_16"] > 0) == (batch > 8), rec
-
-
 def test_profile_kernel_compiles_for_sm90():
     """The profiling build (``profile=True``: task stamps, and inside each tensor-core GEMV task the staging, ring
     wait and epilogue times, stream_mma.gemv_mma) compiles for sm_90a within the spill bound, on Llama-3.2-1B

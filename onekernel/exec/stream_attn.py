@@ -9,7 +9,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_NU, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps, wait_on
+from onekernel.exec.stream_base import F_NU, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps
 
 
 @gluon.jit
@@ -47,8 +47,7 @@ def attn_args(rec, a, base_t, base_f, base_i, HKV: gl.constexpr, NSPLIT: gl.cons
 def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE: gl.constexpr,
           WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, BN: gl.constexpr, SM_SCALE: gl.constexpr,
-          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, sub=None,
-          EARLY: gl.constexpr = 0, wf=None):
+          NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, sub=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA), tile (b, kv head g,
     split s) for the R = Hq/Hkv query heads of g (ops/attention.py: O_s = sum_j exp(x_j - lse_s) v_j,
     lse_s = log sum_j exp(x_j), x_j = scale q.k_j; empty split: 0, -inf).
@@ -69,11 +68,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
 
     PROFILE: ``sub`` (int64 [4], the task's row of the runner's ``prof_sub``) = ns from the dependencies'
     satisfaction to the loop (the patch and q loads), ns in the block loop without the warp merges, ns in the warp
-    merges (_attn_merge_warps), ns arriving and merging (FOLD) + blocks << 32.
-
-    EARLY (``wf`` = stream_base.wait_fields of the record): block 0's rows are loaded before the positions arrive and
-    the spin starts without a record load (stream_base.wait_on); the rows past the tile's end are zeroed after the
-    wait, so the values are the same."""
+    merges (_attn_merge_warps), ns arriving and merging (FOLD) + blocks << 32."""
     R: gl.constexpr = HQ // HKV
     SW: gl.constexpr = SPLIT // 4           # positions per warp and tile
     NB: gl.constexpr = SW // BN             # BN-blocks per warp and tile
@@ -96,26 +91,15 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     qk_scale = SM_SCALE * 1.4426950408889634
     # block 0 of tile u0 before the wait: the old rows only
     b, g, s = _tile_coords(u0, HKV, NSPLIT)
-    if EARLY:  # every row < S, before the positions arrive; the rows past the end are zeroed after the wait
-        rows = s * SPLIT + wk + nk
-        k_c = gl.load(kc + (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + dk, mask=rows < S, other=0.0,
-                      cache_modifier=".cg")
-        v_c = gl.load(vc + (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + dk, mask=rows < S, other=0.0,
-                      cache_modifier=".cg")
-        wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     pos = _pick(posv, jv, 0)
     end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
     kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
     rows = s * SPLIT + wk + nk
     ptr = rows * HD + dk
     old = (rows < end) & (rows != pos)
-    if EARLY:
-        k_c = gl.where(old, k_c, 0.0)
-        v_c = gl.where(old, v_c, 0.0)
-    else:
-        k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
-        v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
-        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+    k_c = gl.load(kc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
+    v_c = gl.load(vc + kv_off + ptr, mask=old, other=0.0, cache_modifier=".cg")
+    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     if PROFILE:
         t_r = now()
     cur = (rows == pos) & (rows < end)

@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from onekernel.exec.stream_attn import _arrive_and_merge, _pick, _tile_coords, attn_args, merge_warp_states
-from onekernel.exec.stream_base import barrier, now, prefetch_l2, smem_addr, view, wait_deps, wait_on
+from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_mma import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
@@ -96,20 +96,6 @@ def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.con
 
 
 @gluon.jit
-def _first_rows(u0, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-                NSPLIT: gl.constexpr):
-    """(positions [4, 16, 1], head-dim index [1, 1, HD], element offsets [4, 16, HD] into the K / V cache) of the
-    run's first block, warp w's 16 positions of tile u0 (layout _load_layout)."""
-    CL: gl.constexpr = _load_layout(HD)
-    b, g, s = _tile_coords(u0, HKV, NSPLIT)
-    w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))[:, None, None]
-    n = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))[None, :, None]
-    d = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))[None, None, :]
-    rows = s * SPLIT + w * (SPLIT // 4) + n
-    return rows, d, (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + d
-
-
-@gluon.jit
 def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr,
                  S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr):
     """(K, V [4, 16, HD], this step's row mask) of the run's first block (warp w: its 16 positions of tile u0): the
@@ -126,38 +112,6 @@ def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.conste
     live = (rows < end) & (nu > 0) & (cur == cur_row)
     return (gl.load(kc + off, mask=live, other=0.0, cache_modifier=".cg"),
             gl.load(vc + off, mask=live, other=0.0, cache_modifier=".cg"), cur)
-
-
-@gluon.jit
-def _first_block_any(kc, vc, u0, nu, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-                     NSPLIT: gl.constexpr):
-    """(K, V [4, 16, HD]) of the run's first block as _first_block lays it out, every row < S loaded: no position is
-    needed, so the loads issue before the positions arrive (EARLY). After the wait the rows past the tile's end are
-    zeroed (_first_live) and this step's row patched, which gives _first_block's values."""
-    rows, d, off = _first_rows(u0, HKV, HD, S, SPLIT, NSPLIT)
-    m = (rows < S) & (nu > 0) & (d < HD)
-    return (gl.load(kc + off, mask=m, other=0.0, cache_modifier=".cg"),
-            gl.load(vc + off, mask=m, other=0.0, cache_modifier=".cg"))
-
-
-@gluon.jit
-def _first_block_l2(kc, vc, u0, nu, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-                    NSPLIT: gl.constexpr):
-    """The run's first block's K and V rows (< S) prefetched into L2, one ``prefetch.global.L2`` per 128-byte line
-    (EARLY 3: nothing in flight in registers during the spin; the loads after it hit L2)."""
-    rows, d, off = _first_rows(u0, HKV, HD, S, SPLIT, NSPLIT)
-    m = (rows < S) & (nu > 0) & (d % 64 == 0)
-    prefetch_l2(kc + off, m)
-    prefetch_l2(vc + off, m)
-
-
-@gluon.jit
-def _first_live(u0, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-                NSPLIT: gl.constexpr):
-    """The rows of the run's first block before its tile's end ([4, 16, HD], _first_block's layout)."""
-    rows, d, off = _first_rows(u0, HKV, HD, S, SPLIT, NSPLIT)
-    b, g, s, end = _tile_end(u0, 0, posv, jv, HKV, S, SPLIT, NSPLIT)
-    return (rows < end) & (d < HD)
 
 
 @gluon.jit
@@ -240,17 +194,14 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
                  WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
                  SPLIT: gl.constexpr, NSPLIT: gl.constexpr, RP: gl.constexpr, SM_SCALE: gl.constexpr,
                  NTA: gl.constexpr, FOLD: gl.constexpr, NSP2: gl.constexpr, NGP: gl.constexpr, NBUF: gl.constexpr,
-                 B: gl.constexpr, XOFF: gl.constexpr, sub=None, EARLY: gl.constexpr = 0, wf=None):
+                 B: gl.constexpr, XOFF: gl.constexpr, sub=None):
     """Split-KV partials of the run of tiles [u0, u0 + nu) (record F_U0 / F_NU; at most NTA) on the tensor cores
     (module doc), then, with FOLD, the run's arrival and the last arrival's merge (stream_attn._arrive_and_merge).
     ``xbuf``: the staged activation tile [4, 16, CK/4] (32 * CK bytes), viewed as K/V [2 NBUF, 4, 16, HD], zeroed
     again at the end where the batch pads operand A (B < 16); ``accbuf``: the partial-sum buffer, the warp merge's
     scratch. PROFILE: ``sub`` as attn_task's (ns to the loop, ns in the loop without the warp merges, ns in them, ns
     arriving and merging + blocks << 32), and above bit 32 of the second and third: ns waiting on the K/V copies, ns
-    from each wait's end to P (operand loads, the next copies' issue, S, softmax: issue times, not completion).
-    EARLY (``wf`` = stream_base.wait_fields of the record): the spin starts without a record load
-    (stream_base.wait_on) and the first block's rows are loaded without the positions (_first_block_any): before the
-    spin (1), after it (2: a measurement), or after it with an L2 prefetch before it (3); the same values."""
+    from each wait's end to P (operand loads, the next copies' issue, S, softmax: issue times, not completion)."""
     R: gl.constexpr = HQ // HKV
     NB: gl.constexpr = SPLIT // 4 // BLK
     dt: gl.constexpr = xbuf.dtype
@@ -274,26 +225,11 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     cs = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
     # block 0 before the wait: its old rows (every row but seq_lens[b], which this step's qkv task writes)
-    if EARLY == 1:  # every row of it, before the positions arrive; the wait fields were loaded with the record
-        k0, v0 = _first_block_any(kc, vc, u0, nu, HKV, HD, S, SPLIT, NSPLIT)
-        wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    elif EARLY == 2:  # measurement: no K/V load in flight during the spin, the first block loaded after it
-        wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-        k0, v0 = _first_block_any(kc, vc, u0, nu, HKV, HD, S, SPLIT, NSPLIT)
-    elif EARLY == 3:  # the first block prefetched into L2 before the spin, loaded after it
-        _first_block_l2(kc, vc, u0, nu, HKV, HD, S, SPLIT, NSPLIT)
-        wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-        k0, v0 = _first_block_any(kc, vc, u0, nu, HKV, HD, S, SPLIT, NSPLIT)
-    else:
-        k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
-        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+    k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
+    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     if PROFILE:
         t_r = now()
     k1, v1, cur = _first_block(kc, vc, u0, nu, posv, jv, True, HKV, HD, S, SPLIT, NSPLIT)
-    if EARLY:  # the rows past the tile's end to 0, as _first_block's masked loads give them
-        live = _first_live(u0, posv, jv, HKV, HD, S, SPLIT, NSPLIT)
-        k0 = gl.where(live, k0, 0.0)
-        v0 = gl.where(live, v0, 0.0)
     k0 = gl.where(cur, k1, k0)
     v0 = gl.where(cur, v1, v0)
     q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)

@@ -178,14 +178,6 @@ def smem_addr(offset):
 
 
 @gluon.jit
-def prefetch_l2(p, m):
-    """``prefetch.global.L2`` of the line at each pointer of ``p`` where ``m``: no register waits for it, so no
-    later load (an ``ld.acquire`` spin) is held up behind it."""
-    gl.inline_asm_elementwise("{ .reg .pred q; setp.ne.b32 q, $2, 0; @q prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                              "=r,l,r", [p, m.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def record(err, code, t, a, b, c):
     """The first failure claims err[0] and writes err[0:5] = (code, task, a, b, c); per thread, barrier-free."""
     gl.inline_asm_elementwise(
@@ -326,32 +318,6 @@ def warp_release(addr, ok):
 
 
 @gluon.jit
-def _wait_list(wl, j0, j1, ev_cnt, err, epoch, t, WAIT_NS: gl.constexpr):
-    """Spin on the wait-list entries wl[j0:j1] = (event, expected count per epoch), one after another."""
-    for j in range(j0, j1):
-        e = gl.load(wl + 2 * j)
-        spin(ev_cnt + e, gl.load(wl + 2 * j + 1) * epoch, err, t, e, WAIT_NS)
-
-
-@gluon.jit
-def wait_fields(rec):
-    """(first wait-list index, end, first event, its expected count per epoch) of the task at ``rec``: the record's
-    wait fields, loaded beside its other fields (one round trip) when the kernel's EARLY is on (wait_on)."""
-    return gl.load(rec + F_WB), gl.load(rec + F_WE), gl.load(rec + F_EV0), gl.load(rec + F_EX0)
-
-
-@gluon.jit
-def wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr, WAIT_NS: gl.constexpr):
-    """wait_deps with the record's wait fields already loaded (``wf`` = wait_fields(rec)): the first spin needs no
-    record load after the task's setup, only its own ``ld.acquire``."""
-    if wf[1] > wf[0]:
-        spin(ev_cnt + wf[2], wf[3] * epoch, err, t, wf[2], WAIT_NS)
-        _wait_list(wl, wf[0] + 1, wf[1], ev_cnt, err, epoch, t, WAIT_NS)
-    if PROFILE:
-        gl.store(prof + t * 4 + 1, now())
-
-
-@gluon.jit
 def wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr, WAIT_NS: gl.constexpr):
     """Spin on every event the task at ``rec`` waits for (the first from the record, the rest from ``wl``);
     with PROFILE, stamp the time the last one was satisfied."""
@@ -360,7 +326,9 @@ def wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE: gl.constexpr, WAIT_
     if we > wb:
         e0 = gl.load(rec + F_EV0)
         spin(ev_cnt + e0, gl.load(rec + F_EX0) * epoch, err, t, e0, WAIT_NS)
-        _wait_list(wl, wb + 1, we, ev_cnt, err, epoch, t, WAIT_NS)
+        for j in range(wb + 1, we):
+            e = gl.load(wl + 2 * j)
+            spin(ev_cnt + e, gl.load(wl + 2 * j + 1) * epoch, err, t, e, WAIT_NS)
     if PROFILE:
         gl.store(prof + t * 4 + 1, now())
 

@@ -35,9 +35,8 @@ from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_attn_tc import attn_task_tc
 from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
                                         K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, mma_async_a, mma_shared_layouts,
-                                        now, record, smem_addr, tma_load, view, wait_bounded, wait_deps, wait_fields,
-                                        wait_on, wait_remote)
-from onekernel.exec.stream_epilogue import gemv_fields, gemv_ptrs, gemv_task
+                                        now, record, smem_addr, tma_load, view, wait_bounded, wait_deps, wait_remote)
+from onekernel.exec.stream_epilogue import gemv_task
 from onekernel.exec.stream_fma import gemv_fma
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
@@ -78,7 +77,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, EARLY: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -111,34 +110,22 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         t = gl.load(rec + F_TASK)
         if PROFILE:
             gl.store(prof + t * 4, now())
-        wf = (0, 0, 0, 0)
-        if EARLY:  # the wait fields with the record's others: the spin then waits on no record load (wait_on)
-            wf = wait_fields(rec)
         a = argtab + gl.load(rec + F_OP) * MAXA
         if MMA:  # the task's signal, a GEMV task's fields and operand addresses (the records and the argument
             # table are written before the step): loaded for every task before its wait, in registers when it ends
             # (the CUDA-core body's registers do not hold them: SmolLM2 batch 3 spilled 28 B)
             sig = gl.load(rec + F_SIGNAL)
-            if EARLY:  # the loads now, the pointers after the wait (gemv_ptrs): the spin waits on no field
-                gf = gemv_fields(rec, a)
-            else:
-                gt = gemv_task(rec, a, base_t, True)
+            gt = gemv_task(rec, a, base_t, True)
         if kind == K_ATTN:  # it loads the old KV rows before it waits
             if ATTN_TC > 0:  # on the tensor cores (stream_attn_tc; K/V in xbuf, the warp merge in accbuf)
                 attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, xbuf, accbuf, PROFILE,
                              WAIT_NS, HQ, HKV, HD, S, SPLIT, NSPLIT, RP, SM_SCALE, NTA, FOLD, NSP2, NGP, ATTN_TC, B,
-                             SLOTS * CK * RG * 2, prof + (n_prof + t) * 4, EARLY, wf)
+                             SLOTS * CK * RG * 2, prof + (n_prof + t) * 4)
             else:
                 attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ,
-                          HKV, HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4,
-                          EARLY, wf)
-        elif EARLY:
-            wait_on(wf, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+                          HKV, HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-        if MMA:
-            if EARLY:
-                gt = gemv_ptrs(gf, base_t)
         if TP:
             if kind == K_ALLREDUCE:  # the peers' producers of its rows (after the local ones)
                 wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS)
@@ -191,8 +178,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
-                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      EARLY: gl.constexpr = 0):
+                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
     [chunks * 32, 256] (box [32, 256] = one 16 KB chunk); worker w streams chunks chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
@@ -219,12 +205,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
     once (``griddepcontrol.launch_dependents``), so its loader streams weights while the previous kernel's last
     tasks run; the dependency waits on the event counters order the tasks as in the megakernel; the FIRST kernel
     of a step waits for the previous step to complete before reading the epoch, and every kernel waits for its
-    predecessor before it exits (the step's kernels complete in order).
-
-    EARLY (stream_plan.EARLY_WAIT; tensor-core steps): each task's wait fields come with its record's first load
-    (stream_base.wait_fields), a GEMV task's argument loads are issued before its spin and turned into pointers
-    after it (stream_epilogue.gemv_fields / gemv_ptrs), and attention loads its first K/V block without the
-    positions, so the spin's first ``ld.acquire`` waits for no other load; the values are the same."""
+    predecessor before it exits (the step's kernels complete in order)."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
     if PDL:  # a step's first kernel waits for the previous step's last (the epoch, the tokens); the next may launch
@@ -258,7 +239,7 @@ def stream_megakernel(w_desc, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_p
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, EARLY)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC)),
         (_loader, (w_desc, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

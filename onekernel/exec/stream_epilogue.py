@@ -95,21 +95,6 @@ def gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
 
 
 @gluon.jit
-def gemv_fields(rec, a):
-    """gemv_task's loads without its arithmetic: (task, first unit, units, K (a multiple of 8: the tensor-core
-    body's), k-chunks, N, x's and the norm weight's offsets in 16-byte units), so that a caller can issue them before its dependency spin and turn them
-    into gemv_task's tuple after it (gemv_ptrs) without waiting for them first."""
-    return (gl.load(rec + F_TASK), gl.load(rec + F_U0), gl.load(rec + F_NU), gl.multiple_of(gl.load(rec + F_K), 8),
-            gl.load(rec + F_NKB), gl.load(rec + F_N), gl.load(a), gl.load(a + 1))
-
-
-@gluon.jit
-def gemv_ptrs(f, base_t):
-    """gemv_task's tuple (ALIGN8) from gemv_fields' loads ``f``."""
-    return f[0], f[1], f[2], f[3], f[4], f[5], base_t + f[6] * 8, base_t + f[7] * 8
-
-
-@gluon.jit
 def qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr, live=True):
     """A qkv_rope task's outputs and RoPE inputs: (q, k cache, v cache, each row's position [BP], inv_freq);
     the positions are loaded only where ``live`` (a caller that has not branched on the task's kind yet)."""

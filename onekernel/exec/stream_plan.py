@@ -67,10 +67,6 @@ MIN_SLOTS = 4
 # SmolLM2-135M 0.614 / 0.748 against 0.612 / 0.746. STREAM_OP_EVENTS=0 keeps tile events (tensor parallel always
 # does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
-# STREAM_EARLY_WAIT=1 (tensor-core steps; off until measured on the H200, scripts/gpu_call.sh 214): a task's wait fields
-# are loaded with its record's other fields and attention's first K/V block without the positions, so after a task's
-# setup the spin waits on its own ld.acquire only (stream_base.wait_on). The same values: only loads move.
-EARLY_WAIT = int(os.environ.get("STREAM_EARLY_WAIT", "0"))  # 2, 3: the tensor-core attention's variants (attn_task_tc)
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -350,7 +346,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
                   FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
-                  EARLY=EARLY_WAIT if mma else 0,
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
