@@ -71,6 +71,51 @@ def _check_against_reference(mode, name, batch, seed, **options):
         cache.seq_lens += 1
 
 
+def test_counters_rewind_between_steps(monkeypatch, seed):
+    """Every REWIND_EVERY steps the megakernel runner puts its event counters and done counter back to 0 and its
+    epoch to 1, between two steps (so no wait target, expected count x epoch in int32, can wrap: after 16.3M steps
+    at 132 producers a wait would pass at once), and every step, before and after a rewind, still matches the
+    reference: five steps with a rewind after every second one (the device bumps the epoch once per step)."""
+    from onekernel.exec import persistent
+    monkeypatch.setattr(persistent, "REWIND_EVERY", 2)
+    model, cache, g = _setup("tiny", 2, seed)
+    snap = (cache.k.clone(), cache.v.clone(), cache.seq_lens.clone())
+    tokens = torch.randint(0, model.config.vocab_size, (5, 2), generator=g, dtype=torch.int32)
+    ref = ReferenceRunner(model, cache)
+    want = []
+    for t in tokens:
+        lg, nt = ref.step(t)
+        want.append((lg.clone(), nt.clone()))
+        cache.seq_lens += 1
+    cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.seq_lens.copy_(snap[2])
+    r = make_step_runner("megakernel", model, cache, interpret=True)
+    for i, (t, (lg_w, nt_w)) in enumerate(zip(tokens, want), start=1):
+        _poison(r)
+        lg, nt = r.step(t)
+        r.check()
+        torch.testing.assert_close(lg, lg_w, rtol=1e-4, atol=1e-4)
+        assert torch.equal(nt, nt_w)
+        rewound = i % 2 == 0
+        assert r.epoch.item() == (1 if rewound else 1 + i % 2), (i, r.epoch.item())
+        assert (int(r.ev_cnt.abs().sum()) == 0) == rewound and (r.done.item() == 0) == rewound, i
+        cache.seq_lens += 1
+
+
+def test_tensor_parallel_rank_does_not_rewind_alone():
+    """A tensor-parallel rank's peers read its counters: without a barrier over the ranks it refuses to rewind
+    them (RuntimeError) and leaves them as they were."""
+    from onekernel.exec.megakernel import MegakernelRunner
+    r = object.__new__(MegakernelRunner)
+    r.tp, r.ev_cnt, r.done, r.epoch = True, torch.full((3,), 7, dtype=torch.int32), torch.ones(1), torch.full((1,), 5)
+    with pytest.raises(RuntimeError, match="barrier over the ranks"):
+        r.rewind()
+    assert r.ev_cnt.tolist() == [7, 7, 7] and r.epoch.item() == 5
+    calls = []
+    r._rank_barrier = lambda: calls.append(r.epoch.item())
+    r.rewind()
+    assert calls == [5, 1] and r.ev_cnt.tolist() == [0, 0, 0] and r.epoch.item() == 1 and r.done.item() == 0
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused-merge", "separate-merge"])
 @pytest.mark.parametrize("mode", ["eager", "megakernel"])
 def test_fuse_merge_matches_reference(mode, fuse, twin_caches, seed):

@@ -236,6 +236,13 @@ class TPMegakernelRunner(TPRankRunner):
                                            **{k: v for k, v in options.items() if k not in GLUON_ONLY})
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # counters zeroed, partials poisoned before any peer can launch
+
+        def rank_barrier() -> None:  # PersistentRunner.rewind: every rank's step done, then every rank's rewind
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            group._gather(torch.zeros(1, dtype=torch.int64, device=dev))
+
+        self.runner._rank_barrier = rank_barrier
         fp = torch.tensor([self.runner.fingerprint()], dtype=torch.int64, device=dev)
         every = [int(x) for x in group._gather(fp)]
         if len(set(every)) != 1:

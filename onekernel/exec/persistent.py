@@ -13,6 +13,11 @@ from onekernel.exec import mk_device
 from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 
 RSLOT = int(mk_device.ERR_RSLOT)  # the error word's remote slot (TP > 1)
+# The event counters only grow: a wait on (event, n) spins until count >= n * epoch, compared as int32, and the done
+# counter reaches n_workers * epoch. At n = 132 producers (every plan today) n * epoch passes 2^31 after 16.3M steps
+# (2.8 h of SmolLM2-135M decoding), and from there a wait would pass at once. Every REWIND_EVERY steps the runner
+# puts the counters, the done counter and the epoch back to their initial values between two steps.
+REWIND_EVERY = 1 << 20
 
 
 def peer_counters(counters, rank: int, n_events: int, dev, peers=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +108,28 @@ class PersistentRunner(StepRunner):
         self._steps += 1
         if self.check_every and self._steps % self.check_every == 0:
             self.check()
+        if self._steps % REWIND_EVERY == 0:
+            self.rewind()
+
+    _rank_barrier = None  # TP: a callable every rank of the group joins (dist.tp_megakernel sets it)
+
+    def rewind(self) -> None:
+        """Event counters and the done counter to 0, the epoch to 1, between the last queued step and the next,
+        in stream order (a CUDA graph reads them from memory at each replay, so it stays valid); ``_run`` calls it
+        every REWIND_EVERY steps so that no wait target (expected count x epoch, int32) wraps. Tensor parallel
+        (``self.tp``): the peers read this rank's counters, so every rank first finishes its step and only then
+        rewinds, and no rank starts the next step before all have (``_rank_barrier`` before and after; RuntimeError
+        without one)."""
+        if getattr(self, "tp", False):
+            if self._rank_barrier is None:
+                raise RuntimeError("a tensor-parallel megakernel rank cannot rewind its event counters without a "
+                                   "barrier over the ranks (dist.tp_megakernel.TPMegakernelRunner sets one)")
+            self._rank_barrier()
+        self.ev_cnt.zero_()
+        self.done.zero_()
+        self.epoch.fill_(1)
+        if getattr(self, "tp", False):
+            self._rank_barrier()
 
     def _launch_and_after(self) -> None:
         self.launch()
