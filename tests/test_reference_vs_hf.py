@@ -110,7 +110,9 @@ def test_bf16_greedy_tokens_match_hf():
     """In bf16 the reference follows HF's casts (fp32 RMSNorm then cast, fp32 RoPE tables cast to bf16).
     oneDNN off: on a CPU with AMX-BF16 its bf16 matmuls sum in another order for HF's shapes than for ours,
     which moves near-tie tokens (seen on a Sapphire Rapids machine); ATen's own bf16 kernels sum the same way
-    for both."""
+    for both. Where the texts differ, the first difference must be a tie within bf16 rounding (HF's two best logits
+    one bf16 step apart, ours HF's second): on an AVX512-BF16 machine (session 21) HF's 11.375 / 11.3125 at token 2
+    went the other way in ours, whose bits no longer depend on the cache's capacity (reference.KEY_BLOCK)."""
     with torch.backends.mkldnn.flags(enabled=False):
         _bf16_greedy_tokens_match_hf()
 
@@ -125,6 +127,17 @@ def _bf16_greedy_tokens_match_hf():
     ids = ours.tokenizer.chat(PROMPTS[1])
     x = torch.tensor([ids])
     with torch.no_grad():
-        want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
-                           eos_token_id=eos, pad_token_id=eos[0])[0, len(ids):].tolist()
-    assert generate(ours, [ids], max_new_tokens=16).sequences[0].generated_ids == want
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                          eos_token_id=eos, pad_token_id=eos[0], output_scores=True, return_dict_in_generate=True)
+    want = out.sequences[0, len(ids):].tolist()
+    got = generate(ours, [ids], max_new_tokens=16).sequences[0].generated_ids
+    j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if j is None:
+        assert got == want
+        return
+    # the first difference must be a tie within bf16 rounding: HF's two best logits one bf16 step apart (or less),
+    # and ours took HF's second (both argmaxes are right to the logits' precision; the texts then differ)
+    top = out.scores[j][0].float().topk(2)
+    ulp = 2.0 ** (torch.floor(torch.log2(top.values[0].abs())) - 7)
+    assert (top.values[0] - top.values[1]) <= ulp and got[j] == int(top.indices[1]) and want[j] == int(top.indices[0]), \
+        (j, got, want, top)

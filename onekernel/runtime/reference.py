@@ -70,6 +70,13 @@ def _qkv(cfg, w: dict, i: int, h: torch.Tensor, cos, sin):
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
+def _keys(kv: torch.Tensor, S: int) -> torch.Tensor:
+    """The first S positions of one layer's K or V cache [B, Hkv, cap, hd]; past the cache's capacity, zero rows
+    (masked, so they add exact zeros): attention over a whole KEY_BLOCK whatever the cache's capacity."""
+    cap = kv.shape[2]
+    return kv[:, :, :S] if S <= cap else F.pad(kv, (0, 0, 0, S - cap))
+
+
 def _attend(cfg, q, k, v, mask) -> torch.Tensor:
     """SDPA with GQA by repeat_interleave of the KV heads on a GPU; on the CPU by SDPA's own ``enable_gqa`` (the
     same bits, without copying the cache: 12x faster at 2048 keys). mask: bool, True = may attend.
@@ -158,7 +165,10 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
         tp: None, or a tensor-parallel rank's collectives (module docstring); then ``cfg``, ``w`` and the cache
             are the rank's shard.
         keys: None (static: all S positions), or attend over the first ``keys`` positions only (a host int
-            > every seq_lens[b]; ``ReferenceRunner`` passes a multiple of KEY_BLOCK on the CPU).
+            > every seq_lens[b]; ``ReferenceRunner`` passes a multiple of KEY_BLOCK on the CPU, zero rows past the
+            cache's capacity, so that a sequence's bits do not depend on the capacity: a 53-position cache's
+            attention rounded otherwise than a 39-position one's, and SmolLM2-135M's greedy tokens in bf16 changed
+            with max_new_tokens at a one-ulp tie).
     Returns:
         logits float32 [B, V] (with ``tp``: the rank's vocabulary range). Writes K/V at position seq_lens[b]
         and attends over the first S (or ``keys``) positions with a device-side mask (keys 0..seq_lens[b]). Does NOT increment
@@ -180,7 +190,7 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
         # then updates the cache in place; through a view it copied the whole cache every step
         k_all[layer_idx[i], bidx, :, pos] = k[:, :, 0]
         v_all[layer_idx[i], bidx, :, pos] = v[:, :, 0]
-        o = _attend(cfg, q, k_all[i, :, :, :S], v_all[i, :, :, :S], mask)
+        o = _attend(cfg, q, _keys(k_all[i], S), _keys(v_all[i], S), mask)
         x = x + _reduce(tp, F.linear(o, w[f"layers.{i}.wo"]))
         x = x + _reduce(tp, _mlp(w, i, rms_norm(x, w[f"layers.{i}.ffn_norm"], cfg.norm_eps)))
     return F.linear(rms_norm(x[:, 0], w["norm"], cfg.norm_eps), w["lm_head"]).float()
@@ -209,7 +219,7 @@ class ReferenceRunner:
         longest = int(c.seq_lens.max())
         if longest >= c.max_seq_len:
             raise InputError(f"decode past the end of the KV cache ({c.max_seq_len} positions)")
-        keys = None if c.k.is_cuda else min(c.max_seq_len, -(-(longest + 1) // KEY_BLOCK) * KEY_BLOCK)
+        keys = None if c.k.is_cuda else -(-(longest + 1) // KEY_BLOCK) * KEY_BLOCK  # past the cache: zero rows
         logits = decode_one_token(self.model.config, self.model.weights, c.k, c.v, c.seq_lens, tokens,
                                   self.inv_freq, keys=keys)
         return logits, logits.argmax(dim=-1).to(torch.int32)
