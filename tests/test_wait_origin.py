@@ -59,10 +59,25 @@ def test_the_wait_the_step_stopped_at_comes_first():
 
 
 def test_the_first_wait_to_give_up_when_it_is_where_the_step_stopped():
-    gave_up = {2: (0, 1, 1 << 20), 5: (2, 0, 2)}  # task 5's producers (3, 4) did not give up: two origins
-    msg = _message(_runner(gave_up, first=5))
+    """Task 5 waits on event 2, which task 0 produces (it ran): task 5 stopped on its own, and so did task 2."""
+    gave_up = {2: (0, 1, 1 << 20), 5: (2, 0, 2)}
+    r = _runner(gave_up, first=5)
+    r.events = EventTable(signal=EVENTS.signal, waits=EVENTS.waits, expected=EVENTS.expected,
+                          producers=[[0], [1, 2], [0], [5]])
+    msg = _message(r)
     assert msg.startswith("megakernel: task 5 (attn_partial.2"), msg
     assert "consequences" not in msg
+
+
+def test_a_wait_downstream_of_one_that_gave_up_is_its_consequence():
+    """Session 21's fresh-user review (SmolLM2-135M, 132 workers): a worker that holds only attention tasks starts
+    waiting at the kernel's start, so an attention wait can give up first although it waits, through qkv_rope.2
+    (tasks 3, 4, on other workers, after no failed wait: released when task 2 gave up and ran, so no slot), on the
+    down.1 task that stopped the step. Neither its producers' slots nor the queues show it; the events do."""
+    gave_up = {2: (0, 1, 1 << 20), 5: (2, 0, 2)}
+    msg = _message(_runner(gave_up, first=5, queues=[[0, 1, 3], [2], [4], [5]]))
+    assert msg.startswith("megakernel: task 2 (down.1, op kind down, tile 0) waited on event 0"), msg
+    assert "1 other wait(s) gave up as its consequences, the first of them: task 5 (attn_partial.2" in msg, msg
 
 
 def test_a_producer_that_stopped_without_a_slot_is_held_up_by_its_queue():

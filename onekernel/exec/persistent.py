@@ -168,11 +168,37 @@ class PersistentRunner(StepRunner):
                     held.add(t)
         return held
 
+    def _downstream(self, gave_up: dict) -> set[int]:
+        """The tasks that wait, through the events, directly or not, on a task that gave up: their own failed waits
+        are consequences even when no producer of theirs was held up (a task that gave up still runs and signals,
+        so the tasks between it and them waited, were released and wrote no slot: SmolLM2-135M's attention-only
+        workers start waiting on attn_partial.3 at the kernel's start, as a forced attn_partial.2 does)."""
+        ev = self.events
+        consumers = [[] for _ in range(ev.n_events)]  # event -> the tasks waiting on it
+        for t, waits in enumerate(ev.waits):
+            for e in waits:
+                consumers[e].append(t)
+        signals = {}  # task -> the events it produces
+        for e, ps in enumerate(ev.producers):
+            for p in ps:
+                signals.setdefault(p, []).append(e)
+        down, todo = set(), [e for t in gave_up for e in signals.get(t, ())]
+        seen = set(todo)
+        while todo:
+            for t in consumers[todo.pop()]:
+                if t not in down:
+                    down.add(t)
+                    new = [e for e in signals.get(t, ()) if e not in seen]
+                    seen.update(new)
+                    todo += new
+        return down
+
     def _wait_origin(self, first: int, where, producers) -> str:
         """Where the step stopped when the first wait to give up (task ``first``) is not it: the streaming kernel's
         per-task slots (err[err_head:], stream_base.record_task) hold every local wait that gave up, and a wait is a
         consequence when a producer of its event was held up too (``_held_up``: it gave up, or it comes after a
-        task that did in its worker's queue). Returns a sentence naming the first wait (lowest task id) none of
+        task that did in its worker's queue) or when it waits, through the events, on a task that gave up
+        (``_downstream``). Returns a sentence naming the first wait (lowest task id) none of
         whose event's producers was held up when it is another task than ``first``; else ""."""
         if self.err.numel() <= self.err_head:
             return ""
@@ -180,8 +206,10 @@ class PersistentRunner(StepRunner):
         slots = tail[:tail.numel() // 3 * 3].view(-1, 3).tolist()
         gave_up = {t: (e - 1, seen, want) for t, (e, seen, want) in enumerate(slots) if e > 0}
         held = self._held_up(gave_up)
+        down = self._downstream(gave_up)
         roots = [t for t, (e, _, _) in gave_up.items()
-                 if 0 <= e < self.events.n_events and not any(p in held for p in self.events.producers[e])]
+                 if 0 <= e < self.events.n_events and not any(p in held for p in self.events.producers[e])
+                 and t not in down]
         if not roots or first in roots:
             return ""
         t = roots[0]
