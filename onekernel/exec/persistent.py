@@ -220,7 +220,7 @@ class PersistentRunner(StepRunner):
         if others:
             also += (f"; {len(others)} wait(s) on other events stopped on their own too (tasks "
                      f"{', '.join(str(r) for r in others[:3])}{'...' if len(others) > 3 else ''})")
-        return (f"{where(t)} waited on event {e} (producers: {producers(e)}...) and saw count {seen} < expected {want}, "
+        return (f"{where(t)} waited on event {e} (producers: {producers(e)}) and saw count {seen} < expected {want}, "
                 f"and no producer of that event was held up by a failed wait: the step stopped there{also}; "
                 f"{len(gave_up) - len(roots)} other wait(s) gave up as its consequences, the first of them: ")
 
@@ -237,20 +237,25 @@ class PersistentRunner(StepRunner):
                 return f"task {t} ({op.name}, op kind {op.kind.name}, tile {task.tile})"
             return "a worker's ring"
 
-        def producers(e: int) -> list[str]:
+        def producers(e: int) -> str:
+            """'48 tasks of gate_up.1' (each op of the event's producers, in order, with its count)."""
             if not 0 <= e < self.events.n_events:  # a corrupt error word: say so, do not index with it
-                return [f"unknown event: the plan has {self.events.n_events}"]
-            return [g.ops[g.tasks[p].op].name for p in self.events.producers[e][:3]]
+                return f"unknown event: the plan has {self.events.n_events}"
+            counts = {}
+            for p in self.events.producers[e]:
+                name = g.ops[g.tasks[p].op].name
+                counts[name] = counts.get(name, 0) + 1
+            return ", ".join(f"{k} task{'s' if k > 1 else ''} of {name}" for name, k in counts.items())
 
         code, t, a, b, c = err[:5]
         local = ""
         if code == 1:
-            local = (f"{where(t)} waited on event {a} (producers: {producers(a)}...) and saw count {b} < expected {c} "
+            local = (f"{where(t)} waited on event {a} (producers: {producers(a)}) and saw count {b} < expected {c} "
                      f"after {self.wait_limit}")
         if remote:  # the cause: reported first, the local wait that gave up (if any) as its consequence
             _, t, a, b, c, peer = err[RSLOT:RSLOT + 6]
             self._failed = (
-                f"megakernel: {where(t)} waited on event {a} (producers: {producers(a)}...) of peer rank {peer} and "
+                f"megakernel: {where(t)} waited on event {a} (producers: {producers(a)}) of peer rank {peer} and "
                 f"saw count {b} < expected {c} after {self.wait_limit}; rank {peer} did not run that part of its step "
                 f"(it failed, hung, was not launched, or ran another number of steps)")
             if local:
