@@ -6,6 +6,8 @@ every task in schedule order through the generated dispatch, events, epochs) onc
 with the attention merge fused into the O-projection and separate (several KV splits, empty ones included).
 The megakernel rejects an invalid schedule and turns an unsatisfiable wait into an error naming the task.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -99,6 +101,21 @@ def test_counters_rewind_between_steps(monkeypatch, seed):
         assert r.epoch.item() == (1 if rewound else 1 + i % 2), (i, r.epoch.item())
         assert (int(r.ev_cnt.abs().sum()) == 0) == rewound and (r.done.item() == 0) == rewound, i
         cache.seq_lens += 1
+
+
+def test_rewind_comes_before_any_target_wraps():
+    """The rewind interval follows the plan: REWIND_EVERY (2^20) steps where every event has at most 2,045
+    producers, fewer where one has more (the Triton megakernel's LM-head tiles, one argmax event: 2,374 on Qwen3,
+    whose target crossed 2^31 at step 904,585), so expected x epoch and n_workers x epoch stay below 2^31."""
+    from onekernel.exec import persistent
+    from onekernel.exec.megakernel import MegakernelRunner
+    for expected, workers in (([1, 132, 7], 132), ([2374, 3], 132), ([5], 4096), ([1 << 20], 8)):
+        r = object.__new__(MegakernelRunner)
+        r.events, r.n_workers = SimpleNamespace(expected=expected), workers
+        n = r._rewind_steps()
+        big = max(max(expected), workers)
+        assert 1 <= n <= persistent.REWIND_EVERY and big * (n + 1) < 2 ** 31, (expected, workers, n)
+        assert n == persistent.REWIND_EVERY or big * (n + 4) >= 2 ** 31 - 1, (expected, workers, n)
 
 
 def test_tensor_parallel_rank_does_not_rewind_alone():

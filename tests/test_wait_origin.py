@@ -113,6 +113,21 @@ def test_two_origins_are_both_named_and_not_counted_as_consequences():
            "wait(s) gave up as its consequences, the first of them: task 3 (qkv_rope.2" in msg, msg
 
 
+def test_a_wait_on_an_event_no_failure_feeds_stopped_on_its_own():
+    """A task downstream of a failed wait can still stop on its own, on another event (session 21's second review):
+    task 5 also waits on event 4, whose producer (task 6) ran and which no failed wait feeds, and gave up there."""
+    gave_up = {2: (0, 1, 1 << 20), 3: (1, 1, 2), 5: (4, 1, 2)}  # task 3 (a consequence of task 2) gave up first
+    r = _runner(gave_up, first=3, queues=[[0, 1, 3], [2], [4], [6, 5]])
+    r.events = EventTable(signal=EVENTS.signal + [4], waits=EVENTS.waits[:5] + [[2, 4], []],
+                          expected=EVENTS.expected + [2], producers=EVENTS.producers + [[6]])
+    r._graph.ops.append(SimpleNamespace(name="other", kind=SimpleNamespace(name="other")))
+    r._graph.tasks.append(SimpleNamespace(op=6, tile=0))
+    msg = _message(r)
+    assert msg.startswith("megakernel: task 2 (down.1"), msg
+    assert "1 wait(s) on other events stopped on their own too (tasks 5); 1 other wait(s) gave up as its " \
+           "consequences, the first of them: task 3 (qkv_rope.2" in msg, msg
+
+
 def test_a_corrupt_error_word_still_raises_the_timeout():
     """An event id outside the plan in the head, and slots that are not whole triples: a KernelTimeoutError that
     says so, never an IndexError or a reshape error."""

@@ -14,9 +14,12 @@ from onekernel.exec.base import StepRunner, cuda_graphs_enabled
 
 RSLOT = int(mk_device.ERR_RSLOT)  # the error word's remote slot (TP > 1)
 # The event counters only grow: a wait on (event, n) spins until count >= n * epoch, compared as int32, and the done
-# counter reaches n_workers * epoch. At n = 132 producers (every plan today) n * epoch passes 2^31 after 16.3M steps
-# (2.8 h of SmolLM2-135M decoding), and from there a wait would pass at once. Every REWIND_EVERY steps the runner
-# puts the counters, the done counter and the epoch back to their initial values between two steps.
+# counter reaches n_workers * epoch. When n * epoch crosses 2^31 the target is negative while the count is not, and
+# that step's wait passes at once: every 2^32 / n steps per event, the first after 16.3M steps at the streaming plans'
+# 132 producers (2.8 h of SmolLM2-135M decoding), after 904,585 at the Triton megakernel's 2,374 LM-head tiles of
+# Qwen3 (one argmax event). The runner puts the counters, the done counter and the epoch back to their initial
+# values between two steps every REWIND_EVERY steps, or sooner where an event's count or the grid needs it
+# (PersistentRunner._rewind_steps).
 REWIND_EVERY = 1 << 20
 
 
@@ -108,15 +111,23 @@ class PersistentRunner(StepRunner):
         self._steps += 1
         if self.check_every and self._steps % self.check_every == 0:
             self.check()
-        if self._steps % REWIND_EVERY == 0:
+        if self._steps % self._rewind_steps() == 0:
             self.rewind()
+
+    def _rewind_steps(self) -> int:
+        """Steps between two rewinds: REWIND_EVERY, or fewer so that no target (an event's expected count x epoch,
+        the done counter's n_workers x epoch) reaches 2^31 first. Computed once (the plan's events are fixed)."""
+        if getattr(self, "_rewind_n", None) is None:
+            big = max(max(self.events.expected, default=1), getattr(self, "n_workers", 1), 1)
+            self._rewind_n = max(1, min(REWIND_EVERY, (2 ** 31 - 1) // big - 2))
+        return self._rewind_n
 
     _rank_barrier = None  # TP: a callable every rank of the group joins (dist.tp_megakernel sets it)
 
     def rewind(self) -> None:
         """Event counters and the done counter to 0, the epoch to 1, between the last queued step and the next,
         in stream order (a CUDA graph reads them from memory at each replay, so it stays valid); ``_run`` calls it
-        every REWIND_EVERY steps so that no wait target (expected count x epoch, int32) wraps. Tensor parallel
+        every ``_rewind_steps()`` steps so that no wait target (expected count x epoch, int32) wraps. Tensor parallel
         (``self.tp``): the peers read this rank's counters, so every rank first finishes its step and only then
         rewinds, and no rank starts the next step before all have (``_rank_barrier`` before and after; RuntimeError
         without one)."""
@@ -169,35 +180,37 @@ class PersistentRunner(StepRunner):
         return held
 
     def _downstream(self, gave_up: dict) -> set[int]:
-        """The tasks that wait, through the events, directly or not, on a task that gave up: their own failed waits
-        are consequences even when no producer of theirs was held up (a task that gave up still runs and signals,
-        so the tasks between it and them waited, were released and wrote no slot: SmolLM2-135M's attention-only
-        workers start waiting on attn_partial.3 at the kernel's start, as a forced attn_partial.2 does)."""
+        """The events a task that gave up feeds, directly or through the tasks that wait on them: a failed wait on
+        one of them is a consequence even when no producer of its event was held up (a task that gave up still runs
+        and signals, so the tasks between it and the wait were released without a slot of their own: SmolLM2-135M's
+        attention-only workers start waiting on attn_partial.3 at the kernel's start, as a forced attn_partial.2
+        does). A wait that gave up on another event stopped on its own, whatever else its task waits on."""
         ev = self.events
         consumers = [[] for _ in range(ev.n_events)]  # event -> the tasks waiting on it
         for t, waits in enumerate(ev.waits):
             for e in waits:
-                consumers[e].append(t)
+                if 0 <= e < ev.n_events:
+                    consumers[e].append(t)
         signals = {}  # task -> the events it produces
         for e, ps in enumerate(ev.producers):
             for p in ps:
                 signals.setdefault(p, []).append(e)
-        down, todo = set(), [e for t in gave_up for e in signals.get(t, ())]
-        seen = set(todo)
+        todo = [e for t in gave_up for e in signals.get(t, ())]
+        seen, done = set(todo), set()
         while todo:
             for t in consumers[todo.pop()]:
-                if t not in down:
-                    down.add(t)
+                if t not in done:
+                    done.add(t)
                     new = [e for e in signals.get(t, ()) if e not in seen]
                     seen.update(new)
                     todo += new
-        return down
+        return seen
 
     def _wait_origin(self, first: int, where, producers) -> str:
         """Where the step stopped when the first wait to give up (task ``first``) is not it: the streaming kernel's
         per-task slots (err[err_head:], stream_base.record_task) hold every local wait that gave up, and a wait is a
         consequence when a producer of its event was held up too (``_held_up``: it gave up, or it comes after a
-        task that did in its worker's queue) or when it waits, through the events, on a task that gave up
+        task that did in its worker's queue) or when its event depends, through the events, on a task that gave up
         (``_downstream``). Returns a sentence naming the first wait (lowest task id) none of
         whose event's producers was held up when it is another task than ``first``; else ""."""
         if self.err.numel() <= self.err_head:
@@ -209,7 +222,7 @@ class PersistentRunner(StepRunner):
         down = self._downstream(gave_up)
         roots = [t for t, (e, _, _) in gave_up.items()
                  if 0 <= e < self.events.n_events and not any(p in held for p in self.events.producers[e])
-                 and t not in down]
+                 and e not in down]
         if not roots or first in roots:
             return ""
         t = roots[0]
