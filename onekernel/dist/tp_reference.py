@@ -21,7 +21,7 @@ from onekernel.dist.process import fault_point, timeout_s
 from onekernel.dist.sharding import Shard, vocab_range
 from onekernel.errors import InputError, RankError
 from onekernel.models.config import ModelConfig, rope_inv_freq
-from onekernel.runtime.reference import decode_one_token, prefill
+from onekernel.runtime.reference import cpu_keys, decode_one_token, prefill
 
 
 class TPGroup:
@@ -145,12 +145,14 @@ class TPReferenceRunner:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, g = self.cache, self.group
-        if int(c.seq_lens.max()) >= c.max_seq_len:
+        longest = int(c.seq_lens.max())
+        if longest >= c.max_seq_len:
             raise InputError(f"decode past the end of the KV cache ({c.max_seq_len} positions)")
         self.steps += 1
         g.where = f"decode step {self.steps}"
         fault_point(g.shard.rank, self.steps)
-        local = decode_one_token(self.cfg, self.model.weights, c.k, c.v, c.seq_lens, tokens, self.inv_freq, tp=g)
+        local = decode_one_token(self.cfg, self.model.weights, c.k, c.v, c.seq_lens, tokens, self.inv_freq, tp=g,
+                                 keys=cpu_keys(c, longest))
         return g.gather_logits(local), g.argmax(local)
 
     def check(self) -> None:

@@ -196,6 +196,14 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
     return F.linear(rms_norm(x[:, 0], w["norm"], cfg.norm_eps), w["lm_head"]).float()
 
 
+def cpu_keys(cache, longest: int) -> int | None:
+    """The ``keys`` a decode step over ``cache`` passes to decode_one_token: on the CPU the live positions
+    (``longest`` = the largest seq_lens) rounded up to KEY_BLOCK, zero rows past the cache's capacity, so that a
+    sequence's bits depend neither on the capacity nor on its batch-mates' lengths within a block; None on a GPU
+    (the whole cache, as the captured baselines)."""
+    return None if cache.k.is_cuda else -(-(longest + 1) // KEY_BLOCK) * KEY_BLOCK
+
+
 class ReferenceRunner:
     """StepRunner over the reference decoder: ``step(tokens int32 [B]) -> (logits fp32 [B, V], next int32 [B])``
     where next is the greedy argmax; ``check()`` and ``poll()`` are no-ops (nothing runs on the device
@@ -219,9 +227,8 @@ class ReferenceRunner:
         longest = int(c.seq_lens.max())
         if longest >= c.max_seq_len:
             raise InputError(f"decode past the end of the KV cache ({c.max_seq_len} positions)")
-        keys = None if c.k.is_cuda else -(-(longest + 1) // KEY_BLOCK) * KEY_BLOCK  # past the cache: zero rows
         logits = decode_one_token(self.model.config, self.model.weights, c.k, c.v, c.seq_lens, tokens,
-                                  self.inv_freq, keys=keys)
+                                  self.inv_freq, keys=cpu_keys(c, longest))
         return logits, logits.argmax(dim=-1).to(torch.int32)
 
     def check(self) -> None:
