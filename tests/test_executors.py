@@ -75,8 +75,8 @@ def _check_against_reference(mode, name, batch, seed, **options):
 
 def test_counters_rewind_between_steps(monkeypatch, seed):
     """Every REWIND_EVERY steps the megakernel runner puts its event counters and done counter back to 0 and its
-    epoch to 1, between two steps (so no wait target, expected count x epoch in int32, can wrap: after 16.3M steps
-    at 132 producers a wait would pass at once), and every step, before and after a rewind, still matches the
+    epoch to 1, between two steps (so no wait target, expected count x epoch in int32, can wrap: the step whose
+    target crosses 2^31, first after 16.3M steps at 132 producers, would not wait), and every step, before and after a rewind, still matches the
     reference: five steps with a rewind after every second one (the device bumps the epoch once per step)."""
     from onekernel.exec import persistent
     monkeypatch.setattr(persistent, "REWIND_EVERY", 2)

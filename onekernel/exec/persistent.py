@@ -131,15 +131,16 @@ class PersistentRunner(StepRunner):
         (``self.tp``): the peers read this rank's counters, so every rank first finishes its step and only then
         rewinds, and no rank starts the next step before all have (``_rank_barrier`` before and after; RuntimeError
         without one)."""
-        if getattr(self, "tp", False):
-            if self._rank_barrier is None:
-                raise RuntimeError("a tensor-parallel megakernel rank cannot rewind its event counters without a "
-                                   "barrier over the ranks (dist.tp_megakernel.TPMegakernelRunner sets one)")
+        tp = getattr(self, "tp", False)
+        if tp and self._rank_barrier is None:
+            raise RuntimeError("a tensor-parallel megakernel rank cannot rewind its event counters without a "
+                               "barrier over the ranks (dist.tp_megakernel.TPMegakernelRunner sets one)")
+        if tp:
             self._rank_barrier()
         self.ev_cnt.zero_()
         self.done.zero_()
         self.epoch.fill_(1)
-        if getattr(self, "tp", False):
+        if tp:
             self._rank_barrier()
 
     def _launch_and_after(self) -> None:

@@ -60,12 +60,9 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         mma_smem, pow2_ceil, xbuf_rows)
 
 MIN_SLOTS = 4
-# One event per producer op (graph.deps.derive_op_events) on a single GPU, so an attention task spins on one counter,
-# where tile events give it 1-5 (each a dependent L2 round trip, and one more per wait-list entry). Measured on the H200
-# (run 21 call 210, same kernels, bitwise the same logits): Llama-3.2-1B 0.833 / 1.023 / 1.209 ms at batch 1 / 8 / 16
-# against 0.844 / 1.039 / 1.228 with tile events, Llama-3.1-8B 3.853 / 4.514 / 4.944 against 3.876 / 4.550 / 4.989,
-# SmolLM2-135M 0.614 / 0.748 against 0.612 / 0.746. STREAM_OP_EVENTS=0 keeps tile events (tensor parallel always
-# does: graph.deps.events_and_order).
+# One event per producer op (graph.deps.derive_op_events) on a single GPU: an attention task spins on one counter, not
+# 1-5 tile events (1-1.5% faster on the Llama models, run 21: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events
+# (tensor parallel always does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}

@@ -165,7 +165,7 @@ def decode_one_token(cfg, w: dict, k_all: torch.Tensor, v_all: torch.Tensor, seq
         tp: None, or a tensor-parallel rank's collectives (module docstring); then ``cfg``, ``w`` and the cache
             are the rank's shard.
         keys: None (static: all S positions), or attend over the first ``keys`` positions only (a host int
-            > every seq_lens[b]; ``ReferenceRunner`` passes a multiple of KEY_BLOCK on the CPU, zero rows past the
+            > every seq_lens[b]; the CPU runners pass ``cpu_keys``: a multiple of KEY_BLOCK, zero rows past the
             cache's capacity, so that a sequence's bits do not depend on the capacity: a 53-position cache's
             attention rounded otherwise than a 39-position one's, and SmolLM2-135M's greedy tokens in bf16 changed
             with max_new_tokens at a one-ulp tie).
