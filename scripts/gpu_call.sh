@@ -134,6 +134,34 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+220) # session 22 (~8 min): measurement switches (stream_plan.variant_consts) against main's kernels, each its own
+    # process: the LM head's argmax per lane (STREAM_LM_LANES=1), the loader's chunks as 1-D bulk copies without
+    # (STREAM_WCOPY=2) and with an L2 evict_first policy (1), the latter with an L2 prefetch of 8 chunks while the ring
+    # is full (STREAM_L2PF=8); beside the warm-ups a bitwise A/B of one step against main (logits_dump.py, Llama-3.2-1B
+    # batch 8: none of them changes a value)
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 200 base1 . X=0 $S1; wtree 200 lml1 . STREAM_LM_LANES=1 $S1; wtree 200 wc21 . STREAM_WCOPY=2 $S1
+    wtree 200 wc11 . STREAM_WCOPY=1 $S1; wtree 200 pf1 . "STREAM_WCOPY=1 STREAM_L2PF=8" $S1
+    wtree 200 base0 . X=0 $S0; wtree 200 wc10 . STREAM_WCOPY=1 $S0; wtree 200 pf0 . "STREAM_WCOPY=1 STREAM_L2PF=8" $S0
+    (timeout 150 python3 scripts/logits_dump.py "$W/base-1b.pt" >"$W/dump-base.log" 2>&1
+     timeout 120 env STREAM_LM_LANES=1 STREAM_WCOPY=1 STREAM_L2PF=8 python3 scripts/logits_dump.py "$W/var-1b.pt" \
+        >"$W/dump-var.log" 2>&1) &
+    wait
+    checked 8
+    python3 scripts/logits_dump.py --compare "$W/base-1b.pt" "$W/var-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    rm -f "$W"/*.pt
+    ttree 35 base-1b . X=0 $S1
+    ttree 35 lml-1b . STREAM_LM_LANES=1 $S1
+    ttree 35 wc2-1b . STREAM_WCOPY=2 $S1
+    ttree 35 wc1-1b . STREAM_WCOPY=1 $S1
+    ttree 35 pf-1b . "STREAM_WCOPY=1 STREAM_L2PF=8" $S1
+    ttree 20 base-smol . X=0 $S0
+    ttree 20 wc1-smol . STREAM_WCOPY=1 $S0
+    ttree 20 pf-smol . "STREAM_WCOPY=1 STREAM_L2PF=8" $S0
+    ttree 35 base2-1b . X=0 $S1
+    ;;
 210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own
     # process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8: the events order

@@ -37,9 +37,13 @@ for m, b, gv, tp in {kernels!r}:
 """
 
 
-def normalise(ptx: str) -> str:
+def normalise(ptx: str, params: bool = False) -> str:
     """PTX without line records, comments, debug sections, debug-scope labels and register declarations, its
-    registers and labels renamed in order of first appearance."""
+    registers and labels renamed in order of first appearance; ``params``: the parameter declarations dropped and
+    every parameter named alike (one tree's kernel has an argument the other lacks: the code is compared)."""
+    if params:
+        ptx = "\n".join(ln for ln in ptx.splitlines() if not ln.strip().startswith(".param"))
+        ptx = re.sub(r"\w+_param_\d+", "PARAM", ptx)
     ptx = re.sub(r"\.section\s+\.debug.*", "", ptx, flags=re.S)
     ptx = "\n".join(ln for ln in ptx.splitlines() if not ln.strip().startswith((".loc", ".file", "//")))
     ptx = re.sub(r"^\$L__tmp\d+:\s*$", "", ptx, flags=re.M)
@@ -62,6 +66,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("other", help="the other tree (a checkout of the commit to compare with)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--params", action="store_true",
+                    help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()
     out = Path(a.out or tempfile.mkdtemp(prefix="ptx_compare_"))
     trees = {"this": ROOT, "other": Path(a.other).resolve()}
@@ -69,7 +75,7 @@ def main() -> int:
         dump(tree, out / name)
     differ = 0
     for f in sorted((out / "this").glob("*.ptx")):
-        ptx = {n: normalise((out / n / f.name).read_text()) for n in trees}
+        ptx = {n: normalise((out / n / f.name).read_text(), a.params) for n in trees}
         for n, text in ptx.items():
             (out / n / f.name).with_suffix(".norm.ptx").write_text(text)
         same = ptx["this"] == ptx["other"]

@@ -46,7 +46,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     from triton.runtime.jit import mangle_type
 
     from onekernel.exec import stream_device as sd
-    from onekernel.exec.stream_plan import bars_guess, make_plan
+    from onekernel.exec.stream_plan import bars_guess, make_plan, variant_consts
     from onekernel.exec.stream_records import records
     from onekernel.exec.stream_runner import BOX, fit_kernel
     from onekernel.models.config import get_config
@@ -68,10 +68,11 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
     i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
-    args = [desc, i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
+    args = [desc, torch.zeros(8, dtype=dtype), i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1",
+                  **variant_consts())
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)

@@ -14,7 +14,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
-from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
+from onekernel.exec.stream_epilogue import (gateup_out, lm_lanes_final, lm_out, lm_out_lanes, qkv_buffers, qkv_out,
+                                            rope_cos_sin)
 from onekernel.ops.gemv_rows import rnd
 
 
@@ -265,7 +266,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub, LM_LANES: gl.constexpr = False):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -305,8 +306,12 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         rs = _rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
     CH: gl.constexpr = HD // RG
     P: gl.constexpr = RG // 2
-    best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
-    barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
+    if LM_LANES:  # the running max / argmax per lane, reduced once at the task's end (lm_out_lanes)
+        best = gl.full([BP, RG], float("-inf"), gl.float32, AL)
+        barg = gl.zeros([BP, RG], gl.int32, AL)
+    else:
+        best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
+        barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
     ps = (0, 0, 0)
     epi = 0
     if PROFILE:
@@ -350,7 +355,12 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         else:  # K_LMHEAD
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
-                best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
+                if LM_LANES:
+                    best, barg = lm_out_lanes(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg,
+                                              dt, RG)
+                else:
+                    best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt,
+                                        RG)
         if PROFILE:
             epi = epi + (now() - t_e)
     if PROFILE:
@@ -364,6 +374,11 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         pmax = base_f + gl.load(a + 3) * 4
         pidx = base_i + gl.load(a + 4) * 4
         idx = gl.load(rec + F_IDX)
-        gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
-        gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
+        if LM_LANES:
+            bm1, ba1 = lm_lanes_final(best, barg)
+            gl.store(pmax + bidx * NT + idx, bm1, mask=bidx < B)
+            gl.store(pidx + bidx * NT + idx, ba1, mask=bidx < B)
+        else:
+            gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
+            gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
     return ok, i

@@ -64,6 +64,18 @@ MIN_SLOTS = 4
 # 1-5 tile events (1-1.5% faster on the Llama models, run 21: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events
 # (tensor parallel always does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
+# Measurement switches (off by default; the default kernel's PTX does not change): STREAM_WCOPY (1: the loader copies
+# chunks with 1-D bulk copies under an L2 evict_first policy; 2: the same copies without it), STREAM_L2PF (chunks the
+# loader prefetches into L2 while its ring is full), STREAM_LM_LANES=1 (the LM head's argmax per lane): exec.stream_device.
+
+
+def variant_consts() -> dict:
+    """The kernel constants of the measurement switches set in the environment (empty when none is)."""
+    c = {"WCOPY": int(os.environ.get("STREAM_WCOPY", "0")), "L2PF": int(os.environ.get("STREAM_L2PF", "0")),
+         "LM_LANES": os.environ.get("STREAM_LM_LANES", "0") == "1"}
+    return {k: v for k, v in c.items() if v}
+
+
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576

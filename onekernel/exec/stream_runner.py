@@ -21,7 +21,7 @@ from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_TASKS, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
-from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
+from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported, variant_consts
 from onekernel.exec.stream_records import fingerprint
 from onekernel.graph.schedule import residency_check
 
@@ -172,7 +172,7 @@ class StreamMegakernelRunner(PersistentRunner):
         flat = self.packed.view(-1, BOX[1])
         self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
         self.wait_limit = f"{wait_ms} ms"
-        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
+        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile, **variant_consts())
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
@@ -187,7 +187,7 @@ class StreamMegakernelRunner(PersistentRunner):
 
     def _args(self):
         b = list(self.bases.values())
-        return (self.desc, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
+        return (self.desc, self.packed, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
                 self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off, self.qoff, self.qoff[1:],
                 self.chunk_off, self.chunk_off[1:])
 
