@@ -134,6 +134,33 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+221) # session 22 (~8 min; .base.tgz = `git archive be2258f onekernel | gzip`, run 21's kernels, untracked so it
+    # travels): Llama-3.1-8B with the weight stream's L2 evict_first copies (this tree) against be2258f's TMA copies;
+    # the RoPE table (STREAM_ROPE_TABLE=1) against this tree on the three models; a bitwise A/B of one step with and
+    # without the table (logits_dump.py: the table's cos / sin are torch's, the kernel's libdevice's)
+    mkdir -p /tmp/base /tmp/warm && tar -xzf .base.tgz -C /tmp/base
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 200 head8 . X=0 $S8; wtree 200 old8 /tmp/base X=0 $S8
+    wtree 200 head1 . X=0 $S1; wtree 200 rope1 . STREAM_ROPE_TABLE=1 $S1
+    wtree 200 head0 . X=0 $S0; wtree 200 rope0 . STREAM_ROPE_TABLE=1 $S0
+    (timeout 150 python3 scripts/logits_dump.py "$W/base-1b.pt" >"$W/dump-base.log" 2>&1
+     timeout 120 env STREAM_ROPE_TABLE=1 python3 scripts/logits_dump.py "$W/rope-1b.pt" >"$W/dump-rope.log" 2>&1) &
+    wait
+    wtree 150 rope8 . STREAM_ROPE_TABLE=1 $S8
+    python3 scripts/logits_dump.py --compare "$W/base-1b.pt" "$W/rope-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    rm -f "$W"/*.pt
+    ttree 35 head-1b . X=0 $S1
+    ttree 35 rope-1b . STREAM_ROPE_TABLE=1 $S1
+    ttree 20 head-smol . X=0 $S0
+    ttree 20 rope-smol . STREAM_ROPE_TABLE=1 $S0
+    ttree 45 old-8b /tmp/base X=0 $S8
+    ttree 45 head-8b . X=0 $S8
+    wait
+    checked 7
+    ttree 45 rope-8b . STREAM_ROPE_TABLE=1 $S8
+    ;;
 220) # session 22 (~8 min): measurement switches (stream_plan.variant_consts) against main's kernels, each its own
     # process: the LM head's argmax per lane (STREAM_LM_LANES=1), the loader's chunks as 1-D bulk copies without
     # (STREAM_WCOPY=2) and with an L2 evict_first policy (1), the latter with an L2 prefetch of 8 chunks while the ring

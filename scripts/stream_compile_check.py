@@ -40,15 +40,13 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     ``tp`` = (rank, n) rank's shard of the tensor-parallel graph (all-reduce tasks, remote waits); with only
     ``shard`` = (rank, n) that shard's single-GPU graph (the TP=1 kernel of the same shapes)."""
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
 
     from onekernel.exec import stream_device as sd
-    from onekernel.exec.stream_plan import bars_guess, make_plan, variant_consts
+    from onekernel.exec.stream_plan import bars_guess, make_plan
     from onekernel.exec.stream_records import records
-    from onekernel.exec.stream_runner import BOX, fit_kernel
+    from onekernel.exec.stream_runner import fit_kernel
     from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph
     from onekernel.ops.tiling import Tiling
@@ -65,14 +63,11 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
         raise SystemExit(f"{model} batch {batch}: the streaming megakernel does not run this step: {reason}")
     plan = make_plan(SimpleNamespace(graph=g, batch=batch, device=torch.device("cpu")), workers)
     records(plan)  # the tables build on the host as on the GPU
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    desc = TensorDescriptor(torch.zeros(BOX, dtype=dtype), BOX, [BOX[1], 1], BOX, layout)
     i32, i64 = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
-    args = [desc, torch.zeros(8, dtype=dtype), i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
+    args = [torch.zeros(8, dtype=dtype), i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1",
-                  **variant_consts())
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)
@@ -99,7 +94,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
 
 
 def report(k) -> dict:
-    """ptxas registers and spill bytes, shared memory, the partitions' register split, TMA copy sites."""
+    """ptxas registers and spill bytes, shared memory, the partitions' register split, the weight copies' sites."""
     ptx = k.asm["ptx"]
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as d:
@@ -110,7 +105,7 @@ def report(k) -> dict:
     spill = re.search(r"(\d+) bytes spill stores", rep)
     maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
-            "smem": k.metadata.shared, "setmaxnreg": maxnreg, "tma_copies": ptx.count("cp.async.bulk.tensor"),
+            "smem": k.metadata.shared, "setmaxnreg": maxnreg, "bulk_copies": ptx.count("cp.async.bulk.shared::cluster.global"),
             "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
             "cp_async_16": ptx.count("cp.async.cg.shared.global [ "),  # Triton's own (the activation tiles)
             "attn_copies": ptx.count("cp.async.cg.shared.global [%")}  # the tensor-core attention's inline ones

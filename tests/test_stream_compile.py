@@ -37,7 +37,7 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     rec = _check(model, batch, gemv)
     assert rec["spill_bytes"] <= 32, rec
     assert rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
-    assert rec["tma_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
+    assert rec["bulk_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
     tc = {("llama-3.2-1b", "mma"): 2, ("smollm2-1.7b", "mma"): 2}.get((model, gemv), 0)
     assert rec["ATTN_TC"] == tc, rec

@@ -226,44 +226,19 @@ def try_wait(addr, parity):
 
 
 @gluon.jit
-def test_wait(addr, parity):
-    """1 when the mbarrier phase of the given parity has completed, else 0, at once (``mbarrier.test_wait``: unlike
-    ``try_wait`` it never suspends the thread)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
-        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def bulk_load(dst, src, nbytes, bar, ok, EVICT_FIRST: gl.constexpr):
+def bulk_load(dst, src, nbytes, bar, ok):
     """Lane 0, where ok != 0: ``cp.async.bulk`` of the ``nbytes`` at global address ``src`` into shared address
     ``dst``, completing ``nbytes`` of transactions on the mbarrier at shared address ``bar`` (the caller's
-    ``mbarrier.expect``), as the TMA tensor copy of a whole box does for bytes stored in box order. EVICT_FIRST: with
-    an L2 ``evict_first`` cache policy (``createpolicy``), so the weight stream, read once per step, is the first
-    to leave L2 and the KV cache and activations stay."""
-    if EVICT_FIRST:
-        return gl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 l; .reg .b64 pol; mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"
-            " setp.ne.and.b32 p, $5, 0, p; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
-            " @p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [$1], [$2], $3, [$4],"
-            " pol; mov.b32 $0, 0; }",
-            "=r,r,l,r,r,r", [dst, src, nbytes, bar, ok], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        return gl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; setp.ne.and.b32 p, $5, 0, p;"
-            " @p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$2], $3, [$4];"
-            " mov.b32 $0, 0; }",
-            "=r,r,l,r,r,r", [dst, src, nbytes, bar, ok], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def prefetch_l2(p, nbytes):
-    """Lane 0: ``cp.async.bulk.prefetch.L2.global`` of the ``nbytes`` (a multiple of 16) at global address ``p``
-    (a hint: the bytes go into L2, nothing waits for them)."""
+    ``mbarrier.expect``), under an L2 ``evict_first`` cache policy (``createpolicy``): the weight stream, read once per
+    step, is the first to leave L2, so the KV cache and the activations stay (docs/DESIGN.md, "The weight stream leaves
+    L2 first"). Gluon's TMA load takes no cache policy; the chunk is stored in box order, so a 1-D copy moves the
+    bytes the TMA tensor copy of its box did."""
     return gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"
-        " @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,r", [p, nbytes], dtype=gl.int32, is_pure=False, pack=1)
+        "{ .reg .pred p; .reg .b32 l; .reg .b64 pol; mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"
+        " setp.ne.and.b32 p, $5, 0, p; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
+        " @p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [$1], [$2], $3, [$4],"
+        " pol; mov.b32 $0, 0; }",
+        "=r,r,l,r,r,r", [dst, src, nbytes, bar, ok], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

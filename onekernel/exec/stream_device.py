@@ -35,8 +35,8 @@ from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_attn_tc import attn_task_tc
 from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
                                         K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_async_a,
-                                        mma_shared_layouts, now, prefetch_l2, record, smem_addr, test_wait, tma_load,
-                                        view, wait_bounded, wait_deps, wait_remote)
+                                        mma_shared_layouts, now, record, smem_addr, view, wait_bounded, wait_deps,
+                                        wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
 from onekernel.exec.stream_fma import gemv_fma
 from onekernel.exec.stream_mma import gemv_mma, stage_layout
@@ -45,35 +45,21 @@ from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 
 # ----------------------------------------------------------------------------------------------- loader
 @gluon.jit
-def _loader(w_desc, w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
-            WAIT_NS: gl.constexpr, WCOPY: gl.constexpr, L2PF: gl.constexpr):
-    """1 warp: TMA chunk c0 + i of the packed stream into slot i % SLOTS, for i in [0, n_chunks). Its waits get
-    twice the consumer's bound, so the first recorded failure is the cause. Measurement switches
-    (stream_plan.VARIANTS; 0 keeps the kernel): WCOPY 1 / 2 copies each chunk with a 1-D ``cp.async.bulk`` from
-    w_ptr (the same bytes: the box is the chunk, stored in box order) with / without an L2 evict_first policy;
-    L2PF > 0: while the slot for chunk i is still in use (the ring is full), the chunks up to i + L2PF - 1 are
-    prefetched into L2, one per poll, each at most once."""
-    rows: gl.constexpr = w_desc.block_type.shape[0]
-    NBYTES: gl.constexpr = w_desc.block_type.nbytes
-    ELEMS: gl.constexpr = w_desc.block_type.shape[0] * w_desc.block_type.shape[1]
+def _loader(w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
+            WAIT_NS: gl.constexpr):
+    """1 warp: chunk c0 + i of the packed stream (bf16/fp16 at w_ptr, 16 KB per chunk) into slot i % SLOTS, for i in
+    [0, n_chunks), one 1-D bulk copy each under an L2 evict_first policy (stream_base.bulk_load). Its waits get
+    twice the consumer's bound, so the first recorded failure is the cause."""
+    ELEMS: gl.constexpr = 32 * 256  # a chunk: the [32, 256] box of 2-byte values
+    NBYTES: gl.constexpr = ELEMS * 2
     empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1
-    pf = 0
     for i in range(n_chunks):
         slot = i % SLOTS
-        if L2PF:
-            pf = gl.maximum(pf, i)
-            lim = gl.minimum(i + L2PF, n_chunks)
-            while (pf < lim) & (test_wait(empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1) == 0):
-                prefetch_l2(w_ptr + (c0 + pf).to(gl.int64) * ELEMS, NBYTES)
-                pf += 1
         ok = wait_bounded(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
         mbarrier.expect(bars.index(slot), NBYTES, pred=ok != 0)
-        if WCOPY:
-            bulk_load(smem_addr(slot * NBYTES), w_ptr + (c0 + i).to(gl.int64) * ELEMS, NBYTES, smem_addr(BARS + 8 * slot),
-                      ok, WCOPY == 1)
-        else:
-            tma_load(w_desc, [(c0 + i) * rows, 0], bars.index(slot), ring.index(slot), pred=ok != 0)
+        bulk_load(smem_addr(slot * NBYTES), w_ptr + (c0 + i).to(gl.int64) * ELEMS, NBYTES, smem_addr(BARS + 8 * slot),
+                  ok)
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -95,7 +81,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, LM_LANES: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, ROPE_TAB: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -160,7 +146,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, LM_LANES)
+                                 prof + (n_prof + t) * 4, ROPE_TAB)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -183,7 +169,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
 
 
 @gluon.jit
-def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
+def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_ptr, done_ptr, err, prof,
                       base_t, base_f, base_i, rwl, peer_off, qbeg, qend, cbeg, cend, PROFILE: gl.constexpr,
                       B: gl.constexpr, BP: gl.constexpr,
                       XB: gl.constexpr, KXB: gl.constexpr,
@@ -197,11 +183,10 @@ def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, 
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      WCOPY: gl.constexpr = 0, L2PF: gl.constexpr = 0, LM_LANES: gl.constexpr = False):
-    """Grid (n_workers,), one CTA per SM, all co-resident. w_desc: TMA descriptor of the packed weight stream
-    [chunks * 32, 256] (box [32, 256] = one 16 KB chunk), w_ptr the same bytes as a pointer (_loader's measurement
-    switches WCOPY, L2PF); worker w streams chunks chunk_off[w]:chunk_off[w+1]. LM_LANES: the LM head's running
-    argmax per lane (stream_epilogue.lm_out_lanes).
+                      ROPE_TAB: gl.constexpr = False):
+    """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype,
+    [chunks * 32, 256]: one 16 KB chunk per [32, 256] box, stored in box order); worker w streams chunks
+    chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
     counters), epoch / done int32 [1], err int32 [ERR_TASKS + 3 x tasks] (stream_base: the first failure, then a slot per task), prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
@@ -234,17 +219,19 @@ def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, 
             gdc_wait()
         gdc_launch_dependents()
     epoch = gl.load(epoch_ptr, volatile=True)
-    ring = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    wdt: gl.constexpr = w_ptr.dtype.element_ty
+    ring = gl.allocate_shared_memory(wdt, [SLOTS, 32, 256],  # a chunk as the [32, 256] box of its bytes
+                                     gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
     if MMA:
-        xbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
+        xbuf = gl.allocate_shared_memory(wdt, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [ACCG, 4, 16, RG],
                                            gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
-            rbuf = gl.allocate_shared_memory(w_desc.dtype, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+            rbuf = gl.allocate_shared_memory(wdt, [4, 16, CK // 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:
             rbuf = xbuf
     else:
-        xbuf = gl.allocate_shared_memory(w_desc.dtype, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        xbuf = gl.allocate_shared_memory(wdt, [XB, KXB, CK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         # the CUDA-core path's accbuf: attention's warp-merge scratch fp32 [8, RP, HD] (stream_plan.fma_xbuf_bytes)
         accbuf = gl.allocate_shared_memory(gl.float32, [8, RP, HD], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         rbuf = xbuf
@@ -260,8 +247,8 @@ def stream_megakernel(w_desc, w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, 
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, LM_LANES)),
-        (_loader, (w_desc, w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS, WCOPY, L2PF)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC, ROPE_TAB)),
+        (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order
         gdc_wait()

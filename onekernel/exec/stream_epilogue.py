@@ -79,26 +79,6 @@ def lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.c
 
 
 @gluon.jit
-def lm_out_lanes(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.constexpr):
-    """lm_out with the running max / argmax kept per element of [BP, RG] (each lane's column r sees rows u*RG + r
-    in increasing u): no cross-lane reduction per unit; ``lm_lanes_final`` reduces once per task. A strict ``>``
-    keeps each lane's first maximal row, so the task's (max, smallest argmax) is lm_out's for NaN-free logits."""
-    lg = rnd(acc, dt)
-    rows = u * RG + r
-    gl.store(logits + b64 * N + rows[None, :], lg, mask=bm & (rows < N)[None, :])
-    v = gl.where((rows < N)[None, :], lg, float("-inf"))
-    upd = v > best
-    return gl.where(upd, v, best), gl.where(upd, gl.zeros_like(barg) + rows[None, :], barg)
-
-
-@gluon.jit
-def lm_lanes_final(best, barg):
-    """The per-row (max, smallest argmax) [BP] of lm_out_lanes' per-lane [BP, RG] state."""
-    gm = gl.max(best, axis=1)
-    return gm, gl.min(gl.where(best == gm[:, None], barg, 2147483647), axis=1)
-
-
-@gluon.jit
 def gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
     """A GEMV task's record fields and operands: (task, first unit, units, K, k-chunks, N, x, norm weight).
     ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_plan.unsupported), so the activation

@@ -64,18 +64,10 @@ MIN_SLOTS = 4
 # 1-5 tile events (1-1.5% faster on the Llama models, run 21: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events
 # (tensor parallel always does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
-# Measurement switches (off by default; the default kernel's PTX does not change): STREAM_WCOPY (1: the loader copies
-# chunks with 1-D bulk copies under an L2 evict_first policy; 2: the same copies without it), STREAM_L2PF (chunks the
-# loader prefetches into L2 while its ring is full), STREAM_LM_LANES=1 (the LM head's argmax per lane): exec.stream_device.
-
-
-def variant_consts() -> dict:
-    """The kernel constants of the measurement switches set in the environment (empty when none is)."""
-    c = {"WCOPY": int(os.environ.get("STREAM_WCOPY", "0")), "L2PF": int(os.environ.get("STREAM_L2PF", "0")),
-         "LM_LANES": os.environ.get("STREAM_LM_LANES", "0") == "1"}
-    return {k: v for k, v in c.items() if v}
-
-
+# Measurement switch (session 22, off by default): STREAM_ROPE_TABLE=1 gives the tensor-core qkv tasks cos / sin from a
+# table [S, HD] built once on the host (stream_pack.fill_rope), loaded before the MMA block, instead of libdevice
+# cos / sin in the epilogue.
+ROPE_TABLE = os.environ.get("STREAM_ROPE_TABLE", "0") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -84,7 +76,7 @@ GROUPED_KINDS = ("attn_partial", "attn_merge")
 OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
                "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
-         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq"),
+         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "rope"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
@@ -292,6 +284,12 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             # chain the splits by WAW); the dependencies come from the plan with the merge tasks (stream_fold)
             arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
             args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
+        if name == "qkv_rope" and ROPE_TABLE and g.meta.get("gemv") == "mma":  # cos / sin per (position, pair)
+            rope = f"stream.rope.{op.args['inv_freq']}"
+            if rope not in g.buffers:
+                g.add_buffer(rope, (op.params["S"], op.params["HD"]), src.meta["dtype"], "scratch")
+            args.update(rope=rope)
+            new = Op(op.name, op.kind, args, dict(op.params))
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
@@ -354,7 +352,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, ROPE_TAB=any(n.startswith("stream.rope.") for n in g.buffers), ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 

@@ -20,13 +20,12 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_TASKS, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
-from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
-from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported, variant_consts
+from onekernel.exec.stream_pack import arg_table, fill_rope, pack_weights, scratch_tensors
+from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
 from onekernel.exec.stream_records import fingerprint
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
-BOX = [32, 256]  # one 16 KB chunk as a TMA box (box dimensions are limited to 256)
 # Weight streams shared by the runners of one model (the server's batch buckets): the stream depends on the
 # weights, the worker count and the chunk shape, never on the batch (tests/test_stream_plan.py checks it).
 # An entry lives as long as a runner holds its stream.
@@ -133,6 +132,7 @@ class StreamMegakernelRunner(PersistentRunner):
         self.events = self.plan.events
         g = self.plan.graph
         self.scratch = scratch_tensors(self.plan, dev)
+        fill_rope(self.scratch, self.tensors)
         tab = self.plan.tables  # records(plan), remote_wait_list(plan): computed or from exec.host_cache
         self.qrec, self.wl = tab["qrec"].to(dev), tab["wl"].to(dev)
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
@@ -166,13 +166,8 @@ class StreamMegakernelRunner(PersistentRunner):
         n = max(len(g.tasks), 1) if profile else 1
         self._prof_all = torch.zeros(2 * n, 4, dtype=torch.int64, device=dev)
         self.prof, self.prof_sub = self._prof_all[:n], self._prof_all[n:]
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-        flat = self.packed.view(-1, BOX[1])
-        self.desc = TensorDescriptor(flat, list(flat.shape), [BOX[1], 1], BOX, layout)
         self.wait_limit = f"{wait_ms} ms"
-        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile, **variant_consts())
+        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
@@ -187,7 +182,7 @@ class StreamMegakernelRunner(PersistentRunner):
 
     def _args(self):
         b = list(self.bases.values())
-        return (self.desc, self.packed, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
+        return (self.packed, self.qrec, self.qoff, self.wl, self.argtab, self.chunk_off, self.ev_cnt, self.epoch,
                 self.done, self.err, self._prof_all, b[0], b[1], b[2], self.rwl, self.peer_off, self.qoff, self.qoff[1:],
                 self.chunk_off, self.chunk_off[1:])
 
