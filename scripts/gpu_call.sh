@@ -32,6 +32,8 @@
 # git history (`git show 92b6352:scripts/gpu_call.sh`).
 # 200-209 (session 20: branch A/Bs, the final tables 201 + 202, the GGUF in three parts 204-206): in git history
 # (`git show 176829c:scripts/gpu_call.sh`); 211 + 212 + 213 replace them.
+# 220 + 221 (session 22: the weight stream's L2 evict_first copies, kept; the LM head's per-lane argmax, the L2 prefetch on
+# a full ring and the RoPE table, dropped): in git history (`git show e95c4a7:scripts/gpu_call.sh`, the switches there).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
@@ -88,7 +90,7 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-211) # session 21's final commit, one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
+211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
     cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
@@ -133,61 +135,6 @@ case "$1" in
     MK="graph,pdl,megakernel"
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
-    ;;
-221) # session 22 (~8 min; .base.tgz = `git archive be2258f onekernel | gzip`, run 21's kernels, untracked so it
-    # travels): Llama-3.1-8B with the weight stream's L2 evict_first copies (this tree) against be2258f's TMA copies;
-    # the RoPE table (STREAM_ROPE_TABLE=1) against this tree on the three models; a bitwise A/B of one step with and
-    # without the table (logits_dump.py: the table's cos / sin are torch's, the kernel's libdevice's)
-    mkdir -p /tmp/base /tmp/warm && tar -xzf .base.tgz -C /tmp/base
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
-    wtree 200 head8 . X=0 $S8; wtree 200 old8 /tmp/base X=0 $S8
-    wtree 200 head1 . X=0 $S1; wtree 200 rope1 . STREAM_ROPE_TABLE=1 $S1
-    wtree 200 head0 . X=0 $S0; wtree 200 rope0 . STREAM_ROPE_TABLE=1 $S0
-    (timeout 150 python3 scripts/logits_dump.py "$W/base-1b.pt" >"$W/dump-base.log" 2>&1
-     timeout 120 env STREAM_ROPE_TABLE=1 python3 scripts/logits_dump.py "$W/rope-1b.pt" >"$W/dump-rope.log" 2>&1) &
-    wait
-    wtree 150 rope8 . STREAM_ROPE_TABLE=1 $S8
-    python3 scripts/logits_dump.py --compare "$W/base-1b.pt" "$W/rope-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-    rm -f "$W"/*.pt
-    ttree 35 head-1b . X=0 $S1
-    ttree 35 rope-1b . STREAM_ROPE_TABLE=1 $S1
-    ttree 20 head-smol . X=0 $S0
-    ttree 20 rope-smol . STREAM_ROPE_TABLE=1 $S0
-    ttree 45 old-8b /tmp/base X=0 $S8
-    ttree 45 head-8b . X=0 $S8
-    wait
-    checked 7
-    ttree 45 rope-8b . STREAM_ROPE_TABLE=1 $S8
-    ;;
-220) # session 22 (~8 min): measurement switches (stream_plan.variant_consts) against main's kernels, each its own
-    # process: the LM head's argmax per lane (STREAM_LM_LANES=1), the loader's chunks as 1-D bulk copies without
-    # (STREAM_WCOPY=2) and with an L2 evict_first policy (1), the latter with an L2 prefetch of 8 chunks while the ring
-    # is full (STREAM_L2PF=8); beside the warm-ups a bitwise A/B of one step against main (logits_dump.py, Llama-3.2-1B
-    # batch 8: none of them changes a value)
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
-    wtree 200 base1 . X=0 $S1; wtree 200 lml1 . STREAM_LM_LANES=1 $S1; wtree 200 wc21 . STREAM_WCOPY=2 $S1
-    wtree 200 wc11 . STREAM_WCOPY=1 $S1; wtree 200 pf1 . "STREAM_WCOPY=1 STREAM_L2PF=8" $S1
-    wtree 200 base0 . X=0 $S0; wtree 200 wc10 . STREAM_WCOPY=1 $S0; wtree 200 pf0 . "STREAM_WCOPY=1 STREAM_L2PF=8" $S0
-    (timeout 150 python3 scripts/logits_dump.py "$W/base-1b.pt" >"$W/dump-base.log" 2>&1
-     timeout 120 env STREAM_LM_LANES=1 STREAM_WCOPY=1 STREAM_L2PF=8 python3 scripts/logits_dump.py "$W/var-1b.pt" \
-        >"$W/dump-var.log" 2>&1) &
-    wait
-    checked 8
-    python3 scripts/logits_dump.py --compare "$W/base-1b.pt" "$W/var-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-    rm -f "$W"/*.pt
-    ttree 35 base-1b . X=0 $S1
-    ttree 35 lml-1b . STREAM_LM_LANES=1 $S1
-    ttree 35 wc2-1b . STREAM_WCOPY=2 $S1
-    ttree 35 wc1-1b . STREAM_WCOPY=1 $S1
-    ttree 35 pf-1b . "STREAM_WCOPY=1 STREAM_L2PF=8" $S1
-    ttree 20 base-smol . X=0 $S0
-    ttree 20 wc1-smol . STREAM_WCOPY=1 $S0
-    ttree 20 pf-smol . "STREAM_WCOPY=1 STREAM_L2PF=8" $S0
-    ttree 35 base2-1b . X=0 $S1
     ;;
 210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own

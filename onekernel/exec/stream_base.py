@@ -10,13 +10,10 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
 
-# Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier), the TMA load
-# (tma.async_copy_global_to_shared -> tma.async_load, same leading arguments) and a shared-memory view of
+# Triton 3.6 -> 3.8/3.9 renames: the CTA-wide barrier (gl.thread_barrier -> gl.barrier) and a shared-memory view of
 # another shape (_reinterpret -> reinterpret).
 barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit
     def view(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
@@ -323,7 +320,7 @@ def warp_release(addr, ok):
     """Every lane: ``bar.warp.sync``, then lane 0 arrives on the mbarrier at shared address ``addr`` (count: one per
     consumer warp; ``mbarrier.arrive`` has release semantics, so the warp's reads of the slot are ordered before
     it), unless ok == 0. No CTA-wide barrier per chunk. No ``fence.proxy.async`` before it: the slot was only
-    read (generic proxy) and its next write is the TMA's after the loader's wait on this barrier, the order CUTLASS's
+    read (generic proxy) and its next write is the loader's bulk copy (async proxy) after its wait on this barrier, the order CUTLASS's
     ``PipelineTmaAsync::consumer_release`` relies on (a plain arrive); the fence compiled to ``MEMBAR.ALL.CTA`` per
     chunk and cost 0.8-1.6% of a Llama-3.2-1B step (run 11 call 100; the GPU tests and bitwise invariance pass
     without it)."""

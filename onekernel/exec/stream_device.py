@@ -2,8 +2,8 @@
 
 One CTA per SM. Two partitions (``gl.warp_specialize``):
 * **loader** (1 warp): walks the worker's packed weight stream (every GEMV chunk of every task in its queue,
-  in queue order; ``exec.stream_plan``) with one TMA copy per 16 KB chunk into a ring of SLOTS shared-memory
-  slots (mbarriers ``ready``/``empty`` per slot). It never looks at a dependency: weights are ready before
+  in queue order; ``exec.stream_plan``) with one 1-D bulk copy (``cp.async.bulk``, L2 evict_first) per 16 KB
+  chunk into a ring of SLOTS shared-memory slots (mbarriers ``ready``/``empty`` per slot). It never looks at a dependency: weights are ready before
   the step, so the ring stays full across task boundaries and while the consumer waits.
 * **consumer** (4 warps): per queue position, spins (``ld.acquire.gpu``, bounded) on the task's events, runs
   the task, CTA-barrier, one release atomic add on the task's event. GEMV tasks read their activation once
@@ -81,7 +81,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, ROPE_TAB: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -146,7 +146,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, ROPE_TAB)
+                                 prof + (n_prof + t) * 4)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -182,8 +182,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
-                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      ROPE_TAB: gl.constexpr = False):
+                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype,
     [chunks * 32, 256]: one 16 KB chunk per [32, 256] box, stored in box order); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -237,7 +236,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
         rbuf = xbuf
     bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):
-        mbarrier.init(bars.index(j), count=1)          # ready: the loader's expect + the TMA bytes
+        mbarrier.init(bars.index(j), count=1)          # ready: the loader's expect + the copy's bytes
     for j in gl.static_range(SLOTS, 2 * SLOTS):
         mbarrier.init(bars.index(j), count=4)          # empty: one arrive per consumer warp
     c0 = gl.load(cbeg + wid)
@@ -247,7 +246,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, ROPE_TAB)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC)),
         (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

@@ -265,7 +265,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, ROPE_TAB: gl.constexpr = False):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -299,8 +299,6 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B, isq)
     res = base_t + gl.load(a + 1) * 8
     out = base_t + gl.load(a + 2) * 8
-    if ROPE_TAB:  # stream_pack.fill_rope's table [S, HD]: cos then sin of each position's HD / 2 angles
-        rope = base_t + gl.load(a + 7) * 8
     if norm != 0:
         rs = _rstd16(x, K, B, CK, EPS, D)
     else:
@@ -323,14 +321,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             u = ub + j
             offs = b64 * N + (u * RG + r)[None, :]
             m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
-            if ROPE_TAB:  # qkv: cos (in the residual's registers) and sin of the rows' pairs at each row's position
-                cp = rope + pos.to(gl.int64)[:, None] * HD + ((u % CH) * P + (r % P))[None, :]
-                mq = isq & (u < ue) & ((pos >= 0) & (pos < S))[:, None] & bm
-                pf = pf + ((gl.load(gl.where(isr, res + offs, cp), mask=(m & isr) | mq, other=0.0, cache_modifier=".cg"),
-                            gl.load(cp + HD // 2, mask=mq, other=0.0)),)
-            else:
-                pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
-                            gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
+            pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
+                        gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
         ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err,
                                     t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, PROFILE)
         if PROFILE:
@@ -352,10 +344,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             for j in gl.static_range(GB):
                 u = ub + j
                 if u < ue:
-                    if ROPE_TAB:
-                        cs, sn = pf[j][0].to(gl.float32), pf[j][1].to(gl.float32)
-                    else:
-                        cs, sn = rope_cos_sin(pos, pf[j][1], dt)
+                    cs, sn = rope_cos_sin(pos, pf[j][1], dt)
                     qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ,
                             HKV, HD, S, RG, BP, AL)
         else:  # K_LMHEAD

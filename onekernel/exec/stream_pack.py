@@ -106,18 +106,6 @@ def scratch_tensors(plan: StreamPlan, device) -> dict:
             for n, b in g.buffers.items() if n.startswith("stream.")}
 
 
-def fill_rope(scratch: dict, tensors: dict) -> None:
-    """Each RoPE table stream.rope.<inv_freq> [S, HD] (model dtype): row p = cos(p f) for the HD / 2 inverse
-    frequencies f, then sin(p f), each computed in fp32 and rounded to the model dtype, as HF's rotary embedding
-    caches them (positions times ``inv_freq`` in fp32; runtime.reference.rope_cos_sin)."""
-    for name, t in scratch.items():
-        if name.startswith("stream.rope."):
-            inv = tensors[name[len("stream.rope."):]].to(device=t.device, dtype=torch.float32)
-            f = torch.arange(t.shape[0], device=t.device, dtype=torch.float32)[:, None] * inv[None, :]
-            t[:, : inv.numel()] = f.cos().to(t.dtype)
-            t[:, inv.numel():] = f.sin().to(t.dtype)
-
-
 def arg_table(plan: StreamPlan, tensors: dict, bases: dict) -> torch.Tensor:
     """int64 [ops, MAXA]: each op's buffers (ROLES order) as offsets in 16-byte units from the base tensor of
     their dtype (model dtype, fp32, int32). Raises ValueError for a buffer that is not 16-byte aligned."""

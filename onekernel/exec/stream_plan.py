@@ -18,7 +18,7 @@ From a bound decode step:
    least-loaded workers cost 72 us per layer), ties to the fewest bytes; each queue in program order, so no
    wait can deadlock (``graph.schedule.validate`` checks it).
 4. **The weight stream**: per worker, the 16 KB chunks of its GEMV tasks in queue order, back to back
-   (``packed`` [chunks, RG, CK]); the loader walks it with one TMA copy per chunk.
+   (``packed`` [chunks, RG, CK]); the loader walks it with one bulk copy per chunk.
 
 A ``gemv="mma"`` step (tensor cores, ``consts["MMA"]``) streams the same chunks in another order and layout:
 per task, blocks of GB = 64 // RG chunk groups (gate_up: GB / 2 units), each block k-major (for kb: for each
@@ -64,10 +64,6 @@ MIN_SLOTS = 4
 # 1-5 tile events (1-1.5% faster on the Llama models, run 21: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events
 # (tensor parallel always does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
-# Measurement switch (session 22, off by default): STREAM_ROPE_TABLE=1 gives the tensor-core qkv tasks cos / sin from a
-# table [S, HD] built once on the host (stream_pack.fill_rope), loaded before the MMA block, instead of libdevice
-# cos / sin in the epilogue.
-ROPE_TABLE = os.environ.get("STREAM_ROPE_TABLE", "0") == "1"
 MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
 GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
@@ -76,7 +72,7 @@ GROUPED_KINDS = ("attn_partial", "attn_merge")
 OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
                "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
-         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "rope"),
+         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
@@ -284,12 +280,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             # chain the splits by WAW); the dependencies come from the plan with the merge tasks (stream_fold)
             arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
             args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
-        if name == "qkv_rope" and ROPE_TABLE and g.meta.get("gemv") == "mma":  # cos / sin per (position, pair)
-            rope = f"stream.rope.{op.args['inv_freq']}"
-            if rope not in g.buffers:
-                g.add_buffer(rope, (op.params["S"], op.params["HD"]), src.meta["dtype"], "scratch")
-            args.update(rope=rope)
-            new = Op(op.name, op.kind, args, dict(op.params))
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
@@ -352,7 +342,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, ROPE_TAB=any(n.startswith("stream.rope.") for n in g.buffers), ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 

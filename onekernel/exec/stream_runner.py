@@ -1,5 +1,5 @@
 """The streaming megakernel runner: the Gluon kernel of ``exec.stream_device`` over the plan of
-``exec.stream_plan`` (byte-balanced GEMV tasks, a per-worker weight stream walked by a TMA loader warp).
+``exec.stream_plan`` (byte-balanced GEMV tasks, a per-worker weight stream walked by a loader warp's bulk copies).
 
 ``make_runner("megakernel", step, backend=...)`` picks it: ``backend="auto"`` (the default) takes it on a
 Hopper GPU for a bf16/fp16 Llama-family step, with CUDA-core or tensor-core GEMV bodies as the step's ``gemv``
@@ -20,7 +20,7 @@ from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_TASKS, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
-from onekernel.exec.stream_pack import arg_table, fill_rope, pack_weights, scratch_tensors
+from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
 from onekernel.exec.stream_records import fingerprint
 from onekernel.graph.schedule import residency_check
@@ -132,7 +132,6 @@ class StreamMegakernelRunner(PersistentRunner):
         self.events = self.plan.events
         g = self.plan.graph
         self.scratch = scratch_tensors(self.plan, dev)
-        fill_rope(self.scratch, self.tensors)
         tab = self.plan.tables  # records(plan), remote_wait_list(plan): computed or from exec.host_cache
         self.qrec, self.wl = tab["qrec"].to(dev), tab["wl"].to(dev)
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
