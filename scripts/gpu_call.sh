@@ -136,6 +136,12 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+222) # session 22 (~1 min): how long one stage hands its activation to the next (scripts/signal_probe.py: a ping-pong
+    # of 4 KB and 32 KB messages between two CTAs, counter + acquire poll against NCCL's LL flags in the data; idle and
+    # with the other SMs streaming HBM)
+    step 60 probe-4k python3 scripts/signal_probe.py --words 512 --out "$W/signal-probe-4k.json"
+    step 60 probe-32k python3 scripts/signal_probe.py --words 4096 --out "$W/signal-probe-32k.json"
+    ;;
 210) # session 21 (208 s; prepared in session 20): one event per producer op (STREAM_OP_EVENTS=1:
     # an attention task spins on one counter instead of 1-5) against tile events, the same kernels, each its own
     # process; beside the warm-ups a bitwise A/B of one step (logits_dump.py, Llama-3.2-1B batch 8: the events order
