@@ -3,8 +3,8 @@ streaming megakernel's design question (docs/DESIGN.md, "What remains at batch 1
 
     python scripts/signal_probe.py [--iters 2000] [--words 512] [--out probe.json]
 
-Two programs (CTAs) pass a message of ``--words`` 8-byte words (4 KB at 512: a Llama-3.2-1B activation row) back
-and forth; the other programs of the grid either idle or stream HBM (a copy of 4 GB, the weight stream's load). One
+Two programs (CTAs) pass a message of ``--words`` words back and forth, each word 4 bytes of payload in an 8-byte
+slot (512 words: 2 KB of payload in 4 KB of lines; 1024 would be a Llama-3.2-1B activation row); the other programs of the grid either idle or stream HBM (a copy of 4 GB, the weight stream's load). One
 hop = one message from writer to reader, read and checked; the table gives the median hop in ns over ``--iters``
 hops (the HBM stream repeats its copy 8 times, ~16 ms, longer than the hops), two ways:
 
