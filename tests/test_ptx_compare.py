@@ -36,3 +36,25 @@ def test_a_changed_instruction_or_operand_order_compares_different():
     assert pc.normalise(A) != pc.normalise(B.replace("add.s32 %r22, %r21, 1", "add.s32 %r22, %r21, 2"))
     assert pc.normalise(A) != pc.normalise(B.replace("%r22, %r23", "%r23, %r22"))
     assert pc.normalise(A) != pc.normalise(B.replace("ld.global.b32", "ld.global.cg.b32"))
+
+
+P1 = """.visible .entry k(
+\t.param .u64 .ptr .global .align 1 k_param_0,
+\t.param .u32 k_param_1
+)
+{
+\tld.param.b64 \t%rd1, [k_param_0];
+\tld.param.b32 \t%r1, [k_param_1];
+\tld.global.b32 %r2, [%rd1];
+}
+"""
+# the same code with a new first argument: every parameter index moves up by one
+P2 = P1.replace("k_param_1", "k_param_2").replace("k_param_0", "k_param_1").replace(
+    "\t.param .u64 .ptr .global .align 1 k_param_1,", "\t.param .u64 .ptr .global .align 1 k_param_0,\n"
+    "\t.param .u64 .ptr .global .align 1 k_param_1,")
+
+
+def test_params_ignores_a_new_argument_but_not_a_changed_instruction():
+    assert P1 != P2 and pc.normalise(P1) != pc.normalise(P2)
+    assert pc.normalise(P1, params=True) == pc.normalise(P2, params=True)
+    assert pc.normalise(P1, params=True) != pc.normalise(P2.replace("ld.global.b32", "ld.global.cg.b32"), params=True)
