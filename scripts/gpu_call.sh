@@ -78,11 +78,12 @@ ttree() { local lim=$1 name=$2 dir=$3 envs=$4; shift 4; [ -d "$dir/onekernel" ] 
 warm() { local name=$1; shift; (timeout "${WARM_S:-220}" python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$name \
          "$@" >"$W/warm-$name.log" 2>&1) & }
 # checks LIMIT [TESTS]: bitwise invariance (Llama-3.2-1B megakernel at 2 / 8 / 16) and the streaming kernel's GPU tests
-# (-k TESTS, default "mma or auto") in the background, beside a call's warm-ups; checked [N]: after `wait`, the
+# (-k TESTS, default "mma or auto or fma": session 22's loader change broke only the CUDA-core kernels at batch >= 7,
+# which the old default did not run; found on the CPU by a review, fixed, then call 223) in the background, beside a call's warm-ups; checked [N]: after `wait`, the
 # warm-ups finished (of N) and every invariance log's and the tests' results into the log
 checks() { (timeout "$1" python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel --out "$W/inv-1b.json" \
             >"$W/inv-1b.log" 2>&1) &
-           (timeout "$1" env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "${2:-mma or auto}" \
+           (timeout "$1" env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "${2:-mma or auto or fma}" \
             -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) & }
 checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ of $1} benches finished"
             tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
@@ -135,6 +136,12 @@ case "$1" in
     MK="graph,pdl,megakernel"
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
+    ;;
+223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
+    # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton
+    # megakernel and each row's batch-1 run)
+    step 400 gpu-tests-fma env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k fma \
+        -p no:cacheprovider -rfE
     ;;
 222) # session 22 (~1 min): how long one stage hands its activation to the next (scripts/signal_probe.py: a ping-pong
     # of 4 KB and 32 KB messages between two CTAs, counter + acquire poll against NCCL's LL flags in the data; idle and

@@ -56,7 +56,7 @@ GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"}
                 "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
 # The streaming kernel's spill bytes allowed, as at TP=1 (tests/test_stream_compile.py: the attention run's flattened
 # loop carries the next block's K/V and the next tile's q, 0-12 bytes in both GEMV bodies)
-SPILL_LIMIT = 16
+SPILL_LIMIT = 32  # as tests/test_stream_compile.py allows (register-allocation noise at 255 registers)
 
 
 def model_gemv(name: str) -> str:
@@ -156,6 +156,9 @@ def main(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | Non
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        sys.exit(0)
     flags = {"--tp": "2", "--backend": "triton", "--gemv": None}
     for f in flags:
         if f in argv:

@@ -338,7 +338,8 @@ def test_prefer_stream_depends_on_the_model_only():
 @pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"])
 def test_every_batch_to_16_fits_in_shared_memory(name):
     """The streaming kernel takes every batch 1..MAX_BATCH of a model it supports (the backend never depends on
-    the batch): the activation rows that do not fit beside XBUF_SLOTS weight slots go to the L2 path."""
+    the batch): the activation rows that do not fit beside XBUF_SLOTS weight slots, or would make the activation
+    buffer larger than the ring, go to the L2 path."""
     from onekernel.exec.stream_plan import CHUNK_ELEMS, MAX_BATCH, SMEM_LIMIT, XBUF_SLOTS, _slots, chunk_shape, \
         xbuf_rows
     from onekernel.models.decode_graph import decode_graph
@@ -350,6 +351,9 @@ def test_every_batch_to_16_fits_in_shared_memory(name):
         slots = _slots(xb, kxb, ck, rg)
         assert 1 <= xb <= b and slots >= min(12, XBUF_SLOTS), (b, xb, slots)
         assert xb * kxb * ck * 2 + slots * CHUNK_ELEMS * 2 + 2048 <= SMEM_LIMIT, (b, xb, slots)
+        # the ring stays the largest buffer, so the allocator puts it at shared byte 0 where the loader's bulk copies
+        # address it (stream_device._loader; fit_kernel refuses a kernel where it is not)
+        assert xb * kxb * ck * 2 < slots * CHUNK_ELEMS * 2, (b, xb, slots)
         assert xb == b or xbuf_rows(b + 1, kxb, ck) == xb  # rows go to L2 only once xbuf is full
     assert xbuf_rows(MAX_BATCH, kxb, ck) < MAX_BATCH or name == "smollm2-135m"  # the L2 path is reachable
 

@@ -48,9 +48,11 @@ from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 def _loader(w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
             WAIT_NS: gl.constexpr):
     """1 warp: chunk c0 + i of the packed stream (bf16/fp16 at w_ptr, 16 KB per chunk) into slot i % SLOTS, for i in
-    [0, n_chunks), one 1-D bulk copy each under an L2 evict_first policy (stream_base.bulk_load). Its waits get
-    twice the consumer's bound, so the first recorded failure is the cause."""
-    ELEMS: gl.constexpr = 32 * 256  # a chunk: the [32, 256] box of 2-byte values
+    [0, n_chunks), one 1-D bulk copy each under an L2 evict_first policy (stream_base.bulk_load). The slots are
+    addressed from shared byte 0: the ring must be the kernel's first shared buffer (the largest, so Triton's
+    allocator puts it there; stream_runner.fit_kernel refuses a kernel where it is not). Its waits get twice the
+    consumer's bound, so the first recorded failure is the cause."""
+    ELEMS: gl.constexpr = 32 * 256  # a chunk: 16 KB of 2-byte values (stream_smem.CHUNK_ELEMS)
     NBYTES: gl.constexpr = ELEMS * 2
     empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1
@@ -183,8 +185,8 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0):
-    """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype,
-    [chunks * 32, 256]: one 16 KB chunk per [32, 256] box, stored in box order); worker w streams chunks
+    """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
+    aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic

@@ -114,7 +114,7 @@ def unsupported_device(dev) -> str | None:
     if dev.type != "cuda":
         return "it needs a CUDA device"
     if torch.cuda.get_device_capability(dev)[0] != 9:
-        return "it needs a Hopper GPU (sm_90: TMA, mbarriers, warp specialisation)"
+        return "it needs a Hopper GPU (sm_90: bulk async copies, mbarriers, warp specialisation)"
     return None
 
 

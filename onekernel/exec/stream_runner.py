@@ -81,10 +81,11 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         if off != consts["BARS"]:
             consts["BARS"] = off
             continue
-        if consts.get("ATTN_TC") and xbuf_offset(k.asm["llir"]) != consts["SLOTS"] * CHUNK_ELEMS * 2:
-            raise RuntimeError(f"streaming megakernel: the staged-activation tile is at shared byte "
-                               f"{xbuf_offset(k.asm['llir'])}, not after the {consts['SLOTS']}-slot ring where the "
-                               "tensor-core attention copies K/V; run with STREAM_ATTN_TC=0")
+        if xbuf_offset(k.asm["llir"]) != consts["SLOTS"] * CHUNK_ELEMS * 2:  # the loader's bulk copies and the
+            # tensor-core attention address the ring's slots from shared byte 0 (stream_device._loader)
+            raise RuntimeError(f"streaming megakernel: the first buffer after the ring is at shared byte "
+                               f"{xbuf_offset(k.asm['llir'])}, not after the {consts['SLOTS']}-slot ring at 0 "
+                               "(another buffer is larger than the ring)")
         if k.metadata.shared <= smem_limit:
             return k, consts
         if consts["SLOTS"] <= 2:
@@ -137,6 +138,8 @@ class StreamMegakernelRunner(PersistentRunner):
         self.qoff = self.plan.schedule.arrays(dev)["queue_ptr"]
         self.stream = shared_stream(self.plan, self.tensors)  # held: it lives as long as a runner uses it
         self.packed, self.chunk_off = self.stream.packed, self.stream.chunk_off
+        if self.packed.data_ptr() % 16:  # the loader's cp.async.bulk copies need 16-byte aligned sources
+            raise RuntimeError("streaming megakernel: the packed weight stream is not 16-byte aligned")
         self.bases = {dt: torch.zeros(8, dtype=dt, device=dev) for dt in
                       (step.graph.meta["dtype"], torch.float32, torch.int32)}
         self.argtab = torch.zeros(len(g.ops), self.plan.consts["MAXA"], dtype=torch.int64, device=dev)

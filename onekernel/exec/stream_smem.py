@@ -61,7 +61,9 @@ def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
     """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
     XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
-    room = SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2
+    # at most XBUF_SLOTS chunks' bytes: the ring (>= 7 slots beside it) stays the largest buffer, which Triton's
+    # allocator places at shared byte 0, where the loader's bulk copies address it (stream_device._loader)
+    room = min(SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2, XBUF_SLOTS * CHUNK_ELEMS * 2)
     return max(1, min(B, room // (kxb * ck * 2)))
 
 
