@@ -25,15 +25,15 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer
 
-
-@triton.jit
-def _ld_acquire(p):
-    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32,
-                                     is_pure=False, pack=1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from onekernel.exec.mk_device import ld_acquire as _ld_acquire  # noqa: E402  (the Triton megakernel's own poll)
 
 
 @triton.jit
@@ -46,11 +46,6 @@ def _ld2(p):
 def _st2(p, a, b):
     return tl.inline_asm_elementwise("st.global.relaxed.gpu.v2.b32 [$1], {$2, $3}; mov.b32 $0, 0;", "=r,l,r,r",
                                      [p, a, b], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -84,7 +79,7 @@ def _probe(msg, cnt, times, errs, src, dst, n_copy, ITERS: tl.constexpr, WORDS: 
                         seen = _ld_acquire(cnt + pid)
                     v = tl.load(box + 2 * j, cache_modifier=".cg")
                 bad += tl.where(v != i * 65536 + j, 1, 0)
-                tl.store(times + pid * ITERS + i, _now())
+                tl.store(times + pid * ITERS + i, globaltimer())
         tl.store(errs + pid, tl.sum(bad, axis=0))
     elif STREAM:  # the other SMs stream HBM the whole time, as the weight stream does
         offs = tl.arange(0, CHUNK)

@@ -52,7 +52,7 @@ def _loader(w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.
     addressed from shared byte 0: the ring must be the kernel's first shared buffer (the largest, so Triton's
     allocator puts it there; stream_runner.fit_kernel refuses a kernel where it is not). Its waits get twice the
     consumer's bound, so the first recorded failure is the cause."""
-    ELEMS: gl.constexpr = 32 * 256  # a chunk: 16 KB of 2-byte values (stream_smem.CHUNK_ELEMS)
+    ELEMS: gl.constexpr = ring.shape[1] * ring.shape[2]  # a chunk: 16 KB of 2-byte values
     NBYTES: gl.constexpr = ELEMS * 2
     empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1

@@ -45,9 +45,9 @@ def bar_offset(llir: str) -> int | None:
     return min(offs) if offs else None
 
 
-def xbuf_offset(llir: str) -> int | None:
-    """Byte offset of the first buffer after the ring (at 0): the MMA path's staged-activation tile, whose shared
-    address the tensor-core attention computes (stream_attn_tc: the ring's bytes)."""
+def after_ring_offset(llir: str) -> int | None:
+    """Byte offset of the first shared buffer after byte 0: SLOTS x 16 KB when the ring is at 0, where the loader's
+    bulk copies and the tensor-core attention (stream_attn_tc: the ring's bytes) address it."""
     offs = sorted({int(o) for o in re.findall(r"@global_smem, i32 (\d+)", llir)} - {0})
     return offs[0] if offs else None
 
@@ -81,11 +81,10 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         if off != consts["BARS"]:
             consts["BARS"] = off
             continue
-        if xbuf_offset(k.asm["llir"]) != consts["SLOTS"] * CHUNK_ELEMS * 2:  # the loader's bulk copies and the
-            # tensor-core attention address the ring's slots from shared byte 0 (stream_device._loader)
-            raise RuntimeError(f"streaming megakernel: the first buffer after the ring is at shared byte "
-                               f"{xbuf_offset(k.asm['llir'])}, not after the {consts['SLOTS']}-slot ring at 0 "
-                               "(another buffer is larger than the ring)")
+        after = after_ring_offset(k.asm["llir"])
+        if after != consts["SLOTS"] * CHUNK_ELEMS * 2:  # the ring is not at shared byte 0 (stream_device._loader)
+            raise RuntimeError(f"streaming megakernel: the first buffer after the ring is at shared byte {after}, not "
+                               f"after the {consts['SLOTS']}-slot ring at 0 (another buffer is larger than the ring)")
         if k.metadata.shared <= smem_limit:
             return k, consts
         if consts["SLOTS"] <= 2:

@@ -10,7 +10,7 @@ from onekernel.exec import stream_base as sd
 
 CHUNK_ELEMS = 8192               # one chunk: 16 KB of a 2-byte dtype
 SMEM_LIMIT = 232448              # H100/H200 dynamic shared memory per CTA (227 KB)
-XBUF_SLOTS = 6                   # weight slots a large batch's activation buffer leaves to the ring
+XBUF_SLOTS = 6                   # chunks' bytes a large batch's activation buffer may hold (less than the ring)
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 ATTN_TC = os.environ.get("STREAM_ATTN_TC", "1") == "1"   # tensor-core attention where it fits (attn_tc_bufs)
 MMA_BLOCK_ROWS = 64  # weight rows per k-major block: GB = MMA_BLOCK_ROWS // RG chunk groups share a staged tile
@@ -59,12 +59,11 @@ def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
 
 
 def xbuf_rows(B: int, kxb: int, ck: int) -> int:
-    """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit beside
-    XBUF_SLOTS weight slots); the kernel re-reads the other rows from L2 per chunk. Never below 1."""
-    # at most XBUF_SLOTS chunks' bytes: the ring (>= 7 slots beside it) stays the largest buffer, which Triton's
-    # allocator places at shared byte 0, where the loader's bulk copies address it (stream_device._loader)
-    room = min(SMEM_LIMIT - 2048 - XBUF_SLOTS * CHUNK_ELEMS * 2, XBUF_SLOTS * CHUNK_ELEMS * 2)
-    return max(1, min(B, room // (kxb * ck * 2)))
+    """XB: the batch rows whose activation a GEMV task keeps in shared memory (all B when they fit in XBUF_SLOTS
+    chunks' bytes); the kernel re-reads the other rows from L2 per chunk. Never below 1. The cap keeps the ring
+    (at least 7 slots beside it) the largest buffer, which Triton's allocator places at shared byte 0, where the
+    loader's bulk copies address it (stream_device._loader)."""
+    return max(1, min(B, XBUF_SLOTS * CHUNK_ELEMS * 2 // (kxb * ck * 2)))
 
 
 def attn_bn(split: int, rp: int, hd: int) -> int:
