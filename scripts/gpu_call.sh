@@ -137,6 +137,38 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+230) # session 23 (~8 min): NCCL's LL protocol for the gate_up -> down hand-over (STREAM_LL=1, exec.stream_ll: h as
+    # 8-byte words of two values and the step's epoch, down re-polls stale words instead of waiting on gate_up's counter)
+    # against main's kernels, each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py,
+    # Llama-3.2-1B batch 8 and 1), the streaming GPU tests (mma) and 300 replays + the forced timeout with LL on
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4,8"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 230 base1 . X=0 $S1; wtree 230 ll1 . STREAM_LL=1 $S1
+    wtree 230 base0 . X=0 $S0; wtree 230 ll0 . STREAM_LL=1 $S0
+    wtree 230 base8 . X=0 $S8; wtree 230 ll8 . STREAM_LL=1 $S8
+    (for b in 8 1; do timeout 100 python3 scripts/logits_dump.py --batch $b "$W/base-$b.pt" >"$W/dump-base-$b.log" 2>&1
+     timeout 100 env STREAM_LL=1 python3 scripts/logits_dump.py --batch $b "$W/ll-$b.pt" >"$W/dump-ll-$b.log" 2>&1; done
+     timeout 120 env STREAM_LL=1 python3 scripts/replay_check.py --batches 1 --replays 300 --out "$W/replays-ll.json" \
+        >"$W/replays-ll.log" 2>&1) &
+    (timeout 230 env STREAM_LL=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k mma \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 6
+    for b in 8 1; do python3 scripts/logits_dump.py --compare "$W/base-$b.pt" "$W/ll-$b.pt" 2>&1 | tail -1 \
+        | tee -a "$OUT/log.txt"; done
+    grep -h '"mode"' "$W/replays-ll.log" | cut -c1-220 | tee -a "$OUT/log.txt"
+    rm -f "$W"/*.pt
+    ttree 30 base-1b . X=0 $S1
+    ttree 30 ll-1b . STREAM_LL=1 $S1
+    ttree 20 base-smol . X=0 $S0
+    ttree 20 ll-smol . STREAM_LL=1 $S0
+    ttree 45 base-8b . X=0 $S8
+    ttree 45 ll-8b . STREAM_LL=1 $S8
+    ttree 30 ll2-1b . STREAM_LL=1 $S1
+    ttree 30 base2-1b . X=0 $S1
+    ;;
 223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
     # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton
     # megakernel and each row's batch-1 run)
