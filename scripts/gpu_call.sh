@@ -137,6 +137,34 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+231) # session 23 (~5 min): call 230 again without the 8B processes (their memory starved the GPU tests) and with main's
+    # kernel building (230's did not: its switch left LL code in the default kernel): main against STREAM_LL=1 and
+    # STREAM_LL=1 with a 200 ns nanosleep between re-polls (STREAM_LL_SLEEP), each its own process; a bitwise A/B of
+    # one step at batch 8 and 1; the streaming GPU tests (mma) with LL; the Llama-3.2-1B batch-1 profile with LL
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8"
+    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
+    wtree 200 base1 . X=0 $S1; wtree 200 ll1 . STREAM_LL=1 $S1; wtree 200 sl1 . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S1
+    wtree 200 base0 . X=0 $S0; wtree 200 ll0 . STREAM_LL=1 $S0; wtree 200 sl0 . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S0
+    (for b in 8 1; do timeout 90 python3 scripts/logits_dump.py --batch $b "$W/base-$b.pt" >"$W/dump-base-$b.log" 2>&1
+     timeout 90 env STREAM_LL=1 python3 scripts/logits_dump.py --batch $b "$W/ll-$b.pt" >"$W/dump-ll-$b.log" 2>&1; done) &
+    (timeout 200 env STREAM_LL=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma and not auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 6
+    for b in 8 1; do python3 scripts/logits_dump.py --compare "$W/base-$b.pt" "$W/ll-$b.pt" 2>&1 | tail -1 \
+        | tee -a "$OUT/log.txt"; done
+    rm -f "$W"/*.pt
+    ttree 25 base-1b . X=0 $S1
+    ttree 25 ll-1b . STREAM_LL=1 $S1
+    ttree 25 sl-1b . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S1
+    ttree 20 base-smol . X=0 $S0
+    ttree 20 ll-smol . STREAM_LL=1 $S0
+    ttree 20 sl-smol . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S0
+    ttree 25 base2-1b . X=0 $S1
+    step 60 profile-ll-1b env STREAM_LL=1 python3 scripts/stream_profile.py --out "$W/profile-ll" --model llama-3.2-1b \
+        --batch 1
+    ;;
 230) # session 23 (~8 min): NCCL's LL protocol for the gate_up -> down hand-over (STREAM_LL=1, exec.stream_ll: h as
     # 8-byte words of two values and the step's epoch, down re-polls stale words instead of waiting on gate_up's counter)
     # against main's kernels, each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py,

@@ -123,7 +123,6 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             # (the CUDA-core body's registers do not hold them: SmolLM2 batch 3 spilled 28 B)
             sig = gl.load(rec + F_SIGNAL)
             gt = gemv_task(rec, a, base_t, True)
-        xll = 0
         if kind == K_ATTN:  # it loads the old KV rows before it waits
             if ATTN_TC > 0:  # on the tensor cores (stream_attn_tc; K/V in xbuf, the warp merge in accbuf)
                 attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, xbuf, accbuf, PROFILE,
@@ -132,12 +131,11 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             else:
                 attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ,
                           HKV, HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4)
-        else:
-            if LL:  # a down task reading LL words waits inside gemv_ll, after its first tile's loads
-                if kind == K_RESID:
-                    xll = gl.load(rec + F_XLL)
-            if xll == 0:
+        elif LL:  # a down task reading LL words waits inside gemv_ll, after its first tile's loads
+            if (kind != K_RESID) | (gl.load(rec + F_XLL) == 0):
                 wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        else:
+            wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:
             if kind == K_ALLREDUCE:  # the peers' producers of its rows (after the local ones)
                 wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS)
@@ -151,14 +149,18 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         elif kind == K_ARGMAX:
             argmax_task(a, base_f, base_i, B, BP, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
-            if MMA:
-                if xll != 0:
+            if MMA & LL:
+                if (kind == K_RESID) & (gl.load(rec + F_XLL) != 0):
                     ok, i = gemv_ll(gt, rec, a, base_t, base_i, ring, xbuf, accbuf, ok, i, err, wl, ev_cnt, prof, epoch,
-                                    B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, PROFILE, prof + (n_prof + t) * 4)
+                                    B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, PROFILE, prof + (n_prof + t) * 4, LL)
                 else:
                     ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B,
                                      BP, KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
                                      prof + (n_prof + t) * 4, LL, epoch)
+            elif MMA:
+                ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
+                                 KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
+                                 prof + (n_prof + t) * 4)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -195,7 +197,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      LL: gl.constexpr = False):
+                      LL: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].

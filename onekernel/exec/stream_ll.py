@@ -23,6 +23,8 @@ from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_base import mma_act_bases, view
 
 LL = os.environ.get("STREAM_LL", "0") == "1"
+# measurement switch: ns of nanosleep between re-polls; the kernel's constexpr LL is 1 + it (0: off)
+SLEEP_NS = int(os.environ.get("STREAM_LL_SLEEP", "0"))
 ERR_LL = gl.constexpr(7)  # error code of an activation-flag wait that gave up (stream_base.ERRORS)
 
 
@@ -104,7 +106,7 @@ def ll_act_layout(CK):
 
 
 @gluon.constexpr_function
-def _poll_asm(p, wait_ns):
+def _poll_asm(p, wait_ns, sleep_ns):
     """PTX of ``poll_ll`` for ``p`` words per thread: operands $0..p-1 the words out, $p.. the words in, $2p.. their
     addresses, $3p the epoch."""
     chk = " ".join(f"shr.u64 x, w{i}, 32; cvt.u32.u64 h, x; setp.ne.u32 s{i}, h, ${3 * p};" for i in range(p))
@@ -113,7 +115,8 @@ def _poll_asm(p, wait_ns):
             + " ".join(f"mov.b64 w{i}, ${p + i};" for i in range(p)) + " " + chk + " " + anys
             + " @!a bra LLD${:uid}; mov.u64 t0, %globaltimer; LLL${:uid}: "
             + " ".join(f"@s{i} ld.relaxed.gpu.global.b64 w{i}, [${2 * p + i}];" for i in range(p)) + " " + chk + " "
-            + anys + " @!a bra LLD${:uid}; mov.u64 tn, %globaltimer; sub.u64 tn, tn, t0;"
+            + anys + " @!a bra LLD${:uid}; " + (f"nanosleep.u32 {int(sleep_ns)}; " if sleep_ns else "")
+            + "mov.u64 tn, %globaltimer; sub.u64 tn, tn, t0;"
             + f" setp.lt.u64 q, tn, {int(wait_ns)}; @q bra LLL${{:uid}}; LLD${{:uid}}: "
             + " ".join(f"mov.b64 ${i}, w{i};" for i in range(p)) + " }")
 
@@ -154,11 +157,13 @@ def load_ll(xw, K, kb, epoch, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def store_ll(abuf, vs, xw, K, kb, epoch, err, t, B: gl.constexpr, CK: gl.constexpr, WAIT_NS: gl.constexpr):
+def store_ll(abuf, vs, xw, K, kb, epoch, err, t, B: gl.constexpr, CK: gl.constexpr, WAIT_NS: gl.constexpr,
+             LL: gl.constexpr):
     """Stage LL tile kb (its words ``vs`` from load_ll) into the activation tile abuf: every thread re-polls its
     words whose flag is not ``epoch`` (``ld.relaxed.gpu``, no CTA barrier inside: threads finish apart) for at
     most WAIT_NS, then stores the payloads through the int32 view of abuf (ll_act_layout). A word still stale
-    records (7, task, tile, flag seen, epoch) in err."""
+    records (7, task, tile, flag seen, epoch) in err. LL: the kernel's constexpr (1 + ns of nanosleep between
+    re-polls)."""
     L: gl.constexpr = ll_layout(CK)
     KWT: gl.constexpr = CK // 8
     P: gl.constexpr = _words_per_thread(CK)
@@ -167,7 +172,7 @@ def store_ll(abuf, vs, xw, K, kb, epoch, err, t, B: gl.constexpr, CK: gl.constex
     ep = gl.zeros([4, 4, KWT], gl.int32, L) + epoch
     for q in gl.static_range(4):
         if q * 4 < B:
-            w = gl.inline_asm_elementwise(_poll_asm(P, WAIT_NS), _poll_constraints(P),
+            w = gl.inline_asm_elementwise(_poll_asm(P, WAIT_NS, LL - 1), _poll_constraints(P),
                                           [vs[q], xw + (q * 4 + r4) * KW + kw, ep], dtype=gl.int64, is_pure=False,
                                           pack=P)
             flag = (w >> 32).to(gl.int32)

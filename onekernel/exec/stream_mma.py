@@ -167,7 +167,7 @@ def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
 @gluon.jit
 def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr, LLX: gl.constexpr = False,
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr, LLX: gl.constexpr = 0,
                epoch=0):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
@@ -207,7 +207,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         if PROFILE:  # the wait for the tile's loads (and the other warps), counted above bit 16 of ps[2]
             ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
         if LLX:  # x: LL words (exec.stream_ll), re-polled until the step's flags
-            store_ll(abuf, pre, x, K, kb, epoch, err, t, B, CK, WAIT_NS)
+            store_ll(abuf, pre, x, K, kb, epoch, err, t, B, CK, WAIT_NS, LLX)
         elif ASYNC:
             _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
         else:
@@ -385,7 +385,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
 @gluon.jit
 def gemv_ll(gt, rec, a, base_t, base_i, ring, abuf, accbuf, ok, i, err, wl, ev_cnt, prof, epoch, B: gl.constexpr,
             BP: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr,
-            BARS: gl.constexpr, WAIT_NS: gl.constexpr, PROFILE: gl.constexpr, sub):
+            BARS: gl.constexpr, WAIT_NS: gl.constexpr, PROFILE: gl.constexpr, sub, LL: gl.constexpr):
     """A down task whose activation is LL words (exec.stream_ll; record F_XLL): gemv_mma's residual path, its first
     tile's loads issued before its dependency wait (the o_proj tasks its producers waited on: the residual rows),
     every tile staged once its flags are the step's."""
@@ -415,7 +415,7 @@ def gemv_ll(gt, rec, a, base_t, base_i, ring, abuf, accbuf, ok, i, err, wl, ev_c
             pf = pf + (gl.load(res + offs, mask=bm & ((u * RG + r) < N)[None, :] & (u < ue), other=0.0,
                                cache_modifier=".cg"),)
         ok, i, pre, ps = _mma_block(ring, abuf, abuf, accbuf, xw, nw, K, rs, 0, pre, ue - ub, nkb, ok, i, err, t, ps, B,
-                                    RG, CK, GB, SLOTS, BARS, WAIT_NS, False, PROFILE, True, epoch)
+                                    RG, CK, GB, SLOTS, BARS, WAIT_NS, False, PROFILE, LL, epoch)
         barrier()  # every warp's partials in accbuf
         for j in gl.static_range(GB):
             u = ub + j

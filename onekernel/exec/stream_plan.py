@@ -50,7 +50,7 @@ from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
-from onekernel.exec.stream_ll import LL, ll_plan, ll_rewire
+from onekernel.exec.stream_ll import LL, SLEEP_NS as LL_SLEEP_NS, ll_plan, ll_rewire
 from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
@@ -345,7 +345,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, LL=bool(ll), ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, LL=(1 + LL_SLEEP_NS) if ll else 0, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
