@@ -34,6 +34,8 @@
 # (`git show 176829c:scripts/gpu_call.sh`); 211 + 212 + 213 replace them.
 # 220 + 221 (session 22: the weight stream's L2 evict_first copies, kept; the LM head's per-lane argmax, the L2 prefetch on
 # a full ring and the RoPE table, dropped): in git history (`git show e95c4a7:scripts/gpu_call.sh`, the switches there).
+# 230 + 231 (session 23: NCCL's LL protocol for the gate_up -> down hand-over, STREAM_LL=1; slower, dropped): in git
+# history (`git show f4c7ef2:scripts/gpu_call.sh`, the code there).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
@@ -137,65 +139,18 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
-231) # session 23 (~5 min): call 230 again without the 8B processes (their memory starved the GPU tests) and with main's
-    # kernel building (230's did not: its switch left LL code in the default kernel): main against STREAM_LL=1 and
-    # STREAM_LL=1 with a 200 ns nanosleep between re-polls (STREAM_LL_SLEEP), each its own process; a bitwise A/B of
-    # one step at batch 8 and 1; the streaming GPU tests (mma) with LL; the Llama-3.2-1B batch-1 profile with LL
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
-    wtree 200 base1 . X=0 $S1; wtree 200 ll1 . STREAM_LL=1 $S1; wtree 200 sl1 . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S1
-    wtree 200 base0 . X=0 $S0; wtree 200 ll0 . STREAM_LL=1 $S0; wtree 200 sl0 . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S0
-    (for b in 8 1; do timeout 90 python3 scripts/logits_dump.py --batch $b "$W/base-$b.pt" >"$W/dump-base-$b.log" 2>&1
-     timeout 90 env STREAM_LL=1 python3 scripts/logits_dump.py --batch $b "$W/ll-$b.pt" >"$W/dump-ll-$b.log" 2>&1; done) &
-    (timeout 200 env STREAM_LL=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma and not auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+232) # session 23 (~5 min): checks on main's kernels (33bb23d's PTX, run 22's tables): every streaming GPU test (the
+    # counters' rewind on the GPU included, new) and the 1B megakernel's bitwise invariance; beside them the registry's
+    # Llama-family models outside the tables (SmolLM2-360M, SmolLM2-1.7B, Llama-3.2-3B) and Qwen3-0.6B, batch 1 / 3 / 8,
+    # every Triton mode, each record's first step against the PyTorch reference (rel_err_vs_torch, argmax_agree)
+    checks 330 "mma or auto or fma or rewind or norm"
+    for m in smollm2-360m smollm2-1.7b llama-3.2-3b qwen3-0.6b; do
+        (timeout 300 python3 -m onekernel.cli bench --out "$W/sweep" --model $m --random-weights \
+            --modes megakernel,graph,pdl --batch 1,3,8 --steps 10 >"$W/sweep-$m.log" 2>&1; echo "rc=$?" >>"$W/sweep-$m.log") &
+    done
     wait
-    checked 6
-    for b in 8 1; do python3 scripts/logits_dump.py --compare "$W/base-$b.pt" "$W/ll-$b.pt" 2>&1 | tail -1 \
-        | tee -a "$OUT/log.txt"; done
-    rm -f "$W"/*.pt
-    ttree 25 base-1b . X=0 $S1
-    ttree 25 ll-1b . STREAM_LL=1 $S1
-    ttree 25 sl-1b . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S1
-    ttree 20 base-smol . X=0 $S0
-    ttree 20 ll-smol . STREAM_LL=1 $S0
-    ttree 20 sl-smol . "STREAM_LL=1 STREAM_LL_SLEEP=200" $S0
-    ttree 25 base2-1b . X=0 $S1
-    step 60 profile-ll-1b env STREAM_LL=1 python3 scripts/stream_profile.py --out "$W/profile-ll" --model llama-3.2-1b \
-        --batch 1
-    ;;
-230) # session 23 (~8 min): NCCL's LL protocol for the gate_up -> down hand-over (STREAM_LL=1, exec.stream_ll: h as
-    # 8-byte words of two values and the step's epoch, down re-polls stale words instead of waiting on gate_up's counter)
-    # against main's kernels, each its own process; beside the warm-ups a bitwise A/B of one step (logits_dump.py,
-    # Llama-3.2-1B batch 8 and 1), the streaming GPU tests (mma) and 300 replays + the forced timeout with LL on
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,4,8"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
-    S0="--model smollm2-135m --random-weights --modes megakernel --batch 1,8"
-    wtree 230 base1 . X=0 $S1; wtree 230 ll1 . STREAM_LL=1 $S1
-    wtree 230 base0 . X=0 $S0; wtree 230 ll0 . STREAM_LL=1 $S0
-    wtree 230 base8 . X=0 $S8; wtree 230 ll8 . STREAM_LL=1 $S8
-    (for b in 8 1; do timeout 100 python3 scripts/logits_dump.py --batch $b "$W/base-$b.pt" >"$W/dump-base-$b.log" 2>&1
-     timeout 100 env STREAM_LL=1 python3 scripts/logits_dump.py --batch $b "$W/ll-$b.pt" >"$W/dump-ll-$b.log" 2>&1; done
-     timeout 120 env STREAM_LL=1 python3 scripts/replay_check.py --batches 1 --replays 300 --out "$W/replays-ll.json" \
-        >"$W/replays-ll.log" 2>&1) &
-    (timeout 230 env STREAM_LL=1 TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k mma \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    checked 6
-    for b in 8 1; do python3 scripts/logits_dump.py --compare "$W/base-$b.pt" "$W/ll-$b.pt" 2>&1 | tail -1 \
-        | tee -a "$OUT/log.txt"; done
-    grep -h '"mode"' "$W/replays-ll.log" | cut -c1-220 | tee -a "$OUT/log.txt"
-    rm -f "$W"/*.pt
-    ttree 30 base-1b . X=0 $S1
-    ttree 30 ll-1b . STREAM_LL=1 $S1
-    ttree 20 base-smol . X=0 $S0
-    ttree 20 ll-smol . STREAM_LL=1 $S0
-    ttree 45 base-8b . X=0 $S8
-    ttree 45 ll-8b . STREAM_LL=1 $S8
-    ttree 30 ll2-1b . STREAM_LL=1 $S1
-    ttree 30 base2-1b . X=0 $S1
+    checked
+    for m in smollm2-360m smollm2-1.7b llama-3.2-3b qwen3-0.6b; do tail -n 14 "$W/sweep-$m.log" | tee -a "$OUT/log.txt"; done
     ;;
 223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
     # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton

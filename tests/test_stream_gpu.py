@@ -101,3 +101,47 @@ def test_norm_bf16_is_rnd_to_the_bit():
     both[(1,)](y, g, hw, sw, n, num_warps=4)
     assert torch.equal(hw.view(torch.int16), sw.view(torch.int16))
     assert torch.equal(hw.view(torch.int16), (y.bfloat16().float() * g.float()).bfloat16().view(torch.int16))
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_counters_rewind_on_the_gpu(monkeypatch, graph, seed):
+    """The streaming megakernel rewinds its event counters, done counter and epoch every REWIND_EVERY steps
+    (persistent.PersistentRunner.rewind, between two steps in stream order; tested in the interpreter in
+    tests/test_executors.py): with a rewind after every second step, six steps of SmolLM2-135M (tensor cores, batch
+    3; launched, and replayed from a CUDA graph) give every step's logits and tokens bitwise equal to a runner that
+    never rewinds, from the same cache and tokens; the counters are zero and the epoch 1 exactly after a rewind."""
+    from onekernel.exec import persistent
+    from onekernel.exec.stream_runner import StreamMegakernelRunner
+    from onekernel.runtime.kv_cache import KVCache
+    from onekernel.runtime.runners import make_step_runner
+
+    model = load_model("smollm2-135m", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
+    cache, _ = random_decode_state(model, 3, 96, [40, 7, 61], seed)
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (6, 3), generator=g, dtype=torch.int32).cuda()
+    runs = {}
+    for every in (1 << 20, 2):
+        monkeypatch.setattr(persistent, "REWIND_EVERY", every)
+        c = KVCache(model.config, 3, 96, torch.bfloat16, "cuda")  # a copy of the cache: each run starts alike
+        c.k.copy_(cache.k)
+        c.v.copy_(cache.v)
+        c.seq_lens.copy_(cache.seq_lens)
+        r = make_step_runner("megakernel", model, c, gemv="mma", use_cuda_graph=graph)
+        assert isinstance(r, StreamMegakernelRunner) and (every > 2 or r._rewind_steps() == 2)
+        out = []
+        for i, t in enumerate(tokens, start=1):
+            r.tensors[r.bound.logits].fill_(float("nan"))
+            r.tensors[r.bound.next_tokens].fill_(-1)
+            lg, nt = r.step(t)
+            torch.cuda.synchronize()
+            r.check()
+            out.append((lg.clone(), nt.clone()))
+            if every == 2:
+                rewound = i % 2 == 0
+                assert r.epoch.item() == (1 if rewound else 2), (i, r.epoch.item())
+                assert (int(r.ev_cnt.abs().sum()) == 0) == rewound and (r.done.item() == 0) == rewound, i
+            c.seq_lens += 1
+        runs[every] = out
+    for i, ((a, ta), (b, tb)) in enumerate(zip(runs[1 << 20], runs[2])):
+        assert not torch.isnan(a).any()
+        assert torch.equal(a, b) and torch.equal(ta, tb), f"step {i + 1} differs after rewinding"

@@ -38,8 +38,6 @@ REC = _c(16)
 # task's signal (a system-scope release); an all-reduce task (no GEMV units) keeps its remote waits
 # rwl[F_RWB:F_RWE] = (event, expected, peer rank) in the unit fields, and in F_N whether it adds a residual.
 F_SYS = _c(15)
-# Single GPU (LL is off under TP): F_XLL = 1 when a K_RESID task's activation is in LL words (exec.stream_ll).
-F_XLL = _c(15)
 F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
 # err int32 [5] (TP: [ERR_RSLOT + 6]), the Triton megakernel's layout (exec.mk_device.ERR_RSLOT): err[0:5] the
 # first local failure; at TP > 1 err[ERR_RSLOT:ERR_RSLOT + 6] = (5, task, event, seen, expected, peer rank), the
@@ -54,8 +52,7 @@ ERR_STOP = _c(6)
 # consequence, run 19 call 192).
 ERR_TASKS = _c(16)
 ERRORS = {1: ("dependency wait", "event", "seen", "want"), 2: ("consumer ring wait", "chunk", "slot", "phase"),
-          3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-"),
-          7: ("activation flag wait", "tile", "flag seen", "epoch")}
+          3: ("loader ring wait", "chunk", "slot", "phase"), 4: ("chunk count", "consumed", "streamed", "-")}
 
 
 # ----------------------------------------------------------------------------------------------- MMA layouts

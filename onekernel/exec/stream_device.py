@@ -33,14 +33,13 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_attn_tc import attn_task_tc
-from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, F_XLL, K_ALLREDUCE, K_ARGMAX, K_ATTN,
-                                        K_EMBED, K_RESID,
+from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
                                         K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_async_a,
                                         mma_shared_layouts, now, record, smem_addr, view, wait_bounded, wait_deps,
                                         wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
 from onekernel.exec.stream_fma import gemv_fma
-from onekernel.exec.stream_mma import gemv_ll, gemv_mma, stage_layout
+from onekernel.exec.stream_mma import gemv_mma, stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 
 
@@ -84,7 +83,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, LL: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -131,9 +130,6 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             else:
                 attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, scr, PROFILE, WAIT_NS, HQ,
                           HKV, HD, S, SPLIT, NSPLIT, RP, BN, SM_SCALE, NTA, FOLD, NSP2, NGP, prof + (n_prof + t) * 4)
-        elif LL:  # a down task reading LL words waits inside gemv_ll, after its first tile's loads
-            if (kind != K_RESID) | (gl.load(rec + F_XLL) == 0):
-                wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         else:
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:
@@ -149,15 +145,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         elif kind == K_ARGMAX:
             argmax_task(a, base_f, base_i, B, BP, NT)
         elif (kind != K_ATTN) & (kind != K_ALLREDUCE):
-            if MMA & LL:
-                if (kind == K_RESID) & (gl.load(rec + F_XLL) != 0):
-                    ok, i = gemv_ll(gt, rec, a, base_t, base_i, ring, xbuf, accbuf, ok, i, err, wl, ev_cnt, prof, epoch,
-                                    B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, PROFILE, prof + (n_prof + t) * 4, LL)
-                else:
-                    ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B,
-                                     BP, KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                     prof + (n_prof + t) * 4, LL, epoch)
-            elif MMA:
+            if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
                                  prof + (n_prof + t) * 4)
@@ -196,8 +184,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       GB: gl.constexpr = 8, TP: gl.constexpr = False, NR: gl.constexpr = 1, ARD: gl.constexpr = 1,
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
-                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      LL: gl.constexpr = 0):
+                      LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -261,7 +248,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, LL)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC)),
         (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

@@ -9,7 +9,6 @@ from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import libdevice
 
 from onekernel.exec.stream_base import F_K, F_N, F_NKB, F_NU, F_TASK, F_U0
-from onekernel.exec.stream_ll import pack_pairs
 from onekernel.ops.gemv_rows import rnd, silu
 
 
@@ -22,23 +21,6 @@ def gateup_out(ag, au, u, r, b64, bm, N, out, RG: gl.constexpr):
     g = rnd(ag, dt)
     s = rnd(silu(g), dt)
     gl.store(out + b64 * N + (u * RG + r)[None, :], (s * rnd(au, dt)).to(dt), mask=bm & ((u * RG + r) < N)[None, :])
-
-
-@gluon.jit
-def _gateup(ag, au, dt: gl.constexpr):
-    """gateup_out's values (its own copy of these lines: calling this from it moved two PTX instructions)."""
-    g = rnd(ag, dt)
-    s = rnd(silu(g), dt)
-    return (s * rnd(au, dt)).to(dt)
-
-
-@gluon.jit
-def gateup_out_ll(ag, au, u, r, b64, bm, N, outw, epoch, dt: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
-    """gateup_out's values as LL words (exec.stream_ll.pack_pairs) at outw (int64 [B, N/2]): one 8-byte store per
-    pair of rows, no fence."""
-    rows = u * RG + r
-    w = pack_pairs(_gateup(ag, au, dt), r, epoch, AL)
-    gl.store(outw + b64 * (N // 2) + (rows // 2)[None, :], w, mask=bm & ((rows < N) & (r % 2 == 0))[None, :])
 
 
 @gluon.jit

@@ -13,9 +13,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
-                                        wait_deps, warp_release)
-from onekernel.exec.stream_epilogue import gateup_out, gateup_out_ll, lm_out, qkv_buffers, qkv_out, rope_cos_sin
-from onekernel.exec.stream_ll import load_ll, store_ll
+                                        warp_release)
+from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
 
 
@@ -167,8 +166,7 @@ def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
 @gluon.jit
 def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr, LLX: gl.constexpr = 0,
-               epoch=0):
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
@@ -206,9 +204,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         barrier()  # every warp done with the previous tile
         if PROFILE:  # the wait for the tile's loads (and the other warps), counted above bit 16 of ps[2]
             ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
-        if LLX:  # x: LL words (exec.stream_ll), re-polled until the step's flags
-            store_ll(abuf, pre, x, K, kb, epoch, err, t, B, CK, WAIT_NS, LLX)
-        elif ASYNC:
+        if ASYNC:
             _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
         else:
             _store_a(abuf, pre, rs, norm, B, CK)
@@ -218,9 +214,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
         # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
         nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
-        if LLX:
-            pre = load_ll(x, K, nxt, epoch, B, CK)
-        elif ASYNC:
+        if ASYNC:
             pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
         else:
             pre = _load_a(x, nw, K, nxt, norm, B, CK)
@@ -271,7 +265,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, LL: gl.constexpr = False, epoch=0):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -343,16 +337,9 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                     acc = _acc_of(accbuf, j, BP, RG, AL)
                     gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
         elif kind == K_GATEUP:
-            if LL:  # h as LL words for down (exec.stream_ll)
-                outw = (base_i + gl.load(a + 2) * 4).to(gl.pointer_type(gl.int64))
-                for u in range(ub, ue):
-                    gateup_out_ll(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL),
-                                  _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r, b64, bm, N, outw, epoch, dt, RG,
-                                  AL)
-            else:
-                for u in range(ub, ue):
-                    gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL),
-                               u, r, b64, bm, N, out, RG)
+            for u in range(ub, ue):
+                gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
+                           b64, bm, N, out, RG)
         elif kind == K_QKV:
             for j in gl.static_range(GB):
                 u = ub + j
@@ -379,53 +366,4 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         idx = gl.load(rec + F_IDX)
         gl.store(pmax + bidx * NT + idx, best, mask=bidx < B)
         gl.store(pidx + bidx * NT + idx, barg, mask=bidx < B)
-    return ok, i
-
-
-@gluon.jit
-def gemv_ll(gt, rec, a, base_t, base_i, ring, abuf, accbuf, ok, i, err, wl, ev_cnt, prof, epoch, B: gl.constexpr,
-            BP: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr,
-            BARS: gl.constexpr, WAIT_NS: gl.constexpr, PROFILE: gl.constexpr, sub, LL: gl.constexpr):
-    """A down task whose activation is LL words (exec.stream_ll; record F_XLL): gemv_mma's residual path, its first
-    tile's loads issued before its dependency wait (the o_proj tasks its producers waited on: the residual rows),
-    every tile staged once its flags are the step's."""
-    dt: gl.constexpr = base_t.dtype.element_ty
-    AL: gl.constexpr = _mma_out_layout(RG)
-    t, u0, nu, K, nkb, N, x, nw = gt
-    xw = (base_i + gl.load(a) * 4).to(gl.pointer_type(gl.int64))
-    pre = load_ll(xw, K, 0, epoch, B, CK)
-    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
-    r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
-    bm = bidx[:, None] < B
-    b64 = bidx.to(gl.int64)[:, None]
-    res = base_t + gl.load(a + 1) * 8
-    out = base_t + gl.load(a + 2) * 8
-    rs = _rstd16(xw, K, 0, CK, 1e-6, 0)  # zeros, no loads
-    ps = (0, 0, 0)
-    if PROFILE:
-        z = now() * 0
-        ps = (z, z, z)
-    for ub in range(u0, u0 + nu, GB):
-        ue = gl.minimum(ub + GB, u0 + nu)
-        pf = ()
-        for j in gl.static_range(GB):
-            u = ub + j
-            offs = b64 * N + (u * RG + r)[None, :]
-            pf = pf + (gl.load(res + offs, mask=bm & ((u * RG + r) < N)[None, :] & (u < ue), other=0.0,
-                               cache_modifier=".cg"),)
-        ok, i, pre, ps = _mma_block(ring, abuf, abuf, accbuf, xw, nw, K, rs, 0, pre, ue - ub, nkb, ok, i, err, t, ps, B,
-                                    RG, CK, GB, SLOTS, BARS, WAIT_NS, False, PROFILE, LL, epoch)
-        barrier()  # every warp's partials in accbuf
-        for j in gl.static_range(GB):
-            u = ub + j
-            if u < ue:
-                offs = b64 * N + (u * RG + r)[None, :]
-                acc = _acc_of(accbuf, j, BP, RG, AL)
-                gl.store(out + offs, (pf[j].to(gl.float32) + rnd(acc, dt)).to(dt),
-                         mask=bm & ((u * RG + r) < N)[None, :])
-    if PROFILE:
-        gl.store(sub, ps[0])
-        gl.store(sub + 1, ps[1])
-        gl.store(sub + 3, ps[2])
     return ok, i

@@ -50,7 +50,6 @@ from onekernel.errors import ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
-from onekernel.exec.stream_ll import LL, SLEEP_NS as LL_SLEEP_NS, ll_plan, ll_rewire
 from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
@@ -328,8 +327,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                             [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops) for t in tasks]))
         g.add_op(new, tasks)
         kinds.append(kind)
-    tp = any(k == sd.K_ALLREDUCE.value for k in kinds)
-    ll = ll_plan(g, kinds, B, LL and g.meta.get("gemv") == "mma" and not tp and not sd.mma_async_a(B, ck))
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
     merge = next(op for op in src.ops if op.kind.name == "attn_merge").params
     ngp = pow2_ceil(-(-max(n for (_, n), t in zip(units, g.tasks) if kinds[t.op] == sd.K_ATTN.value)
@@ -345,7 +342,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, LL=(1 + LL_SLEEP_NS) if ll else 0, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
@@ -357,8 +354,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             deps = fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)))
         else:
             deps = transitive_reduction(derive_dependencies(g))
-        if ll:  # gate_up -> down through flags in the data (exec.stream_ll)
-            deps = ll_rewire(g, deps, ll)
         remote = derive_remote_dependencies(g)
         if any(remote):  # tensor parallel: as exec.megakernel.MegakernelRunner
             bad = [t for t, rs in enumerate(remote) if rs and kinds[g.tasks[t].op] != sd.K_ALLREDUCE.value]
@@ -389,8 +384,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     units_arr = np.asarray(units, dtype=np.int64).reshape(-1, 2)
     (events, schedule, qrec, wl, rwl), hit = host_cache.cached(
         "stream", g, compute, encode_products, lambda a: decode_products(a, n), n_workers=n_workers,
-        kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest(), events=ev_mode,
-        ll=repr(ll))
+        kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest(), events=ev_mode)
     plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
     plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
     plan.cache_hit = hit

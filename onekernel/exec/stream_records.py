@@ -13,7 +13,6 @@ import torch
 
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_ll import is_ll_input
 
 
 def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,8 +35,6 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
                 rec[sd.F_K.value], rec[sd.F_NKB.value] = op.params["KG"], op.params["NKB"]
                 rec[sd.F_N.value] = op.params.get("N", 0)
                 rec[sd.F_IDX.value] = task.tile
-            if is_ll_input(op):  # its activation is in LL words (exec.stream_ll; single GPU only)
-                rec[sd.F_XLL.value] = 1
             if ev.remote_waits:  # tensor parallel (stream_base: F_SYS, F_RWB/F_RWE/F_RES of all-reduce tasks)
                 sig = ev.signal[t]
                 rec[sd.F_SYS.value] = int(sig >= 0 and ev.sys_signal[sig])
