@@ -152,6 +152,11 @@ case "$1" in
     checked
     for m in smollm2-360m smollm2-1.7b llama-3.2-3b qwen3-0.6b; do tail -n 14 "$W/sweep-$m.log" | tee -a "$OUT/log.txt"; done
     ;;
+233) # session 23 (~2 min): the GPU tests 232 left unrun (its 330 s ran out after 8 of 12 beside the sweep): the
+    # counters' rewind on the streaming megakernel, auto's choice, the norm rounding
+    step 300 gpu-tests-rest env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
+        -k "rewind or auto or norm" -p no:cacheprovider -rfE
+    ;;
 223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
     # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton
     # megakernel and each row's batch-1 run)
