@@ -157,6 +157,22 @@ case "$1" in
     step 300 gpu-tests-rest env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
         -k "rewind or auto or norm" -p no:cacheprovider -rfE
     ;;
+234) # session 23 (~4.5 min): Qwen3 on the streaming megakernel (the per-head q/k RMSNorm pass after each qkv task, whole
+    # heads per task; tensor cores): its GPU tests (Qwen3-0.6B batch 3 and 16 against the reference and the Triton
+    # megakernel, each row bitwise its batch-1 run) beside the warm-ups; then Qwen3-0.6B (batch 1 / 8 / 16) and
+    # Qwen3-8B (batch 1 / 8) in every Triton mode, each record's first step against the PyTorch step
+    mkdir -p /tmp/warm "$W/bench"
+    Q0="--model qwen3-0.6b --random-weights --modes graph,pdl,megakernel --batch 1,8,16"
+    Q8="--model qwen3-8b --random-weights --modes graph,pdl,megakernel --batch 1,8"
+    WARM_S=170 warm q0 $Q0
+    WARM_S=170 warm q8 $Q8
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 2
+    step 30 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    step 50 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    ;;
 223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
     # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton
     # megakernel and each row's batch-1 run)

@@ -14,12 +14,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 @pytest.mark.parametrize("name,batch,gemv", [("smollm2-135m", 3, "fma"), ("llama-3.2-1b", 3, "fma"),
                                              ("llama-3.2-1b", 16, "fma"), ("smollm2-135m", 3, "mma"),
                                              ("llama-3.2-1b", 3, "mma"), ("llama-3.2-1b", 8, "mma"),
-                                             ("llama-3.2-1b", 16, "mma")])
+                                             ("llama-3.2-1b", 16, "mma"), ("qwen3-0.6b", 3, "mma"),
+                                             ("qwen3-0.6b", 16, "mma")])
 def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed):
     """Batch 16 on Llama-3.2-1B with fma: more rows than shared memory holds beside the ring
     (stream_plan.xbuf_rows), so the rows past XB take the L2 path; each must still equal its batch-1 run
     bitwise. mma: the tensor-core body (16 padded batch rows at every B, batch 1 included); the Triton
-    megakernel it is compared with runs the same gemv path."""
+    megakernel it is compared with runs the same gemv path. Qwen3-0.6B: the per-head q/k RMSNorm pass
+    (stream_epilogue.qk_norm_head) after each qkv task, whose units are whole heads."""
     model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
     lens = [300, 217, 45] if batch == 3 else torch.randint(1, 400, (batch,), generator=torch.Generator().manual_seed(
         seed)).tolist()

@@ -54,6 +54,10 @@ CFG8 = dataclasses.replace(CFG, name="stream-test-8", dim=1024, n_heads=8, n_kv_
                            n_layers=1)
 
 
+# Qwen3's per-head q/k RMSNorm on CFG8's shapes (8 q heads, 2 KV heads, head_dim 128: 12 heads of 16 units)
+CFGQ = dataclasses.replace(CFG8, name="stream-test-qwen3", qk_norm=True)
+
+
 def _step(batch, seed, workers=8, cfg=CFG, gemv=None):
     w = random_weights(cfg, torch.bfloat16, "cpu", seed)
     cache = KVCache(cfg, batch, 48, torch.bfloat16, "cpu")
@@ -140,7 +144,7 @@ def _slot_coords(bases, n):
     return out
 
 
-@pytest.mark.parametrize("cfg,batch", [(CFG, 1), (CFG, 3), (CFG8, 2)])
+@pytest.mark.parametrize("cfg,batch", [(CFG, 1), (CFG, 3), (CFG8, 2), (CFGQ, 3)])
 def test_mma_stream_reproduces_every_gemv(cfg, batch, seed):
     """gemv="mma": per task, k-major blocks of GB chunk groups (gate_up: GB / 2 units), each chunk read through
     the kernel's shared layout as [4 warps, CK/4, RG] (stream_mma._mma_block: warp w multiplies columns
@@ -413,3 +417,38 @@ def test_runners_of_one_model_share_one_stream_while_they_hold_it(seed):
     del a, b
     gc.collect()
     assert len(_STREAMS) == n - 2, "a stream no runner holds must be freed"
+
+
+def test_qwen3_qkv_tasks_hold_whole_heads(seed):
+    """Qwen3 streams on the tensor cores only: the q/k RMSNorm pass after a qkv task's last block
+    (stream_epilogue.qk_norm_head) sums each head's HD rows, so every qkv task holds whole heads (its units a
+    multiple of HD / RG) and the tasks cover every head once; the kernel's QKN is on, and the argument table's qn /
+    kn slots hold the layer's q_norm / k_norm. A CUDA-core (fma) step is refused with the reason; Llama steps keep
+    QKN off."""
+    from onekernel.exec.stream_plan import ROLES, unsupported_graph
+
+    for workers in (8, 5, 132):
+        step, W = _step(3, seed, workers=workers, cfg=CFGQ, gemv="mma")
+        plan = make_plan(step, W)
+        assert plan.consts["QKN"] and unsupported_graph(step.graph, 3) is None
+        ch = CFGQ.head_dim // plan.consts["RG"]
+        n_heads = CFGQ.n_heads + 2 * CFGQ.n_kv_heads
+        for op in (o for o in plan.graph.ops if plan.kinds[o.index] == sd.K_QKV.value):
+            spans = sorted(plan.units[t] for t in op.task_ids)
+            assert all(u0 % ch == 0 and nu % ch == 0 and nu > 0 for u0, nu in spans), (workers, spans)
+            assert spans[0][0] == 0 and sum(nu for _, nu in spans) == n_heads * ch, spans  # every head once
+            assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+            assert len(spans) == min(workers, n_heads)
+    bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
+    tab = arg_table(plan, dict(step.tensors, **scratch_tensors(plan, "cpu")), bases)
+    roles = ROLES[sd.K_QKV.value]
+    for op in (o for o in plan.graph.ops if plan.kinds[o.index] == sd.K_QKV.value):
+        for role in ("qn", "kn"):
+            t = step.tensors[op.args[role]]
+            assert op.args[role].endswith("q_norm" if role == "qn" else "k_norm"), op.args[role]
+            assert bases[torch.bfloat16].data_ptr() + int(tab[op.index, roles.index(role)]) * 16 == t.data_ptr()
+    fma, _ = _step(3, seed, cfg=CFGQ, gemv="fma")
+    why = unsupported_graph(fma.graph, 3)
+    assert why is not None and "tensor-core" in why, why
+    llama, W = _step(3, seed, cfg=CFG8, gemv="mma")
+    assert not make_plan(llama, W).consts["QKN"]

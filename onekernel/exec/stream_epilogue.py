@@ -42,17 +42,20 @@ def rope_cos_sin(pos, f, dt: gl.constexpr):
 
 @gluon.jit
 def qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV: gl.constexpr,
-             HD: gl.constexpr, S: gl.constexpr, RG: gl.constexpr, BP: gl.constexpr, AL: gl.constexpr):
+             HD: gl.constexpr, S: gl.constexpr, RG: gl.constexpr, BP: gl.constexpr, AL: gl.constexpr,
+             ROPE: gl.constexpr = True):
     """Unit (head h, pair chunk c): tile row j < P is head row c*P + j, j >= P is head row HD/2 + c*P + (j - P)
-    (P = RG / 2); RoPE for q and k heads, then q / the KV cache row at pos."""
+    (P = RG / 2); RoPE for q and k heads (unless not ROPE: Qwen3's q/k RMSNorm comes first, qk_norm_head), then
+    q / the KV cache row at pos."""
     dt: gl.constexpr = q.dtype.element_ty
     P: gl.constexpr = RG // 2
     y = rnd(acc, dt)
     hr = (r // P) * (HD // 2) + c * P + (r % P)
-    if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
-        yp = gl.gather(y, gl.zeros([BP, RG], gl.int32, AL) + ((r + P) % RG)[None, :], 1)
-        rot = gl.where((r < P)[None, :], -yp, yp)
-        y = rnd(y * cs, dt) + rnd(rot * sn, dt)
+    if ROPE:
+        if h < HQ + HKV:  # RoPE (rotate_half form): the partner of tile row j is row (j + P) % RG
+            yp = gl.gather(y, gl.zeros([BP, RG], gl.int32, AL) + ((r + P) % RG)[None, :], 1)
+            rot = gl.where((r < P)[None, :], -yp, yp)
+            y = rnd(y * cs, dt) + rnd(rot * sn, dt)
     pm = bm & ((pos >= 0) & (pos < S))[:, None]
     if h < HQ:
         gl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], y.to(dt), mask=bm)
@@ -62,6 +65,38 @@ def qkv_out(acc, cs, sn, h, c, r, bm, b64, pos, q, kc, vc, HQ: gl.constexpr, HKV
     else:
         gl.store(vc + ((b64 * HKV + (h - HQ - HKV)) * S + pos.to(gl.int64)[:, None]) * HD + hr[None, :],
                  y.to(dt), mask=pm)
+
+
+@gluon.jit
+def qk_norm_head(h, q, kc, qn, kn, seq_lens, inv_freq, B: gl.constexpr, BP: gl.constexpr, HQ: gl.constexpr,
+                 HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, EPS: gl.constexpr):
+    """Qwen3's per-head RMSNorm, then RoPE, of q or k head h (h < HQ + HKV) in place: its rows [B, HD] as the qkv
+    epilogue stored them (``rnd(acc)``, no RoPE; read back after a CTA barrier, ``.cg``) in q [B, HQ, HD] or the KV
+    cache row at each sequence's position. HF Qwen3RMSNorm then apply_rotary_pos_emb, rounded where HF rounds:
+    ``rnd(rnd(y * rstd) * w)``, then ``rnd(y * cos) + rnd(rotate_half(y) * sin)`` (ops/qkv.py, the Triton body's
+    math). Each row's sum of squares runs over one warp's lanes in a layout that does not depend on B (batch
+    invariance)."""
+    dt: gl.constexpr = q.dtype.element_ty
+    L: gl.constexpr = gl.BlockedLayout([1, HD // 32], [1, 32], [4, 1], [1, 0])
+    r = gl.arange(0, HD, layout=gl.SliceLayout(0, L))
+    b = gl.arange(0, BP, layout=gl.SliceLayout(1, L))
+    pos = gl.load(seq_lens + b, mask=b < B, other=0, cache_modifier=".cg")
+    b64 = b.to(gl.int64)[:, None]
+    m = ((b < B) & (pos >= 0) & (pos < S))[:, None]
+    if h < HQ:
+        p = q + b64 * (HQ * HD) + h * HD + r[None, :]
+        g = gl.load(qn + r).to(gl.float32)
+    else:
+        p = kc + ((b64 * HKV + (h - HQ)) * S + pos.to(gl.int64)[:, None]) * HD + r[None, :]
+        g = gl.load(kn + r).to(gl.float32)
+    y = gl.load(p, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+    rb = gl.rsqrt(gl.sum(y * y, axis=1) / HD + EPS)
+    y = rnd(rnd(y * rb[:, None], dt) * g[None, :], dt)
+    yp = gl.gather(y, gl.zeros([BP, HD], gl.int32, L) + ((r + HD // 2) % HD)[None, :], 1)
+    rot = gl.where((r < HD // 2)[None, :], -yp, yp)
+    ang = pos.to(gl.float32)[:, None] * gl.load(inv_freq + (r % (HD // 2)))[None, :]
+    y = rnd(y * rnd(libdevice.cos(ang), dt), dt) + rnd(rot * rnd(libdevice.sin(ang), dt), dt)
+    gl.store(p, y.to(dt), mask=m)
 
 
 @gluon.jit

@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
-from onekernel.exec.stream_epilogue import gateup_out, lm_out, qkv_buffers, qkv_out, rope_cos_sin
+from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
 
 
@@ -265,7 +265,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -344,15 +344,27 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             for j in gl.static_range(GB):
                 u = ub + j
                 if u < ue:
-                    cs, sn = rope_cos_sin(pos, pf[j][1], dt)
-                    qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ,
-                            HKV, HD, S, RG, BP, AL)
+                    if QKN:  # the raw rows: qk_norm_head normalises and rotates each q / k head after the last block
+                        acc = _acc_of(accbuf, j, BP, RG, AL)
+                        qkv_out(acc, acc, acc, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S, RG, BP, AL,
+                                False)
+                    else:
+                        cs, sn = rope_cos_sin(pos, pf[j][1], dt)
+                        qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc,
+                                HQ, HKV, HD, S, RG, BP, AL)
         else:  # K_LMHEAD
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
                 best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
         if PROFILE:
             epi = epi + (now() - t_e)
+    if QKN:  # Qwen3 (stream_plan: a qkv task holds whole heads): each q / k head's RMSNorm, then RoPE
+        if kind == K_QKV:
+            barrier()  # every warp's raw rows stored
+            for h in range(u0 // CH, (u0 + nu) // CH):
+                if h < HQ + HKV:
+                    qk_norm_head(h, q, kc, base_t + gl.load(a + 7) * 8, base_t + gl.load(a + 8) * 8,
+                                 base_i + gl.load(a + 5) * 4, inv_freq, B, BP, HQ, HKV, HD, S, EPS)
     if PROFILE:
         gl.store(sub, ps[0])
         gl.store(sub + 1, ps[1])

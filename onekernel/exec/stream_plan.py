@@ -72,7 +72,7 @@ GROUPED_KINDS = ("attn_partial", "attn_merge")
 OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
                "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
-         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq"),
+         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
@@ -129,8 +129,8 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     extra = kinds - set(GEMV_KINDS) - set(OTHER_KINDS)
     if extra:
         return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
-    if any(op.params.get("QK_NORM") for op in g.ops):
-        return "Qwen3's per-head q/k RMSNorm has no streaming body yet"
+    if any(op.params.get("QK_NORM") for op in g.ops) and g.meta.get("gemv") != "mma":
+        return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (gemv='mma')"
     ks, ck, rg, kxb = chunk_shape(g)
     if any(k % 8 for k in ks):
         return (f"a GEMV's in_features {sorted({k for k in ks if k % 8})} is not a multiple of 8 (the activation is "
@@ -287,6 +287,9 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             gpu = 2 if kind == sd.K_GATEUP.value else 1   # chunk groups per unit
             nkb = -(-k // ck)
             tasks, bounds = [], [(w * nu) // n_workers for w in range(n_workers + 1)]
+            if kind == sd.K_QKV.value and op.params.get("QK_NORM"):  # whole heads per task: the q/k RMSNorm pass
+                ch = op.params["HD"] // rg                          # (stream_epilogue.qk_norm_head) sums a head
+                bounds = [((w * (nu // ch)) // n_workers) * ch for w in range(n_workers + 1)]
             rows_l = rows.tolist() if kind == sd.K_QKV.value else None  # only qkv reads rows per unit
             for j in range(n_workers):
                 u0, u1 = bounds[j], bounds[j + 1]
@@ -342,7 +345,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops), ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
