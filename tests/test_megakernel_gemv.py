@@ -45,6 +45,11 @@ def test_small_model_megakernel_takes_the_tensor_cores_at_every_batch(fake_hoppe
     # options the streaming runner takes keep it; "gluon" profiles the kernel it runs
     assert _choose("smollm2-135m", 2, wait_ms=500, use_cuda_graph=False) == "mma"
     assert _choose("smollm2-135m", 2, backend="gluon", profile=True) == "mma"
+    # Qwen3-0.6B (hidden size 1024: its own path is the CUDA cores) streams on the tensor cores too, its q/k norm
+    # in the qkv tasks (session 23; before, the tensor-core step was bound, refused, then the model's own path)
+    fake_hopper.clear()
+    assert [_choose("qwen3-0.6b", b) for b in (1, 16)] == ["mma", "mma"]
+    assert fake_hopper == ["mma"] * 2
 
 
 def test_the_model_path_where_the_streaming_kernel_does_not_run(fake_hopper):
@@ -56,10 +61,6 @@ def test_the_model_path_where_the_streaming_kernel_does_not_run(fake_hopper):
     fake_hopper.clear()
     assert _choose("smollm2-135m", 2, spin_limit=1000) == "fma"
     assert fake_hopper == ["mma", None]
-    # Qwen3's q/k norm has no streaming body: the tensor-core step is bound, refused, then the model's own path
-    fake_hopper.clear()
-    assert [_choose("qwen3-0.6b", b) for b in (1, 16)] == ["fma", "fma"]
-    assert fake_hopper == ["mma", None] * 2
     # fp32 steps keep the CUDA cores; models of hidden size >= 2048 already run the tensor cores
     fake_hopper.clear()
     assert _choose("smollm2-135m", 4, dtype=torch.float32) == "fma"
