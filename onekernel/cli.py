@@ -10,15 +10,18 @@ import json
 import os
 import sys
 
-from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say
-from onekernel.cli_tp import add_tp_argument
-from onekernel.cli_tools import TOOLS
-from onekernel.cli_warmup import WARMUP
-from onekernel.errors import DeviceError, InputError, OneKernelError
-from onekernel.exec import STEP_MODES
-from onekernel.models.load import DTYPE_CHOICES, dtype_option
-from onekernel.runtime.args import add_gemv_argument, gemv_options
-from onekernel.serve.main import add_arguments as serve_args, run as serve_run
+if "--interpret" in sys.argv[1:]:  # before any import below reads it: Triton at import, ops.base.INTERPRETED
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from onekernel.cli_output import CheckedStdout, OutputError, drop_stdout, say  # noqa: E402
+from onekernel.cli_tp import add_tp_argument  # noqa: E402
+from onekernel.cli_tools import TOOLS  # noqa: E402
+from onekernel.cli_warmup import WARMUP  # noqa: E402
+from onekernel.errors import DeviceError, InputError, OneKernelError  # noqa: E402
+from onekernel.exec import STEP_MODES  # noqa: E402
+from onekernel.models.load import DTYPE_CHOICES, dtype_option  # noqa: E402
+from onekernel.runtime.args import add_gemv_argument, gemv_options  # noqa: E402
+from onekernel.serve.main import add_arguments as serve_args, run as serve_run  # noqa: E402
 
 # The megakernel issue: the default on a GPU once it is correct (it is: benchmarks/README.md, run 3). Today pdl
 # (SmolLM2-135M) and graph (Llama-3.2-1B, 8B) are faster; --mode selects them.
@@ -103,8 +106,8 @@ def _collect_prompts(args) -> list[str]:
 
 
 def _run_generate(args) -> int:
-    if args.interpret:  # before anything imports triton, which reads it at import time
-        os.environ["TRITON_INTERPRET"] = "1"
+    if args.interpret:  # main(argv) from Python: set here too (the command line sets it before the imports above,
+        os.environ["TRITON_INTERPRET"] = "1"  # which read it: without that, a shell's --interpret was refused)
     import torch
 
     from onekernel.cli_progress import GenerateProgress

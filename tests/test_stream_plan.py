@@ -450,5 +450,10 @@ def test_qwen3_qkv_tasks_hold_whole_heads(seed):
     fma, _ = _step(3, seed, cfg=CFGQ, gemv="fma")
     why = unsupported_graph(fma.graph, 3)
     assert why is not None and "tensor-core" in why, why
+    from onekernel.models.decode_graph import decode_graph  # head_dim 16: the pass spreads a head over 32 lanes
+    g16, _, _ = decode_graph(dataclasses.replace(CFGQ, n_heads=64, n_kv_heads=16, head_dim=16), 3, 48, torch.bfloat16,
+                             gemv="mma")
+    why = unsupported_graph(g16, 3)
+    assert why is not None and "head_dim 16" in why and "multiple of 32" in why, why
     llama, W = _step(3, seed, cfg=CFG8, gemv="mma")
     assert not make_plan(llama, W).consts["QKN"]

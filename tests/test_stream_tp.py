@@ -205,3 +205,24 @@ def test_error_word_layout_is_the_triton_megakernels():
 
     assert int(sd.ERR_RSLOT) == int(mk_device.ERR_RSLOT) and int(sd.ERR_STOP) == int(mk_device.ERR_STOP)
     assert int(sd.ERR_RSLOT) >= 5
+
+
+def test_qwen3_shards_stream_whole_heads():
+    """Qwen3 at TP = 2 on the tensor cores: each rank's shard streams (its step is supported), every qkv task holds
+    whole heads of the rank's heads (the q/k RMSNorm pass sums a head: stream_epilogue.qk_norm_head), QKN and TP are
+    both on, and both ranks build the same plan (fingerprints equal)."""
+    from onekernel.exec.stream_plan import unsupported_graph
+
+    cfg = dataclasses.replace(CFG, name="stream-tp-qwen3", qk_norm=True)
+    plans = []
+    for rank in (0, 1):
+        local = shard_config(cfg, 2, rank).config
+        g, _, _ = decode_graph(local, 2, 48, torch.bfloat16, tiling=Tiling(W, "fit"), tp=(rank, 2), gemv="mma")
+        assert unsupported_graph(g, 2) is None
+        p = make_plan(SimpleNamespace(graph=g, batch=2, device=torch.device("cpu")), W)
+        assert p.consts["QKN"] and p.consts["TP"]
+        ch = local.head_dim // p.consts["RG"]
+        qkv = [op for op in p.graph.ops if p.kinds[op.index] == sd.K_QKV.value]
+        assert qkv and all(p.units[t][0] % ch == 0 and p.units[t][1] % ch == 0 for op in qkv for t in op.task_ids)
+        plans.append(p)
+    assert fingerprint(plans[0]) == fingerprint(plans[1])

@@ -121,7 +121,7 @@ def unsupported_device(dev) -> str | None:
 def unsupported_graph(g: Graph, batch: int) -> str | None:
     """Why the streaming megakernel cannot run a step of graph ``g`` at ``batch`` on any GPU (dtype, op kinds, GEMV
     widths and chunk shapes; None when it can). Both GEMV bodies have the same limits (a tensor-parallel shard's
-    widths, tests/test_tp_sharding.py)."""
+    widths, tests/test_tp_sharding.py), except Qwen3's q/k RMSNorm: the tensor-core body only."""
     dtype = g.meta.get("dtype")
     if dtype not in (torch.bfloat16, torch.float16):
         return f"it streams 2-byte weights (bf16 / fp16), the model runs in {dtype}"
@@ -129,8 +129,12 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     extra = kinds - set(GEMV_KINDS) - set(OTHER_KINDS)
     if extra:
         return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
-    if any(op.params.get("QK_NORM") for op in g.ops) and g.meta.get("gemv") != "mma":
+    qkn = [op.params["HD"] for op in g.ops if op.params.get("QK_NORM")]
+    if qkn and g.meta.get("gemv") != "mma":
         return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (gemv='mma')"
+    if qkn and qkn[0] % 32:
+        return (f"Qwen3's per-head q/k RMSNorm pass spreads a head over a warp's 32 lanes: head_dim {qkn[0]} is not "
+                "a multiple of 32")
     ks, ck, rg, kxb = chunk_shape(g)
     if any(k % 8 for k in ks):
         return (f"a GEMV's in_features {sorted({k for k in ks if k % 8})} is not a multiple of 8 (the activation is "

@@ -87,7 +87,7 @@ def bars_guess(c: dict) -> int:
     """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
     batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
     compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
-    if c.get("MMA"):  # Qwen3's q/k RMSNorm pass (QKN): 1 KB more scratch (Qwen3-0.6B batch 1 and 3)
+    if c.get("MMA"):  # Qwen3's q/k RMSNorm pass (QKN) at head_dim 128: 1 KB more scratch (Qwen3-0.6B, 8B)
         return (c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"], c["RP"], c["HD"]) + 1024
-                + (1024 if c.get("QKN") else 0))
+                + (1024 if c.get("QKN") and c["HD"] >= 128 else 0))
     return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
