@@ -157,6 +157,22 @@ case "$1" in
     step 300 gpu-tests-rest env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
         -k "rewind or auto or norm" -p no:cacheprovider -rfE
     ;;
+235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 at f4005f1's kernels (the review's fixes came
+    # after call 234): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the
+    # Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and Qwen3-0.6B's (batch 1-16)
+    mkdir -p /tmp/warm "$W/bench"
+    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
+    Q8="--model qwen3-8b --random-weights --batch 1,8,16 --modes torch+graph,torch+compile,graph,pdl,megakernel"
+    WARM_S=300 warm q0 $Q0
+    WARM_S=300 warm q8 $Q8
+    (timeout 300 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    (step 150 replays-qwen3 python3 scripts/replay_check.py --model qwen3-0.6b --out "$W/replays-qwen3.json") &
+    wait
+    checked 2
+    step 60 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    step 120 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    ;;
 234) # session 23 (~4.5 min): Qwen3 on the streaming megakernel (the per-head q/k RMSNorm pass after each qkv task, whole
     # heads per task; tensor cores): its GPU tests (Qwen3-0.6B batch 3 and 16 against the reference and the Triton
     # megakernel, each row bitwise its batch-1 run) beside the warm-ups; then Qwen3-0.6B (batch 1 / 8 / 16) and
