@@ -360,11 +360,15 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             epi = epi + (now() - t_e)
     if QKN:  # Qwen3 (stream_plan: a qkv task holds whole heads): each q / k head's RMSNorm, then RoPE
         if kind == K_QKV:
+            if PROFILE:  # counted with the epilogues
+                t_e = now()
             barrier()  # every warp's raw rows stored
             for h in range(u0 // CH, (u0 + nu) // CH):
                 if h < HQ + HKV:
                     qk_norm_head(h, q, kc, base_t + gl.load(a + 7) * 8, base_t + gl.load(a + 8) * 8,
                                  base_i + gl.load(a + 5) * 4, inv_freq, B, BP, HQ, HKV, HD, S, EPS)
+            if PROFILE:
+                epi = epi + (now() - t_e)
     if PROFILE:
         gl.store(sub, ps[0])
         gl.store(sub + 1, ps[1])

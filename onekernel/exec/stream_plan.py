@@ -131,7 +131,7 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
         return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
     qkn = [op.params["HD"] for op in g.ops if op.params.get("QK_NORM")]
     if qkn and g.meta.get("gemv") != "mma":
-        return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (gemv='mma')"
+        return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (this step has gemv='fma'; ask gemv='mma')"
     if qkn and qkn[0] % 32:
         return (f"Qwen3's per-head q/k RMSNorm pass spreads a head over a warp's 32 lanes: head_dim {qkn[0]} is not "
                 "a multiple of 32")
