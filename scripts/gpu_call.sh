@@ -35,7 +35,9 @@
 # 220 + 221 (session 22: the weight stream's L2 evict_first copies, kept; the LM head's per-lane argmax, the L2 prefetch on
 # a full ring and the RoPE table, dropped): in git history (`git show e95c4a7:scripts/gpu_call.sh`, the switches there).
 # 230 + 231 (session 23: NCCL's LL protocol for the gate_up -> down hand-over, STREAM_LL=1; slower, dropped): in git
-# history (`git show f4c7ef2:scripts/gpu_call.sh`, the code there).
+# history (`git show f4c7ef2:scripts/gpu_call.sh`, the code there). 232 + 233 (session 23: every streaming GPU test with the
+# new rewind test, a correctness sweep of SmolLM2-360M / 1.7B, Llama-3.2-3B, Qwen3-0.6B) and 234 (Qwen3 on the streaming
+# megakernel: its GPU tests and first table; 235 below repeats it with baselines): `git show 4cf36b2:scripts/gpu_call.sh`.
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
@@ -139,27 +141,10 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
-232) # session 23 (~5 min): checks on main's kernels (33bb23d's PTX, run 22's tables): every streaming GPU test (the
-    # counters' rewind on the GPU included, new) and the 1B megakernel's bitwise invariance; beside them the registry's
-    # Llama-family models outside the tables (SmolLM2-360M, SmolLM2-1.7B, Llama-3.2-3B) and Qwen3-0.6B, batch 1 / 3 / 8,
-    # every Triton mode, each record's first step against the PyTorch reference (rel_err_vs_torch, argmax_agree)
-    checks 330 "mma or auto or fma or rewind or norm"
-    for m in smollm2-360m smollm2-1.7b llama-3.2-3b qwen3-0.6b; do
-        (timeout 300 python3 -m onekernel.cli bench --out "$W/sweep" --model $m --random-weights \
-            --modes megakernel,graph,pdl --batch 1,3,8 --steps 10 >"$W/sweep-$m.log" 2>&1; echo "rc=$?" >>"$W/sweep-$m.log") &
-    done
-    wait
-    checked
-    for m in smollm2-360m smollm2-1.7b llama-3.2-3b qwen3-0.6b; do tail -n 14 "$W/sweep-$m.log" | tee -a "$OUT/log.txt"; done
-    ;;
-233) # session 23 (~2 min): the GPU tests 232 left unrun (its 330 s ran out after 8 of 12 beside the sweep): the
-    # counters' rewind on the streaming megakernel, auto's choice, the norm rounding
-    step 300 gpu-tests-rest env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
-        -k "rewind or auto or norm" -p no:cacheprovider -rfE
-    ;;
-235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 at f4005f1's kernels (the review's fixes came
-    # after call 234): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the
-    # Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and Qwen3-0.6B's (batch 1-16)
+235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 on main's kernels (their PTX is call 234's,
+    # 5a0bb57: `ptx_compare.py --kernels`): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the
+    # warm-ups, then the Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and
+    # Qwen3-0.6B's (batch 1-16)
     mkdir -p /tmp/warm "$W/bench"
     Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
     Q8="--model qwen3-8b --random-weights --batch 1,8,16 --modes torch+graph,torch+compile,graph,pdl,megakernel"
@@ -172,22 +157,6 @@ case "$1" in
     checked 2
     step 60 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
     step 120 bench-qwen3-8b $bench/bench $Q8 --steps 50
-    ;;
-234) # session 23 (~4.5 min): Qwen3 on the streaming megakernel (the per-head q/k RMSNorm pass after each qkv task, whole
-    # heads per task; tensor cores): its GPU tests (Qwen3-0.6B batch 3 and 16 against the reference and the Triton
-    # megakernel, each row bitwise its batch-1 run) beside the warm-ups; then Qwen3-0.6B (batch 1 / 8 / 16) and
-    # Qwen3-8B (batch 1 / 8) in every Triton mode, each record's first step against the PyTorch step
-    mkdir -p /tmp/warm "$W/bench"
-    Q0="--model qwen3-0.6b --random-weights --modes graph,pdl,megakernel --batch 1,8,16"
-    Q8="--model qwen3-8b --random-weights --modes graph,pdl,megakernel --batch 1,8"
-    WARM_S=170 warm q0 $Q0
-    WARM_S=170 warm q8 $Q8
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
-        >"$W/gpu-tests.log" 2>&1) &
-    wait
-    checked 2
-    step 30 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
-    step 50 bench-qwen3-8b $bench/bench $Q8 --steps 50
     ;;
 223) # session 22 (~3 min): the streaming kernel's CUDA-core GPU tests (-k fma: SmolLM2-135M and Llama-3.2-1B at batch
     # 3, Llama-3.2-1B at 16, whose activation buffer outgrew the ring at f6c1f4d; against the reference, the Triton

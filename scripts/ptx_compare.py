@@ -2,7 +2,7 @@
 (e.g. a ``git worktree`` of the commit the tables were measured at) for sm_90a, on a machine without a GPU, and
 compare the PTX up to register and label names (debug-scope labels, line records and blank lines dropped):
 
-    python scripts/ptx_compare.py OTHER_TREE [--out DIR]
+    python scripts/ptx_compare.py OTHER_TREE [--out DIR] [--kernels qwen3-8b:8:mma,...] [--params]
 
 Seven kernels: Llama-3.2-1B batch 1 / 8 / 16 and Llama-3.1-8B batch 1 with tensor cores, SmolLM2-135M batch 3
 and Llama-3.2-1B batch 1 with CUDA cores, and a TP=2 rank of Llama-3.2-1B at batch 8. Equal PTX means a
@@ -56,23 +56,33 @@ def normalise(ptx: str, params: bool = False) -> str:
     return "\n".join(ln for ln in ptx.splitlines() if ln.strip())
 
 
-def dump(tree: Path, out: Path) -> None:
+def dump(tree: Path, out: Path, kernels: list = KERNELS) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", DUMP.format(kernels=KERNELS), str(tree), str(out)], check=True,
+    subprocess.run([sys.executable, "-c", DUMP.format(kernels=kernels), str(tree), str(out)], check=True,
                    env=dict(os.environ, TRITON_INTERPRET="0"))
+
+
+def parse_kernels(spec: str | None) -> list:
+    """``MODEL:BATCH:GEMV,...`` -> the (model, batch, gemv, tp) list dump takes (single GPU); None: KERNELS."""
+    if not spec:
+        return KERNELS
+    return [(m, int(b), g, None) for m, b, g in (k.split(":") for k in spec.split(","))]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("other", help="the other tree (a checkout of the commit to compare with)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--kernels", default=None, metavar="MODEL:BATCH:GEMV,...",
+                    help="other single-GPU kernels than the seven (e.g. qwen3-8b:8:mma, which older trees do not stream)")
     ap.add_argument("--params", action="store_true",
                     help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()
     out = Path(a.out or tempfile.mkdtemp(prefix="ptx_compare_"))
     trees = {"this": ROOT, "other": Path(a.other).resolve()}
+    kernels = parse_kernels(a.kernels)
     for name, tree in trees.items():
-        dump(tree, out / name)
+        dump(tree, out / name, kernels)
     differ = 0
     for f in sorted((out / "this").glob("*.ptx")):
         ptx = {n: normalise((out / n / f.name).read_text(), a.params) for n in trees}
@@ -82,7 +92,7 @@ def main() -> int:
         differ += not same
         print(f"{f.stem:28s} {'same' if same else 'DIFFERENT'}  "
               f"{hashlib.sha256(ptx['this'].encode()).hexdigest()[:12]} {hashlib.sha256(ptx['other'].encode()).hexdigest()[:12]}")
-    print(f"{len(KERNELS) - differ} of {len(KERNELS)} kernels have the same PTX; normalised files in {out}")
+    print(f"{len(kernels) - differ} of {len(kernels)} kernels have the same PTX; normalised files in {out}")
     return 1 if differ else 0
 
 

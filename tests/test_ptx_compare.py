@@ -58,3 +58,9 @@ def test_params_ignores_a_new_argument_but_not_a_changed_instruction():
     assert P1 != P2 and pc.normalise(P1) != pc.normalise(P2)
     assert pc.normalise(P1, params=True) == pc.normalise(P2, params=True)
     assert pc.normalise(P1, params=True) != pc.normalise(P2.replace("ld.global.b32", "ld.global.cg.b32"), params=True)
+
+
+def test_kernels_option_names_other_single_gpu_kernels():
+    assert pc.parse_kernels(None) == pc.KERNELS
+    assert pc.parse_kernels("qwen3-8b:8:mma,qwen3-0.6b:1:mma") == [("qwen3-8b", 8, "mma", None),
+                                                                  ("qwen3-0.6b", 1, "mma", None)]

@@ -19,7 +19,7 @@ from onekernel.exec.stream_plan import CHUNK_ELEMS, chunk_cols, make_plan, prefe
 from onekernel.exec.stream_records import records
 from onekernel.graph.schedule import validate
 from onekernel.models.config import get_config
-from onekernel.models.decode_graph import build_decode_step
+from onekernel.models.decode_graph import build_decode_step, decode_graph
 from onekernel.models.random_init import random_weights
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.kv_cache import KVCache
@@ -450,7 +450,7 @@ def test_qwen3_qkv_tasks_hold_whole_heads(seed):
     fma, _ = _step(3, seed, cfg=CFGQ, gemv="fma")
     why = unsupported_graph(fma.graph, 3)
     assert why is not None and "tensor-core" in why, why
-    from onekernel.models.decode_graph import decode_graph  # head_dim 16: the pass spreads a head over 32 lanes
+    # head_dim 16: the pass spreads a head over a warp's 32 lanes
     g16, _, _ = decode_graph(dataclasses.replace(CFGQ, n_heads=64, n_kv_heads=16, head_dim=16), 3, 48, torch.bfloat16,
                              gemv="mma")
     why = unsupported_graph(g16, 3)

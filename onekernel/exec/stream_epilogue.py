@@ -82,12 +82,11 @@ def qk_norm_head(h, q, kc, qn, kn, seq_lens, inv_freq, B: gl.constexpr, BP: gl.c
     b = gl.arange(0, BP, layout=gl.SliceLayout(1, L))
     pos = gl.load(seq_lens + b, mask=b < B, other=0, cache_modifier=".cg")
     b64 = b.to(gl.int64)[:, None]
-    m = (b < B)[:, None]
-    if h < HQ:  # q rows below B, as qkv_out writes them; a KV-cache row only at a position inside the cache
+    m = ((b < B) & (pos >= 0) & (pos < S))[:, None]  # rows below B at a position inside the cache (the runtime's
+    if h < HQ:                                         # only positions; a q row elsewhere would keep its raw values)
         p = q + b64 * (HQ * HD) + h * HD + r[None, :]
         g = gl.load(qn + r).to(gl.float32)
     else:
-        m = m & ((pos >= 0) & (pos < S))[:, None]
         p = kc + ((b64 * HKV + (h - HQ)) * S + pos.to(gl.int64)[:, None]) * HD + r[None, :]
         g = gl.load(kn + r).to(gl.float32)
     y = gl.load(p, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)

@@ -344,14 +344,12 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             for j in gl.static_range(GB):
                 u = ub + j
                 if u < ue:
-                    if QKN:  # the raw rows: qk_norm_head normalises and rotates each q / k head after the last block
-                        acc = _acc_of(accbuf, j, BP, RG, AL)
-                        qkv_out(acc, acc, acc, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ, HKV, HD, S, RG, BP, AL,
-                                False)
+                    if QKN:  # the raw rows (no cos / sin: qk_norm_head normalises, then rotates, after the last block)
+                        cs, sn = pf[j][1], pf[j][1]
                     else:
                         cs, sn = rope_cos_sin(pos, pf[j][1], dt)
-                        qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc,
-                                HQ, HKV, HD, S, RG, BP, AL)
+                    qkv_out(_acc_of(accbuf, j, BP, RG, AL), cs, sn, u // CH, u % CH, r, bm, b64, pos, q, kc, vc, HQ,
+                            HKV, HD, S, RG, BP, AL, not QKN)
         else:  # K_LMHEAD
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):

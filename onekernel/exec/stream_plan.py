@@ -349,7 +349,8 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops), ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
+                  FOLD=fold, NGP=ngp, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops),
+                  ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
