@@ -141,6 +141,40 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
+240) # session 24 (~6 min): the tensor-core GEMV's activation prefetch through cp.async at batch 5-8 (STREAM_ASYNC_A=1024,
+    # an 8-row raw tile: 10 ring slots) against registers (2048, main: 11 slots; the b8 chunk loop then reloads its
+    # operands in series), each its own process; a bitwise A/B of one step (logits_dump.py, 1B batch 8); the 1B
+    # batch-8 and batch-16 profiles with the switch on. At most one 8B process at a time (the H100 has 80 GB)
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,6,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8"
+    SQ="--model qwen3-0.6b --random-weights --modes megakernel --batch 8"
+    wtree 240 reg1 . STREAM_ASYNC_A=2048 $S1; wtree 240 cpa1 . STREAM_ASYNC_A=1024 $S1
+    wtree 240 regq . STREAM_ASYNC_A=2048 $SQ; wtree 240 cpaq . STREAM_ASYNC_A=1024 $SQ
+    (timeout 240 env STREAM_ASYNC_A=2048 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
+        --out /tmp/warm/reg8 $S8 >"$W/warm-reg8.log" 2>&1
+     timeout 240 env STREAM_ASYNC_A=1024 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
+        --out /tmp/warm/cpa8 $S8 >"$W/warm-cpa8.log" 2>&1) &
+    (timeout 150 env STREAM_ASYNC_A=2048 python3 scripts/logits_dump.py "$W/reg-1b.pt" >"$W/dump-reg.log" 2>&1
+     timeout 150 env STREAM_ASYNC_A=1024 python3 scripts/logits_dump.py "$W/cpa-1b.pt" >"$W/dump-cpa.log" 2>&1
+     timeout 150 env STREAM_ASYNC_A=1024 python3 scripts/logits_dump.py "$W/cpa-1b6.pt" --batch 6 >"$W/dump-cpa6.log" 2>&1
+     timeout 150 env STREAM_ASYNC_A=2048 python3 scripts/logits_dump.py "$W/reg-1b6.pt" --batch 6 >"$W/dump-reg6.log" 2>&1) &
+    wait
+    checked 6
+    python3 scripts/logits_dump.py --compare "$W/reg-1b.pt" "$W/cpa-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    python3 scripts/logits_dump.py --compare "$W/reg-1b6.pt" "$W/cpa-1b6.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    rm -f "$W"/*.pt
+    ttree 40 reg-1b . STREAM_ASYNC_A=2048 $S1
+    ttree 40 cpa-1b . STREAM_ASYNC_A=1024 $S1
+    ttree 45 reg-8b . STREAM_ASYNC_A=2048 $S8
+    ttree 45 cpa-8b . STREAM_ASYNC_A=1024 $S8
+    ttree 25 reg-q . STREAM_ASYNC_A=2048 $SQ
+    ttree 25 cpa-q . STREAM_ASYNC_A=1024 $SQ
+    ttree 40 reg2-1b . STREAM_ASYNC_A=2048 $S1
+    ttree 40 cpa2-1b . STREAM_ASYNC_A=1024 $S1
+    step 60 profile-1b-8 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
+    step 60 profile-1b-16 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 on main's kernels (their PTX is call 234's,
     # 5a0bb57: `ptx_compare.py --kernels`): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the
     # warm-ups, then the Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and

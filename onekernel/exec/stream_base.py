@@ -7,6 +7,8 @@ counters), the Triton megakernel's layout.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -96,12 +98,21 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
     return tuple(tuple(b) for b in bases)
 
 
+ASYNC_A_LIMIT = int(os.environ.get("STREAM_ASYNC_A", "2048"))
+
+
 @gluon.constexpr_function
 def mma_async_a(B: int, CK: int) -> bool:
     """Whether the MMA path prefetches its activation tiles with cp.async into a raw [4, 16, CK/4] buffer in
     shared memory (exec.stream_mma._copy_a) rather than in registers: when a tile's 4-row quads hold more than
     2048 values per 4-row group (CK = 1024: batch > 8; in registers, batch 16 spilled 208 B)."""
-    return ((B + 3) // 4) * CK > 2048
+    return ((B + 3) // 4) * CK > ASYNC_A_LIMIT
+
+
+@gluon.constexpr_function
+def mma_raw_rows(B: int) -> int:
+    """Rows of the raw activation tile (mma_async_a): the 4-row quads that hold a batch row (16 at most)."""
+    return min(16, 4 * ((int(B) + 3) // 4))
 
 
 @gluon.constexpr_function
