@@ -175,6 +175,36 @@ case "$1" in
     step 60 profile-1b-8 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
     step 60 profile-1b-16 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
+241) # session 24 (~7 min): the activation tile copied straight into the staged tile, RMSNorm in place, no raw tile
+    # (STREAM_DIRECT_A=1: 11 ring slots at batch 8 and 16) against call 240's raw tile (cpa) and main (reg), each its own
+    # process; dir0 also at batch 1-4. Bitwise A/B of one step at batch 8 and 16; the 1B batch-16 profile with dir
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8,16"
+    REG="STREAM_ASYNC_A=2048" CPA="STREAM_ASYNC_A=1024" DIR="STREAM_ASYNC_A=1024 STREAM_DIRECT_A=1"
+    DIR0="STREAM_ASYNC_A=0 STREAM_DIRECT_A=1"
+    wtree 240 reg1 . "$REG" $S1; wtree 240 cpa1 . "$CPA" $S1; wtree 240 dir1 . "$DIR" $S1; wtree 240 dir01 . "$DIR0" $S1
+    (wtree8() { timeout 200 env $2 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$1 \
+        $S8 >"$W/warm-$1.log" 2>&1; }
+     wtree8 reg8 "$REG"; wtree8 dir8 "$DIR") &
+    (for v in reg dir; do e=REG; [ $v = dir ] && e=DIR
+       for b in 8 16; do timeout 150 env ${!e} python3 scripts/logits_dump.py "$W/$v-$b.pt" --batch $b >"$W/dump-$v-$b.log" 2>&1; done
+     done) &
+    wait
+    checked 6
+    for b in 8 16; do
+        python3 scripts/logits_dump.py --compare "$W/reg-$b.pt" "$W/dir-$b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"; done
+    rm -f "$W"/*.pt
+    ttree 35 reg-1b . "$REG" $S1
+    ttree 35 cpa-1b . "$CPA" $S1
+    ttree 35 dir-1b . "$DIR" $S1
+    ttree 35 dir0-1b . "$DIR0" $S1
+    ttree 50 reg-8b . "$REG" $S8
+    ttree 50 dir-8b . "$DIR" $S8
+    ttree 35 reg2-1b . "$REG" $S1
+    ttree 35 dir2-1b . "$DIR" $S1
+    step 60 profile-1b-16 env $DIR python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
 235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 on main's kernels (their PTX is call 234's,
     # 5a0bb57: `ptx_compare.py --kernels`): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the
     # warm-ups, then the Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and

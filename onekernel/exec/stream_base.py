@@ -98,7 +98,8 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
     return tuple(tuple(b) for b in bases)
 
 
-ASYNC_A_LIMIT = int(os.environ.get("STREAM_ASYNC_A", "2048"))
+ASYNC_A_LIMIT = gl.constexpr(int(os.environ.get("STREAM_ASYNC_A", "2048")))  # constexpr: in the kernels' cache key
+DIRECT_A = gl.constexpr(os.environ.get("STREAM_DIRECT_A", "0") == "1")
 
 
 @gluon.constexpr_function
@@ -106,7 +107,20 @@ def mma_async_a(B: int, CK: int) -> bool:
     """Whether the MMA path prefetches its activation tiles with cp.async into a raw [4, 16, CK/4] buffer in
     shared memory (exec.stream_mma._copy_a) rather than in registers: when a tile's 4-row quads hold more than
     2048 values per 4-row group (CK = 1024: batch > 8; in registers, batch 16 spilled 208 B)."""
-    return ((B + 3) // 4) * CK > ASYNC_A_LIMIT
+    return ((B + 3) // 4) * CK > ASYNC_A_LIMIT.value
+
+
+@gluon.constexpr_function
+def mma_direct_a(B: int, CK: int) -> bool:
+    """Whether the cp.async prefetch (mma_async_a) copies each activation tile straight into the staged tile, where
+    RMSNorm then runs in place (exec.stream_mma._mma_block), so there is no raw tile (STREAM_DIRECT_A=1)."""
+    return bool(mma_async_a(B, CK)) and DIRECT_A.value
+
+
+@gluon.constexpr_function
+def mma_raw_tile(B: int, CK: int) -> bool:
+    """Whether the MMA path has a raw activation tile (rbuf): the cp.async prefetch into its own buffer."""
+    return bool(mma_async_a(B, CK)) and not DIRECT_A.value
 
 
 @gluon.constexpr_function

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_attn_tc import attn_task_tc
 from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
-                                        K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_async_a, mma_raw_rows,
+                                        K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_raw_rows, mma_raw_tile,
                                         mma_shared_layouts, now, record, smem_addr, view, wait_bounded, wait_deps,
                                         wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
@@ -228,7 +228,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
         xbuf = gl.allocate_shared_memory(wdt, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [ACCG, 4, 16, RG],
                                            gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        if mma_async_a(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
+        if mma_raw_tile(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
             rbuf = gl.allocate_shared_memory(wdt, [4, mma_raw_rows(B), CK // 4],
                                              gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:

@@ -11,7 +11,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a, mma_direct_a,
                                         mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
@@ -164,9 +164,9 @@ def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
 
 
 @gluon.jit
-def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i, err, t, ps, B: gl.constexpr,
+def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
-               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, PROFILE: gl.constexpr):
+               WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
@@ -204,21 +204,32 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, ok, i
         barrier()  # every warp done with the previous tile
         if PROFILE:  # the wait for the tile's loads (and the other warps), counted above bit 16 of ps[2]
             ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
-        if ASYNC:
-            _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
-        else:
-            _store_a(abuf, pre, rs, norm, B, CK)
-        barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
-        if PROFILE:
-            ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
         # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
         # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
         nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
-        if ASYNC:
-            pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
+        if DIRECT:  # the raw tile landed in abuf: RMSNorm in place, operand A, then the next tile's copies into abuf
+            if norm != 0:  # each thread rewrites the elements it read (the same layout): no barrier between
+                _store_a(abuf, _raw_a(abuf, pre, B, CK), rs, norm, B, CK)
+                barrier()  # every warp's normed slice stored before operand A's ldmatrix
+            xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
+            barrier()  # every warp's operand A read before the copies overwrite abuf
+            if PROFILE:
+                ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
+            if (kb + 1 < nkb) | more:  # no wrap-around copy: abuf is attention's between GEMV tasks
+                pre = _copy_a(abuf, x, nw, K, nxt, norm, B, CK)
         else:
-            pre = _load_a(x, nw, K, nxt, norm, B, CK)
-        xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
+            if ASYNC:
+                _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
+            else:
+                _store_a(abuf, pre, rs, norm, B, CK)
+            barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
+            if PROFILE:
+                ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
+            if ASYNC:
+                pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
+            else:
+                pre = _load_a(x, nw, K, nxt, norm, B, CK)
+            xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
         new = ()
         for g in gl.static_range(GB):
             acc = accs[g]
@@ -286,7 +297,10 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     # quad per 4 batch rows: at CK = 1024 up to batch 8; batch 16 spilled 208 B), else (ASYNC) as cp.async
     # copies into rbuf. The first tile's loads fly during the rstd pass
     ASYNC: gl.constexpr = mma_async_a(B, CK)
-    if ASYNC:
+    DIRECT: gl.constexpr = mma_direct_a(B, CK)
+    if DIRECT:  # the tiles go straight to abuf (no raw tile)
+        pre = _copy_a(abuf, x, nw, K, 0, norm, B, CK)
+    elif ASYNC:
         pre = _copy_a(rbuf, x, nw, K, 0, norm, B, CK)
     else:
         pre = _load_a(x, nw, K, 0, norm, B, CK)
@@ -323,8 +337,9 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
             pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
                         gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
-        ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb, ok, i, err,
-                                    t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, PROFILE)
+        ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb,
+                                    ue < u0 + nu, ok, i, err, t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, DIRECT,
+                                    PROFILE)
         if PROFILE:
             t_e = now()
         barrier()  # every warp's partials in accbuf
