@@ -25,7 +25,8 @@ def _check(model: str, batch: int, gemv: str, **env) -> dict:
 
 @pytest.mark.parametrize("model,batch,gemv", [("llama-3.2-1b", 1, "fma"), ("llama-3.2-1b", 8, "fma"),
                                               ("smollm2-135m", 3, "fma"), ("smollm2-135m", 1, "mma"), ("llama-3.2-1b", 1, "mma"),
-                                              ("llama-3.2-1b", 16, "mma"), ("smollm2-1.7b", 1, "mma"),
+                                              ("llama-3.2-1b", 8, "mma"), ("llama-3.2-1b", 16, "mma"),
+                                              ("smollm2-1.7b", 1, "mma"),
                                               ("qwen3-0.6b", 3, "mma")])
 def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): at most 32 bytes of register
@@ -53,12 +54,13 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
         assert rec["mma_sync"] == 0, rec
     # its K/V copies (inline cp.async, K and V per 16-byte unit, at the prologue's and the loop's issue sites)
     assert (rec["attn_copies"] > 0) == (tc > 0), rec
-    # the activation tiles go through 16-byte cp.async copies exactly where their register prefetch does not fit
-    # (CK 1024 above batch 8: 2 fewer ring slots), never on the CUDA-core body
-    async_a = gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 2048
+    # the activation tiles go through 16-byte cp.async copies exactly where more than one 4-row quad would sit in
+    # registers (CK 1024 above batch 4), never on the CUDA-core body: at batch 5-8 into an 8-row raw tile (16 KB: one
+    # ring slot fewer than batch 1's 11), above batch 8 into the staged tile itself (no raw tile: batch 1's slots)
+    async_a = gemv == "mma" and ((batch + 3) // 4) * rec["CK"] > 1024
     assert (rec["cp_async_16"] > 0) == async_a, rec
-    if async_a:
-        assert rec["SLOTS"] == 9, rec
+    if async_a and model == "llama-3.2-1b":
+        assert rec["SLOTS"] == (10 if batch <= 8 else 11), rec
 
 
 def test_profile_kernel_compiles_for_sm90():

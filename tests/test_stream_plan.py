@@ -457,3 +457,32 @@ def test_qwen3_qkv_tasks_hold_whole_heads(seed):
     assert why is not None and "head_dim 16" in why and "multiple of 32" in why, why
     llama, W = _step(3, seed, cfg=CFG8, gemv="mma")
     assert not make_plan(llama, W).consts["QKN"]
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b", "qwen3-0.6b", "smollm2-135m"])
+def test_mma_activation_prefetch_at_every_batch(name):
+    """The tensor-core GEMV's next activation tile (stream_mma._mma_block) sits in registers while it holds one
+    4-row quad of CK values at most (CK 1024: batch 1-4), in an own raw tile of the quads' rows at batch 5-8 and
+    straight in the staged tile above that (no raw tile): at every batch 1..MAX_BATCH the plan's shared memory
+    (ring, staged tile, partial sums, raw tile, 2 KB) fits the H100/H200's 227 KB with the ring the largest buffer
+    (the allocator puts it at shared byte 0, where the loader's bulk copies address it), the raw tile holds every
+    batch row, and a batch without a raw tile keeps batch 1's ring slots."""
+    from onekernel.exec.stream_plan import MAX_BATCH, SMEM_LIMIT, _slots, acc_groups, chunk_shape, mma_smem
+
+    g, _, _ = decode_graph(get_config(name), 1, 64, torch.bfloat16, gemv="mma")
+    _, ck, rg, kxb = chunk_shape(g)
+    slots1 = _slots(1, kxb, ck, rg, True, 1)
+    for b in range(1, MAX_BATCH + 1):
+        regs, raw, direct = not sd.mma_async_a(b, ck), sd.mma_raw_tile(b, ck), sd.mma_direct_a(b, ck)
+        assert regs + raw + direct == 1, (b, regs, raw, direct)          # exactly one place for the next tile
+        assert regs == (-(-b // 4) * ck <= 1024), b                     # registers: one quad of CK <= 1024 values
+        slots = _slots(1, kxb, ck, rg, True, b)
+        assert mma_smem(ck, rg, b) + slots * CHUNK_ELEMS * 2 + 2048 <= SMEM_LIMIT, (b, slots)
+        assert slots * CHUNK_ELEMS * 2 > max(sd.MMA_ROWS * ck * 2, acc_groups(rg) * 4 * sd.MMA_ROWS * rg * 4), b
+        if raw:
+            assert b <= sd.mma_raw_rows(b) <= 16 and sd.mma_raw_rows(b) % 4 == 0, b
+            assert mma_smem(ck, rg, b) == mma_smem(ck, rg, 1) + sd.mma_raw_rows(b) * ck * 2, b
+        else:
+            assert slots == slots1, (b, slots, slots1)
+    if ck == 1024:  # the three places all occur on the CK-1024 models
+        assert [sd.mma_raw_tile(b, ck) for b in (4, 5, 8, 9)] == [False, True, True, False]

@@ -7,8 +7,6 @@ counters), the Triton megakernel's layout.
 """
 from __future__ import annotations
 
-import os
-
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -98,34 +96,35 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
     return tuple(tuple(b) for b in bases)
 
 
-ASYNC_A_LIMIT = gl.constexpr(int(os.environ.get("STREAM_ASYNC_A", "2048")))  # constexpr: in the kernels' cache key
-DIRECT_A = gl.constexpr(os.environ.get("STREAM_DIRECT_A", "0") == "1")
-
-
 @gluon.constexpr_function
 def mma_async_a(B: int, CK: int) -> bool:
-    """Whether the MMA path prefetches its activation tiles with cp.async into a raw [4, 16, CK/4] buffer in
-    shared memory (exec.stream_mma._copy_a) rather than in registers: when a tile's 4-row quads hold more than
-    2048 values per 4-row group (CK = 1024: batch > 8; in registers, batch 16 spilled 208 B)."""
-    return ((B + 3) // 4) * CK > ASYNC_A_LIMIT.value
+    """Whether the MMA path prefetches its activation tiles with cp.async into shared memory (exec.stream_mma._copy_a)
+    rather than into registers: when a tile's 4-row quads hold more than 1024 values per 4-row group (CK = 1024: batch
+    > 4). In registers, two quads (batch 5-8) left too few for the chunk loop, whose 8 `ldmatrix` of a chunk then
+    waited on the previous chunk's MMAs (Llama-3.2-1B batch 8: 1.015 ms per step against 0.979 with cp.async, run 24
+    call 240); batch 16 spilled 208 B."""
+    return ((B + 3) // 4) * CK > 1024
 
 
 @gluon.constexpr_function
 def mma_direct_a(B: int, CK: int) -> bool:
-    """Whether the cp.async prefetch (mma_async_a) copies each activation tile straight into the staged tile, where
-    RMSNorm then runs in place (exec.stream_mma._mma_block), so there is no raw tile (STREAM_DIRECT_A=1)."""
-    return bool(mma_async_a(B, CK)) and DIRECT_A.value
+    """Whether the cp.async prefetch copies each activation tile straight into the staged tile, where RMSNorm then
+    runs in place (exec.stream_mma._mma_block), with no raw tile: above 8 batch rows at CK = 1024, where a raw tile
+    of 16 rows (32 KB) cost two ring slots (Llama-3.2-1B batch 16: 1.138 ms per step against 1.189 with the raw tile;
+    at batch 8 the 8-row raw tile measured as fast on Llama-3.2-1B and 2% faster on Llama-3.1-8B: run 24, calls 240
+    and 241)."""
+    return ((B + 3) // 4) * CK > 2048
 
 
 @gluon.constexpr_function
 def mma_raw_tile(B: int, CK: int) -> bool:
-    """Whether the MMA path has a raw activation tile (rbuf): the cp.async prefetch into its own buffer."""
-    return bool(mma_async_a(B, CK)) and not DIRECT_A.value
+    """Whether the MMA path has a raw activation tile (rbuf, mma_raw_rows rows) that its cp.async prefetch fills."""
+    return bool(mma_async_a(B, CK)) and not bool(mma_direct_a(B, CK))
 
 
 @gluon.constexpr_function
 def mma_raw_rows(B: int) -> int:
-    """Rows of the raw activation tile (mma_async_a): the 4-row quads that hold a batch row (16 at most)."""
+    """Rows of the raw activation tile (mma_raw_tile): the 4-row quads that hold a batch row (16 at most)."""
     return min(16, 4 * ((int(B) + 3) // 4))
 
 

@@ -198,7 +198,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     chunk) and attention's warp-merge scratch fp32 [8, RP, HD], 2 SLOTS mbarriers at byte BARS. MMA
     (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums
     [ACCG >= GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: stream_smem.acc_groups) and
-    (stream_base.mma_async_a) the raw tile its cp.async prefetch fills [4, 16, CK/4]; the ring slots hold chunks
+    (stream_base.mma_raw_tile: batch 5-8) the raw tile its cp.async prefetch fills [4, 8, CK/4]; the ring slots hold chunks
     in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
     Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD

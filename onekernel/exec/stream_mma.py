@@ -11,8 +11,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a, mma_direct_a,
-                                        mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
+from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
+                                        mma_direct_a, mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
@@ -140,8 +140,8 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
 
 @gluon.jit
 def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
-    """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, 16, CK/4] (the quads
-    that hold a row < B; 0 past B and K), one commit group; returns the tile's norm weights (registers, as
+    """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, RB, CK/4] (or, DIRECT,
+    abuf [4, 16, CK/4]): the quads that hold a row < B, 0 past B and K; one commit group; returns the tile's norm weights (registers, as
     _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
     kk, r4 = _tile_index(kb, CK)
     for q in gl.static_range(4):
@@ -169,7 +169,9 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
                WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
-    tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers), and the
+    tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers; with DIRECT,
+    cp.async copies into abuf itself, RMSNorm in place, the next tile's copies issued once every warp holds operand
+    A, none past the task's last tile: ``more`` = a block follows), and the
     loads of the next tile (the next block's first one after the last) are issued; it is loaded into registers
     once (operand A), then each
     group's chunk is read from its ring slot (operand B, ``ldmatrix``), the slot released per warp, and
@@ -204,9 +206,6 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
         barrier()  # every warp done with the previous tile
         if PROFILE:  # the wait for the tile's loads (and the other warps), counted above bit 16 of ps[2]
             ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
-        # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a block's
-        # tiles depend on kb only); the last block's wrap-around load is an unused L2 read
-        nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
         if DIRECT:  # the raw tile landed in abuf: RMSNorm in place, operand A, then the next tile's copies into abuf
             if norm != 0:  # each thread rewrites the elements it read (the same layout): no barrier between
                 _store_a(abuf, _raw_a(abuf, pre, B, CK), rs, norm, B, CK)
@@ -216,7 +215,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             if PROFILE:
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
             if (kb + 1 < nkb) | more:  # no wrap-around copy: abuf is attention's between GEMV tasks
-                pre = _copy_a(abuf, x, nw, K, nxt, norm, B, CK)
+                pre = _copy_a(abuf, x, nw, K, gl.where(kb + 1 < nkb, kb + 1, 0), norm, B, CK)
         else:
             if ASYNC:
                 _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
@@ -225,6 +224,9 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
             if PROFILE:
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
+            # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a
+            # block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
+            nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
             if ASYNC:
                 pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
             else:
@@ -293,9 +295,10 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
     UB = GB // gpu                              # units per block
-    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (a 4-row
-    # quad per 4 batch rows: at CK = 1024 up to batch 8; batch 16 spilled 208 B), else (ASYNC) as cp.async
-    # copies into rbuf. The first tile's loads fly during the rstd pass
+    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (one 4-row
+    # quad: at CK = 1024 up to batch 4), else (ASYNC) as cp.async copies into rbuf (batch 5-8: 8 rows), above
+    # batch 8 (DIRECT) into abuf itself (stream_base.mma_async_a, mma_direct_a). The first tile's loads fly during
+    # the rstd pass
     ASYNC: gl.constexpr = mma_async_a(B, CK)
     DIRECT: gl.constexpr = mma_direct_a(B, CK)
     if DIRECT:  # the tiles go straight to abuf (no raw tile)
