@@ -131,6 +131,7 @@ case "$1" in
     step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
     step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
     step 60 profile-1b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
+    step 60 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
 213) # at once after 212 (carry .model/smolgz3.02; ~3 min): the default GGUF joined; its greedy tokens (5 prompts alone
     # and together, every mode and the reference), then its table at batch 1 and 8
@@ -205,15 +206,14 @@ case "$1" in
     ttree 35 dir2-1b . "$DIR" $S1
     step 60 profile-1b-16 env $DIR python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
-235) # prepared in session 23 for the next (~7 min; not run yet): Qwen3 on main's kernels (their PTX is call 234's,
-    # 5a0bb57: `ptx_compare.py --kernels`): its GPU tests and 1,000 replays + the forced timeout on Qwen3-0.6B beside the
-    # warm-ups, then the Qwen3-8B table with its baselines (torch+graph, torch.compile; batch 1 / 8 / 16) and
-    # Qwen3-0.6B's (batch 1-16)
+235) # prepared in session 23, run in session 24 after 211 + 212 (~7 min): Qwen3 on the final commit: its GPU tests
+    # and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the Qwen3-8B table with its
+    # baselines (torch+graph, torch.compile; batch 1 / 8) and Qwen3-0.6B's (batch 1-16)
     mkdir -p /tmp/warm "$W/bench"
     Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
-    Q8="--model qwen3-8b --random-weights --batch 1,8,16 --modes torch+graph,torch+compile,graph,pdl,megakernel"
-    WARM_S=300 warm q0 $Q0
-    WARM_S=300 warm q8 $Q8
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,megakernel"
+    WARM_S=240 warm q0 $Q0
+    WARM_S=240 warm q8 $Q8
     (timeout 300 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
         >"$W/gpu-tests.log" 2>&1) &
     (step 150 replays-qwen3 python3 scripts/replay_check.py --model qwen3-0.6b --out "$W/replays-qwen3.json") &
