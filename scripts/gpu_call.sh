@@ -206,6 +206,21 @@ case "$1" in
     ttree 35 dir2-1b . "$DIR" $S1
     step 60 profile-1b-16 env $DIR python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     ;;
+243) # session 24 (~8 min): the Llama-3.1-8B table again (call 242's batch-16 row shared the GPU with 212's processes:
+    # an outer time limit ended 211's shell, not its bench), and Qwen3-8B at batch 1 / 8 with torch+graph and
+    # torch.compile; warm-ups beside Qwen3's GPU tests
+    mkdir -p /tmp/warm "$W/bench"
+    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes torch+graph,graph,pdl,megakernel"
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,megakernel"
+    WARM_S=230 warm 8b $B8
+    WARM_S=230 warm q8 $Q8
+    (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 2
+    step 110 bench-8b $bench/bench $B8 --steps 50
+    step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    ;;
 235) # prepared in session 23, run in session 24 after 211 + 212 (~7 min): Qwen3 on the final commit: its GPU tests
     # and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the Qwen3-8B table with its
     # baselines (torch+graph, torch.compile; batch 1 / 8) and Qwen3-0.6B's (batch 1-16)
