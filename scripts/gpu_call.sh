@@ -38,6 +38,9 @@
 # history (`git show f4c7ef2:scripts/gpu_call.sh`, the code there). 232 + 233 (session 23: every streaming GPU test with the
 # new rewind test, a correctness sweep of SmolLM2-360M / 1.7B, Llama-3.2-3B, Qwen3-0.6B) and 234 (Qwen3 on the streaming
 # megakernel: its GPU tests and first table; 235 below repeats it with baselines): `git show 4cf36b2:scripts/gpu_call.sh`.
+# 240 + 241 (session 24: the activation prefetch switches STREAM_ASYNC_A / STREAM_DIRECT_A, kept as the batch rule of
+# stream_base.mma_async_a / mma_direct_a): in git history (`git show 5a05132:scripts/gpu_call.sh`, the switches there).
+# 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
 # 110 + 111 (one H200, back to back; in git history, `git show e44b272:scripts/gpu_call.sh`; 160 + 161 replace them)
@@ -142,70 +145,6 @@ case "$1" in
     step 150 greedy-real python3 scripts/greedy_tokens.py "$GGUF" "$W/greedy-real.json"
     step 50 bench-135m $bench/bench-real --model "$GGUF" --batch 1,8 --modes torch+graph,$MK --steps 50
     ;;
-240) # session 24 (~6 min): the tensor-core GEMV's activation prefetch through cp.async at batch 5-8 (STREAM_ASYNC_A=1024,
-    # an 8-row raw tile: 10 ring slots) against registers (2048, main: 11 slots; the b8 chunk loop then reloads its
-    # operands in series), each its own process; a bitwise A/B of one step (logits_dump.py, 1B batch 8); the 1B
-    # batch-8 and batch-16 profiles with the switch on. At most one 8B process at a time (the H100 has 80 GB)
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,6,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8"
-    SQ="--model qwen3-0.6b --random-weights --modes megakernel --batch 8"
-    wtree 240 reg1 . STREAM_ASYNC_A=2048 $S1; wtree 240 cpa1 . STREAM_ASYNC_A=1024 $S1
-    wtree 240 regq . STREAM_ASYNC_A=2048 $SQ; wtree 240 cpaq . STREAM_ASYNC_A=1024 $SQ
-    (timeout 240 env STREAM_ASYNC_A=2048 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
-        --out /tmp/warm/reg8 $S8 >"$W/warm-reg8.log" 2>&1
-     timeout 240 env STREAM_ASYNC_A=1024 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 \
-        --out /tmp/warm/cpa8 $S8 >"$W/warm-cpa8.log" 2>&1) &
-    (timeout 150 env STREAM_ASYNC_A=2048 python3 scripts/logits_dump.py "$W/reg-1b.pt" >"$W/dump-reg.log" 2>&1
-     timeout 150 env STREAM_ASYNC_A=1024 python3 scripts/logits_dump.py "$W/cpa-1b.pt" >"$W/dump-cpa.log" 2>&1
-     timeout 150 env STREAM_ASYNC_A=1024 python3 scripts/logits_dump.py "$W/cpa-1b6.pt" --batch 6 >"$W/dump-cpa6.log" 2>&1
-     timeout 150 env STREAM_ASYNC_A=2048 python3 scripts/logits_dump.py "$W/reg-1b6.pt" --batch 6 >"$W/dump-reg6.log" 2>&1) &
-    wait
-    checked 6
-    python3 scripts/logits_dump.py --compare "$W/reg-1b.pt" "$W/cpa-1b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-    python3 scripts/logits_dump.py --compare "$W/reg-1b6.pt" "$W/cpa-1b6.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
-    rm -f "$W"/*.pt
-    ttree 40 reg-1b . STREAM_ASYNC_A=2048 $S1
-    ttree 40 cpa-1b . STREAM_ASYNC_A=1024 $S1
-    ttree 45 reg-8b . STREAM_ASYNC_A=2048 $S8
-    ttree 45 cpa-8b . STREAM_ASYNC_A=1024 $S8
-    ttree 25 reg-q . STREAM_ASYNC_A=2048 $SQ
-    ttree 25 cpa-q . STREAM_ASYNC_A=1024 $SQ
-    ttree 40 reg2-1b . STREAM_ASYNC_A=2048 $S1
-    ttree 40 cpa2-1b . STREAM_ASYNC_A=1024 $S1
-    step 60 profile-1b-8 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
-    step 60 profile-1b-16 env STREAM_ASYNC_A=1024 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    ;;
-241) # session 24 (~7 min): the activation tile copied straight into the staged tile, RMSNorm in place, no raw tile
-    # (STREAM_DIRECT_A=1: 11 ring slots at batch 8 and 16) against call 240's raw tile (cpa) and main (reg), each its own
-    # process; dir0 also at batch 1-4. Bitwise A/B of one step at batch 8 and 16; the 1B batch-16 profile with dir
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 8,16"
-    REG="STREAM_ASYNC_A=2048" CPA="STREAM_ASYNC_A=1024" DIR="STREAM_ASYNC_A=1024 STREAM_DIRECT_A=1"
-    DIR0="STREAM_ASYNC_A=0 STREAM_DIRECT_A=1"
-    wtree 240 reg1 . "$REG" $S1; wtree 240 cpa1 . "$CPA" $S1; wtree 240 dir1 . "$DIR" $S1; wtree 240 dir01 . "$DIR0" $S1
-    (wtree8() { timeout 200 env $2 PYTHONPATH=/tmp/site:$PWD python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$1 \
-        $S8 >"$W/warm-$1.log" 2>&1; }
-     wtree8 reg8 "$REG"; wtree8 dir8 "$DIR") &
-    (for v in reg dir; do e=REG; [ $v = dir ] && e=DIR
-       for b in 8 16; do timeout 150 env ${!e} python3 scripts/logits_dump.py "$W/$v-$b.pt" --batch $b >"$W/dump-$v-$b.log" 2>&1; done
-     done) &
-    wait
-    checked 6
-    for b in 8 16; do
-        python3 scripts/logits_dump.py --compare "$W/reg-$b.pt" "$W/dir-$b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"; done
-    rm -f "$W"/*.pt
-    ttree 35 reg-1b . "$REG" $S1
-    ttree 35 cpa-1b . "$CPA" $S1
-    ttree 35 dir-1b . "$DIR" $S1
-    ttree 35 dir0-1b . "$DIR0" $S1
-    ttree 50 reg-8b . "$REG" $S8
-    ttree 50 dir-8b . "$DIR" $S8
-    ttree 35 reg2-1b . "$REG" $S1
-    ttree 35 dir2-1b . "$DIR" $S1
-    step 60 profile-1b-16 env $DIR python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    ;;
 243) # session 24 (~8 min): the Llama-3.1-8B table again (call 242's batch-16 row shared the GPU with 212's processes:
     # an outer time limit ended 211's shell, not its bench), and Qwen3-8B at batch 1 / 8 with torch+graph and
     # torch.compile; warm-ups beside Qwen3's GPU tests
@@ -221,7 +160,7 @@ case "$1" in
     step 110 bench-8b $bench/bench $B8 --steps 50
     step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
     ;;
-235) # prepared in session 23, run in session 24 after 211 + 212 (~7 min): Qwen3 on the final commit: its GPU tests
+235) # prepared in session 23 (~7 min; session 24 ran its Qwen3-8B part as 243): Qwen3 on the final commit: its GPU tests
     # and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the Qwen3-8B table with its
     # baselines (torch+graph, torch.compile; batch 1 / 8) and Qwen3-0.6B's (batch 1-16)
     mkdir -p /tmp/warm "$W/bench"
