@@ -160,6 +160,16 @@ case "$1" in
     step 110 bench-8b $bench/bench $B8 --steps 50
     step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
     ;;
+244) # session 24 (~4 min): Qwen3-0.6B on the final kernels (batch 5-16 changed): its table (batch 1-16, every Triton
+    # mode and torch+graph) after a warm-up beside its 1,000 replays and forced timeout
+    mkdir -p /tmp/warm "$W/bench"
+    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
+    WARM_S=150 warm q0 $Q0
+    (step 150 replays-qwen3 python3 scripts/replay_check.py --model qwen3-0.6b --out "$W/replays-qwen3.json") &
+    wait
+    checked 1
+    step 70 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    ;;
 235) # prepared in session 23 (~7 min; session 24 ran its Qwen3-8B part as 243): Qwen3 on the final commit: its GPU tests
     # and 1,000 replays + the forced timeout on Qwen3-0.6B beside the warm-ups, then the Qwen3-8B table with its
     # baselines (torch+graph, torch.compile; batch 1 / 8) and Qwen3-0.6B's (batch 1-16)
