@@ -6,7 +6,7 @@ spills, shared memory, the partitions' register split and the mbarrier offset:
 (``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps; ``STREAM_PDL=first|mid|last``: that
 kernel of the separate-kernel pdl mode on these bodies, exec.stream_segments), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
 and the PTX's tensor-core instructions: ``mma.sync``, ``ldmatrix``; ``cp_async_16``: the 16-byte ``cp.async.cg`` copies of
-the activation-tile prefetch above batch 8, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
+the activation-tile prefetch above batch 4 at CK 1024, ``stream_base.mma_async_a``). GEMV: "fma" (CUDA cores, the default) or
 "mma" (the tensor-core body of a gemv="mma" step).
 
 Only the graph's shapes matter (no weights are made): the plan, the records and the constants are built as on

@@ -102,8 +102,10 @@ def mma_async_a(B: int, CK: int) -> bool:
     rather than into registers: when a tile's 4-row quads hold more than 1024 values per 4-row group (CK = 1024: batch
     > 4). In registers, two quads (batch 5-8) left too few for the chunk loop, whose 8 `ldmatrix` of a chunk then
     waited on the previous chunk's MMAs (Llama-3.2-1B batch 8: 1.015 ms per step against 0.979 with cp.async, run 24
-    call 240); batch 16 spilled 208 B."""
-    return ((B + 3) // 4) * CK > 1024
+    call 240); batch 16 spilled 208 B. Only at CK >= 1024: the CK-512 kernels (tensor-parallel shards) keep their
+    registers at every batch, as measured before (their raw tile at batch 9-12 would have 12 rows, which Gluon does not
+    allocate)."""
+    return CK >= 1024 and ((B + 3) // 4) * CK > 1024
 
 
 @gluon.constexpr_function
@@ -125,7 +127,8 @@ def mma_raw_tile(B: int, CK: int) -> bool:
 @gluon.constexpr_function
 def mma_raw_rows(B: int) -> int:
     """Rows of the raw activation tile (mma_raw_tile): the 4-row quads that hold a batch row (16 at most)."""
-    return min(16, 4 * ((int(B) + 3) // 4))
+    rows = 4 * ((int(B) + 3) // 4)
+    return min(16, 1 << (rows - 1).bit_length())  # a power of two: Gluon's shared buffers need one
 
 
 @gluon.constexpr_function

@@ -34,7 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from onekernel.exec.stream_attn import attn_task, merge_task
 from onekernel.exec.stream_attn_tc import attn_task_tc
 from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
-                                        K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_raw_rows, mma_raw_tile,
+                                        K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_raw_rows,
+                                        mma_raw_tile,
                                         mma_shared_layouts, now, record, smem_addr, view, wait_bounded, wait_deps,
                                         wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
@@ -198,8 +199,8 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     chunk) and attention's warp-merge scratch fp32 [8, RP, HD], 2 SLOTS mbarriers at byte BARS. MMA
     (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums
     [ACCG >= GB, 4, 16, RG] fp32 (more groups where attention's scratch needs them: stream_smem.acc_groups) and
-    (stream_base.mma_raw_tile: batch 5-8) the raw tile its cp.async prefetch fills [4, 8, CK/4]; the ring slots hold chunks
-    in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
+    (stream_base.mma_raw_tile: batch 5-8 at CK 1024) the raw tile its cp.async prefetch fills [4, RB, CK/4]; the
+    ring slots hold chunks in the layout of stream_base.mma_weight_bases (both layouts: stream_base.mma_shared_layouts).
 
     Tensor parallel (constexpr TP; off, the kernel is the single-GPU one): all-reduce tasks (NR ranks, ARD
     columns per tile) wait on their local producers, then on the same events in every peer's counters

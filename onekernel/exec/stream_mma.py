@@ -141,8 +141,8 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
 @gluon.jit
 def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
     """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, RB, CK/4] (or, DIRECT,
-    abuf [4, 16, CK/4]): the quads that hold a row < B, 0 past B and K; one commit group; returns the tile's norm weights (registers, as
-    _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
+    abuf [4, 16, CK/4]): the quads that hold a row < B, 0 past B and K; one commit group; returns the tile's norm
+    weights (registers, as _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
     kk, r4 = _tile_index(kb, CK)
     for q in gl.static_range(4):
         if q * 4 < B:

@@ -53,7 +53,8 @@ def attn_tc_bufs(ck: int, hd: int, split: int, hq: int, hkv: int, rg: int, mma: 
 def mma_smem(ck: int, rg: int, batch: int, rp: int = 1, hd: int = 0) -> int:
     """Shared bytes of the MMA path beside the ring: the staged activation tile [16, CK] (2-byte dtype), the
     partial-sum buffer [ACCG, 4, 16, RG] fp32 (acc_groups), and at batches whose tile prefetch goes through
-    cp.async into a buffer of its own (stream_base.mma_raw_tile: batch 5-8 at CK 1024) the raw tile [RB, CK]."""
+    cp.async into a buffer of its own (stream_base.mma_raw_tile: batch 5-8 at CK 1024) the raw tile [RB, CK] (RB:
+    stream_base.mma_raw_rows)."""
     rows = MMA_ROWS + (sd.mma_raw_rows(batch) if sd.mma_raw_tile(batch, ck) else 0)
     return rows * ck * 2 + acc_groups(rg, rp, hd) * MMA_WARPS * MMA_ROWS * rg * 4
 
