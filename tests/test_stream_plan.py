@@ -489,4 +489,4 @@ def test_mma_activation_prefetch_at_every_batch(name):
     for b in range(1, MAX_BATCH + 1):  # CK 512 (tensor-parallel shards) and 256 keep their registers at every batch
         assert not any(sd.mma_async_a(b, c) for c in (256, 512)), b
         rows = sd.mma_raw_rows(b)  # Gluon allocates power-of-two shapes only
-        assert rows & (rows - 1) == 0 and b <= rows <= 16 or b > 16, (b, rows)
+        assert rows & (rows - 1) == 0 and b <= rows <= 16, (b, rows)

@@ -115,7 +115,7 @@ def mma_direct_a(B: int, CK: int) -> bool:
     of 16 rows (32 KB) cost two ring slots (Llama-3.2-1B batch 16: 1.138 ms per step against 1.189 with the raw tile;
     at batch 8 the 8-row raw tile measured as fast on Llama-3.2-1B and 2% faster on Llama-3.1-8B: run 24, calls 240
     and 241)."""
-    return ((B + 3) // 4) * CK > 2048
+    return bool(mma_async_a(B, CK)) and ((B + 3) // 4) * CK > 2048
 
 
 @gluon.constexpr_function
