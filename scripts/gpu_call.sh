@@ -98,6 +98,29 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+250) # session 25 (~6 min): attention's one-block tiles two at a time in every warp (STREAM_ATTN_PAIR=1, Llama-3.2-1B:
+    # stream_attn_tc.pair_tiles) against one at a time (=0, main's kernels), each its own process (A B A B) after
+    # warm-ups beside the bitwise A/B of one step at batch 3, 8 and 16 and the checks (invariance, GPU tests) with
+    # pairs; then the batch-8 and batch-16 profiles with pairs
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel --batch 1,8,16"
+    wtree 200 one . "STREAM_ATTN_PAIR=0" $S1; wtree 200 pair . "STREAM_ATTN_PAIR=1" $S1
+    (for v in 0 1; do for b in 3 8 16; do
+         timeout 150 env STREAM_ATTN_PAIR=$v python3 scripts/logits_dump.py "$W/p$v-$b.pt" --batch $b \
+             >"$W/dump-p$v-$b.log" 2>&1; done; done) &
+    checks 230
+    wait
+    checked 2
+    for b in 3 8 16; do
+        python3 scripts/logits_dump.py --compare "$W/p0-$b.pt" "$W/p1-$b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"; done
+    rm -f "$W"/*.pt
+    ttree 35 one-1b . "STREAM_ATTN_PAIR=0" $S1
+    ttree 35 pair-1b . "STREAM_ATTN_PAIR=1" $S1
+    ttree 35 one2-1b . "STREAM_ATTN_PAIR=0" $S1
+    ttree 35 pair2-1b . "STREAM_ATTN_PAIR=1" $S1
+    step 60 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    step 60 profile-1b-8 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 8
+    ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)
