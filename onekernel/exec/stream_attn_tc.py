@@ -24,8 +24,6 @@ P rounded). docs/DESIGN.md, "Attention on the tensor cores, the warps splitting 
 """
 from __future__ import annotations
 
-import os
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -35,8 +33,6 @@ from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_mma import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
-# Two one-block tiles at a time where a tile is one block per warp (pair_tiles): STREAM_ATTN_PAIR=0 keeps one at a time
-ATTN_PAIR = gl.constexpr(os.environ.get("STREAM_ATTN_PAIR", "1") == "1")
 
 
 @gluon.constexpr_function
@@ -70,13 +66,6 @@ def _load_layout(HD):
     """[4 warps, 16, HD]: warp w loads its own block (16-byte accesses, 8 head-dim elements per thread)."""
     TD = min(32, HD // 8)
     return gl.BlockedLayout([1, 1, 8], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
-
-
-@gluon.constexpr_function
-def pair_tiles(NB, NBUF, AR):
-    """Whether a run's tiles go two at a time: a tile is one block per warp (NB == 1, e.g. Llama-3.2-1B's SPLIT of
-    64), two K/V buffers hold a pair, and the warp-merge scratch holds two tiles' states (AR >= 8 rows of [8, HD])."""
-    return NB == 1 and NBUF == 2 and AR >= 8
 
 
 @gluon.jit
@@ -178,69 +167,26 @@ def _row_xor4(x):
 
 
 @gluon.jit
-def _warp_state(m, l, acc, HD: gl.constexpr):
-    """Rows 0..7 of each warp's state (m, l [4, 16], acc [4, 16, HD] in the MMA layout; rows >= R <= 4 are padding)
-    as one fp32 [4, 8, HD] tensor: acc, with m and l of rows 0..3 in columns 0 and 1 of the padding rows 4..7."""
+def _merge_tile(scr, m, l, acc, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr, HD: gl.constexpr,
+                NSPLIT: gl.constexpr):
+    """The tile's partial from the 4 warps' states (m, l [4, 16], acc [4, 16, HD] in the MMA layout; rows >= R <= 4
+    are padding): rows 0..7 of each warp go to ``scr`` fp32 [>= 4, 8, HD] in one store, m and l of rows 0..3 in
+    columns 0 and 1 of the padding rows 4..7 (one store: two would get a CTA barrier between them), then
+    merge_warp_states on rows 0..RP-1."""
     MMA: gl.constexpr = acc.type.layout
+    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])
     rr = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))[None, :, None]
     cc = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     pad = (rr >= 4) & (rr < 8)
     st = gl.where(pad & (cc == 0), _row_xor4(m)[:, :, None], gl.where(pad & (cc == 1), _row_xor4(l)[:, :, None], acc))
-    return _top8(st)
-
-
-@gluon.jit
-def _merge_from(s_acc, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr, HD: gl.constexpr,
-                NSPLIT: gl.constexpr):
-    """merge_warp_states on rows 0..RP-1 of the 4 warps' states as _warp_state stored them in ``s_acc`` fp32
-    [4, 8, HD]."""
-    P3: gl.constexpr = gl.BlockedLayout([4, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0])
+    s_acc = scr.slice(0, 4)
+    barrier()  # the previous tile's reads of scr are done
+    s_acc.store(_top8(st))
+    barrier()
     s_ml = s_acc.slice(4, RP, dim=1)
     m4 = gl.max(s_ml.slice(0, 1, dim=2).load(P3), axis=2)  # [4, RP, 1] -> [4, RP]
     l4 = gl.sum(s_ml.slice(1, 1, dim=2).load(P3), axis=2)
     merge_warp_states(m4, l4, s_acc.slice(0, RP, dim=1).load(P3), o_part, lse_part, row0, s, R, RP, HD, NSPLIT)
-
-
-@gluon.jit
-def _merge_tile(scr, m, l, acc, o_part, lse_part, row0, s, R: gl.constexpr, RP: gl.constexpr, HD: gl.constexpr,
-                NSPLIT: gl.constexpr):
-    """The tile's partial from the 4 warps' states: _warp_state to ``scr`` fp32 [>= 4, 8, HD] in one store (two
-    would get a CTA barrier between them), then _merge_from."""
-    st = _warp_state(m, l, acc, HD)
-    s_acc = scr.slice(0, 4)
-    barrier()  # the previous tile's reads of scr are done
-    s_acc.store(st)
-    barrier()
-    _merge_from(s_acc, o_part, lse_part, row0, s, R, RP, HD, NSPLIT)
-
-
-@gluon.jit
-def _merge_pair(scr, st_a, st_b, o_part, lse_part, row_a, s_a, row_b, s_b, R: gl.constexpr, RP: gl.constexpr,
-                HD: gl.constexpr, NSPLIT: gl.constexpr):
-    """Two tiles' partials (_warp_state of each, st_a and st_b) through ``scr`` fp32 [>= 8, 8, HD] with one store
-    and two CTA barriers, each merged as _merge_tile merges one."""
-    N: gl.constexpr = st_a.shape[2]
-    both = gl.reshape(gl.permute(gl.join(st_a, st_b), [3, 0, 1, 2]), [8, 8, N])  # [a rows 0..3, b rows 0..3]
-    barrier()  # the previous tiles' reads of scr are done
-    scr.slice(0, 8).store(both)
-    barrier()
-    _merge_from(scr.slice(0, 4), o_part, lse_part, row_a, s_a, R, RP, HD, NSPLIT)
-    _merge_from(scr.slice(4, 4), o_part, lse_part, row_b, s_b, R, RP, HD, NSPLIT)
-
-
-@gluon.jit
-def _softmax_block(q_c, kt, m, l, s, blk, ws, cs, end, qk_scale, SPLIT: gl.constexpr):
-    """One block's scores and online-softmax update (FlashAttention-2, log2 units): x = scale Q K^T [4, 16, BLK]
-    (-inf at positions s SPLIT + ws + blk BLK + cs >= end: warp offsets ws [4, 1, 1], columns cs [1, 1, BLK]), m_new = max(m, max_j x), alpha = 2^(m - m_new), P = 2^(x - m_new),
-    l = l alpha + sum_j P. Returns (m_new, l, alpha, P); the caller adds P @ V to acc alpha."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
-    x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
-    m_new = gl.maximum(m, gl.max(x, axis=2))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # no live position yet: no NaN
-    alpha = gl.exp2(m - m_use)
-    pr = gl.exp2(x - m_use[:, :, None])
-    return m_new, l * alpha + gl.sum(pr, axis=2), alpha, pr
 
 
 @gluon.jit
@@ -270,7 +216,6 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     kv0 = smem_addr(XOFF)  # xbuf's shared address (the ring's bytes come first: stream_runner.fit_kernel checks)
     AR: gl.constexpr = accbuf.shape[0] * accbuf.shape[1] * accbuf.shape[2] * accbuf.shape[3] // (8 * HD)
     scr = view(accbuf, gl.float32, [AR, 8, HD], FL)
-    PAIR: gl.constexpr = pair_tiles(NB, NBUF, AR) and ATTN_PAIR
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     total = nu * NB
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, DA)))[:, None, None] * 0
@@ -303,50 +248,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         t_mw = t_l * 0
         t_cw = t_l * 0
         t_s = t_l * 0
-    i0 = 0
-    if PAIR:  # tiles i, i + 1 (one block each) at a time: two independent chains in every warp
-        q_n2 = _q_operand(q, u0, 1, (1 < nu) & ((u0 + 1) // NSPLIT != u0 // NSPLIT), wq, rq, dq, HQ, HKV, HD, NSPLIT)
-        for ip in range(total // 2):
-            i = 2 * ip
-            b, g, s, end = _tile_end(u0, i, posv, jv, HKV, S, SPLIT, NSPLIT)
-            b2, g2, s2, end2 = _tile_end(u0, i + 1, posv, jv, HKV, S, SPLIT, NSPLIT)
-            # each tile's q: the run's current one unless its (sequence, head group) changed (loaded a pair ahead)
-            q_a = gl.where((i > 0) & ((u0 + i) // NSPLIT != (u0 + i - 1) // NSPLIT), q_n, q_c)
-            q_c = gl.where((u0 + i + 1) // NSPLIT != (u0 + i) // NSPLIT, q_n2, q_a)
-            q_n = _q_operand(q, u0, i + 2, (i + 2 < nu) & ((u0 + i + 2) // NSPLIT != (u0 + i + 1) // NSPLIT),
-                             wq, rq, dq, HQ, HKV, HD, NSPLIT)
-            q_n2 = _q_operand(q, u0, i + 3, (i + 3 < nu) & ((u0 + i + 3) // NSPLIT != (u0 + i + 2) // NSPLIT),
-                              wq, rq, dq, HQ, HKV, HD, NSPLIT)
-            if PROFILE:
-                t0 = now()
-            _wait_copies(i, 0)  # blocks i (buffer 0) and i + 1 (buffer 1), issued together a pair ago
-            if PROFILE:
-                t1 = now()
-                t_cw = t_cw + (t1 - t0)
-            kt = view(kvv.index(0), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)
-            vb = view(kvv.index(1), dt, [4, BLK, HD], KVL).load(DB)
-            kt2 = view(kvv.index(2), dt, [4, BLK, HD], KVL).permute([0, 2, 1]).load(DB)
-            vb2 = view(kvv.index(3), dt, [4, BLK, HD], KVL).load(DB)
-            _warp_sync(i)
-            _issue(kv0, kc, vc, u0, i + 2, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
-            _issue(kv0, kc, vc, u0, i + 3, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
-            m0 = gl.full([4, 16], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
-            l0 = gl.zeros([4, 16], gl.float32, gl.SliceLayout(2, MMA))
-            acc0 = gl.zeros([4, 16, HD], gl.float32, MMA)
-            m, l, alpha, pr = _softmax_block(q_a, kt, m0, l0, s, 0, ws, cs, end, qk_scale, SPLIT)
-            m2, l2, alpha2, pr2 = _softmax_block(q_c, kt2, m0, l0, s2, 0, ws, cs, end2, qk_scale, SPLIT)
-            if PROFILE:
-                t_s = t_s + (now() - t1)
-            acc = mma_v2(gl.convert_layout(pr.to(dt), DA), vb, acc0 * alpha[:, :, None])
-            acc2 = mma_v2(gl.convert_layout(pr2.to(dt), DA), vb2, acc0 * alpha2[:, :, None])
-            if PROFILE:
-                t_w = now()
-            _merge_pair(scr, _warp_state(m, l, acc, HD), _warp_state(m2, l2, acc2, HD), o_part, lse_part,
-                        b * HQ + g * R, s, b2 * HQ + g2 * R, s2, R, RP, HD, NSPLIT)
-            if PROFILE:
-                t_mw = t_mw + (now() - t_w)
-        i0 = total // 2 * 2
-    for i in range(i0, total):  # every block, or the run's last tile after the pairs
+    for i in range(total):
         j = i // NB
         blk = i % NB
         b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT)
@@ -373,7 +275,13 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
         _warp_sync(i)
         _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
-        m_new, l, alpha, pr = _softmax_block(q_c, kt, m, l, s, blk, ws, cs, end, qk_scale, SPLIT)
+        x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
+        x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
+        m_new = gl.maximum(m, gl.max(x, axis=2))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # no live position yet: no NaN
+        alpha = gl.exp2(m - m_use)
+        pr = gl.exp2(x - m_use[:, :, None])
+        l = l * alpha + gl.sum(pr, axis=2)
         if PROFILE:
             t_s = t_s + (now() - t1)
         acc = mma_v2(gl.convert_layout(pr.to(dt), DA), vb, acc * alpha[:, :, None])

@@ -7,6 +7,8 @@ docs/DESIGN.md, "Tensor cores in the streaming megakernel"; the worker loop that
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -16,6 +18,11 @@ from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESI
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
 from onekernel.ops.gemv_rows import rnd
+
+# a block's GB group sums to accbuf in one store (_stack8); STREAM_STACK_ACC=0: one store per group
+STACK_ACC = gl.constexpr(os.environ.get("STREAM_STACK_ACC", "1") == "1")
+# the activation tile's live quads copied and stored as one (one_stage); STREAM_ONE_STAGE=0: one per quad
+ONE_STAGE = gl.constexpr(os.environ.get("STREAM_ONE_STAGE", "1") == "1")
 
 
 # ----------------------------------------------------------------------------------------------- GEMV, tensor cores
@@ -80,6 +87,25 @@ def _rstd_step(x, K, k0, ss, r4, cols, B: gl.constexpr):
     return new
 
 
+@gluon.constexpr_function
+def one_stage(B):
+    """Whether the activation tile's quads are copied and stored as one (2 or 4 quads: batch 5-8 and 13-16; 3 quads
+    stay one per quad, as do batch 1-4's single quad)."""
+    return bool(ONE_STAGE) and (B + 3) // 4 in (2, 4)
+
+
+@gluon.jit
+def _quads(t):
+    """The 2 or 4 tensors of tuple t ([4, 4, N] each, one layout: rows 4q.. of quad q) as one [4, 4 len(t), N];
+    join and permute only relabel registers, no data moves."""
+    N: gl.constexpr = t[0].shape[2]
+    if len(t) == 2:
+        return gl.reshape(gl.permute(gl.join(t[0], t[1]), [0, 3, 1, 2]), [4, 8, N])
+    else:
+        j = gl.join(gl.join(t[0], t[1]), gl.join(t[2], t[3]))  # [4, 4, N, q bit 0, q bit 1]
+        return gl.reshape(gl.permute(j, [0, 4, 3, 1, 2]), [4, 16, N])
+
+
 @gluon.jit
 def _tile_index(kb, CK: gl.constexpr):
     """(k index [4 warp slices, 1, CK/4], row-in-quad index [1, 4, 1]) of activation tile kb in the staging
@@ -124,8 +150,9 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
     hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
     _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
     F.linear does. bf16: both roundings by the hardware's packed conversions (_norm_bf16, the same bits); fp16
-    keeps rnd."""
+    keeps rnd. Where one_stage(B) (2 or 4 live quads), the quads go to abuf in one store (_quads)."""
     dt: gl.constexpr = abuf.dtype
+    outs = ()
     for q in gl.static_range(4):
         if q * 4 < B:
             v = vs[1 + q]
@@ -135,19 +162,31 @@ def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
                     v = _norm_bf16(y, gl.broadcast(vs[0], y)[0])
                 else:
                     v = rnd(rnd(y, dt) * vs[0].to(gl.float32), dt).to(dt)
-            abuf.slice(q * 4, 4, dim=1).store(v)
+            if one_stage(B):
+                outs = outs + (v,)
+            else:
+                abuf.slice(q * 4, 4, dim=1).store(v)
+    if one_stage(B):  # one store: a store per quad would get a CTA barrier before each (one buffer)
+        abuf.slice(0, len(outs) * 4, dim=1).store(_quads(outs))
 
 
 @gluon.jit
 def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
     """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, RB, CK/4] (or, DIRECT,
     abuf [4, 16, CK/4]): the quads that hold a row < B, 0 past B and K; one commit group; returns the tile's norm
-    weights (registers, as _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step."""
+    weights (registers, as _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step.
+    Where one_stage(B), one copy of all live quads' rows."""
     kk, r4 = _tile_index(kb, CK)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
-                                                   mask=((q * 4 + r4) < B) & (kk < K), cache_modifier=".cg")
+    if one_stage(B):  # one copy of every live quad's rows (a copy per quad: a CTA barrier between each two)
+        NR: gl.constexpr = (B + 3) // 4 * 4
+        r = gl.arange(0, NR, layout=gl.SliceLayout(0, gl.SliceLayout(2, stage_layout(CK))))[None, :, None]
+        async_copy.async_copy_global_to_shared(rbuf.slice(0, NR, dim=1), x + r * K + kk, mask=(r < B) & (kk < K),
+                                               cache_modifier=".cg")
+    else:
+        for q in gl.static_range(4):
+            if q * 4 < B:
+                async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
+                                                       mask=((q * 4 + r4) < B) & (kk < K), cache_modifier=".cg")
     async_copy.commit_group()
     return gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
 
@@ -178,7 +217,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
     ``mma_v2`` computes the chunk's SP chains from 0 (per warp: its k-slice's SP parts, [4 * SP, 16, RG]), summed
     into the group's fp32 [4, 16, RG] in a fixed order. Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
-    after a barrier). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged + (ns of the
+    after a barrier): with GB 8, all groups in one store (_stack8; Triton's barrier pass puts a CTA barrier between
+    two stores to one buffer, 7 per block before). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged + (ns of the
     staging spent before its first barrier: the wait for the tile's loads and the other warps) << 16) accumulates
     (the staging time runs from the tile's first barrier to the barrier after it: the wait for its loads
     included)."""
@@ -251,9 +291,21 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
                     acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
             new = new + (acc,)
         accs = new
-    for g in gl.static_range(GB):
-        accbuf.index(g).store(accs[g])
+    if STACK_ACC and GB == 8:  # one store (GB stores to one buffer get a CTA barrier between each two)
+        rows = view(accbuf, gl.float32, [accbuf.shape[0] * 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        rows.slice(0, GB * 4).store(gl.reshape(_stack8(accs), [GB * 4, 16, RG]))
+    else:
+        for g in gl.static_range(GB):
+            accbuf.index(g).store(accs[g])
     return ok, i, pre, ps
+
+
+@gluon.jit
+def _stack8(t):
+    """The 8 tensors of tuple t ([4, 16, RG] each, one layout) as one [8, 4, 16, RG] (index g: t[g]); join and
+    permute only relabel registers, no data moves."""
+    j0 = gl.join(gl.join(gl.join(t[0], t[1]), gl.join(t[2], t[3])), gl.join(gl.join(t[4], t[5]), gl.join(t[6], t[7])))
+    return gl.reshape(gl.permute(j0, [5, 4, 3, 0, 1, 2]), [8, t[0].shape[0], t[0].shape[1], t[0].shape[2]])
 
 
 @gluon.constexpr_function

@@ -87,8 +87,10 @@ def _slots(xb: int, kxb: int, ck: int, rg: int, mma: bool = False, batch: int = 
 def bars_guess(c: dict) -> int:
     """The mbarriers' byte offset in shared memory as Triton 3.6's allocator placed them for Llama-3.2-1B at
     batch 1 and 16 (ring, then xbuf, then 1 KB of scratch); ``stream_runner.fit_kernel`` checks it against the
-    compiled kernel and recompiles when it is wrong (Llama-3.1-8B batch 8: 1 KB more scratch)."""
-    if c.get("MMA"):  # Qwen3's q/k RMSNorm pass (QKN) at head_dim 128: 1 KB more scratch (Qwen3-0.6B, 8B)
+    compiled kernel and recompiles when it is wrong. At head_dim 128 the tensor-core kernels have 1 KB more scratch
+    (Llama-3.1-8B, Llama-3.2-3B, Qwen3; until session 25 only Qwen3's guess had it, so a cold Llama-3.1-8B start
+    compiled its megakernel twice)."""
+    if c.get("MMA"):  # at head_dim 128 (Llama-3.1-8B, Llama-3.2-3B, Qwen3): 1 KB more scratch
         return (c["SLOTS"] * CHUNK_ELEMS * 2 + mma_smem(c["CK"], c["RG"], c["B"], c["RP"], c["HD"]) + 1024
-                + (1024 if c.get("QKN") and c["HD"] >= 128 else 0))
+                + (1024 if c["HD"] >= 128 else 0))
     return c["SLOTS"] * CHUNK_ELEMS * 2 + fma_xbuf_bytes(c["XB"], c["KXB"], c["CK"], c["RP"], c["HD"]) + 1024
