@@ -135,7 +135,8 @@ case "$1" in
     ttree 45 on-8b . "" $S8
     ;;
 252) # at once after 251 (~8.5 min): 212's 1,000 replays (and Qwen3-0.6B's), forced timeouts and cold / warm starts, then
-    # the Qwen3 warm-ups, then the SmolLM2-135M table, the 1B profiles at batch 1 and 16, Qwen3-0.6B's table (batch
+    # the Qwen3 warm-ups beside the streaming GPU tests (mma, auto: 251's ran out of GPU memory beside its
+    # warm-ups), then the SmolLM2-135M table, the 1B profiles at batch 1 and 16, Qwen3-0.6B's table (batch
     # 1-16) and Qwen3-8B's (batch 1 / 8, with torch+graph and torch.compile)
     mkdir -p "$W/bench" /tmp/warm
     B0="--model smollm2-135m --random-weights"
@@ -151,6 +152,8 @@ case "$1" in
     wait  # the cold starts with no other compiles beside them, then the Qwen3 warm-ups alone
     WARM_S=170 warm q0 $Q0
     WARM_S=170 warm q8 $Q8
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 2
     step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
