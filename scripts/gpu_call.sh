@@ -100,6 +100,18 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+253) # after 252 (~4 min; 252 started cold, so its SmolLM2-135M table compiled inside its time limit and lost its last
+    # cell): the streaming GPU tests (mma, auto) beside the SmolLM2-135M warm-up, then its table
+    mkdir -p "$W/bench" /tmp/warm
+    B0="--model smollm2-135m --random-weights"
+    MK="graph,pdl,megakernel"
+    WARM_S=150 warm smol $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 1
+    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
+    ;;
 251) # session 25 (~8.5 min): 211 on this commit (a block's group sums in one shared store, the activation tile's quads
     # copied and stored as one: stream_mma STACK_ACC / ONE_STAGE), the switches-off variant warmed beside it with
     # the bitwise A/B of one step (Llama-3.2-1B batch 3, 6, 11, 16: one, two, three and four quads); after the two
