@@ -42,6 +42,9 @@
 # stream_base.mma_async_a / mma_direct_a): in git history (`git show 5a05132:scripts/gpu_call.sh`, the switches there).
 # 250 (session 25: attention's one-block tiles two at a time in every warp, STREAM_ATTN_PAIR=1; bitwise the same, slower,
 # dropped): in git history (`git show 50a06b7:scripts/gpu_call.sh`, the code there).
+# 251 + 252 + 253 (session 25's final tables: 211 with an A/B of the switches STREAM_STACK_ACC / STREAM_ONE_STAGE, then
+# 212 and the Qwen3 tables, then the SmolLM2 table again because 252 started cold): in git history (`git show
+# 6752d5e:scripts/gpu_call.sh`); 211 + 212 (run at once, without giving the machine back between) + 243 + 244 replace them.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -100,80 +103,6 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-253) # after 252 (~4 min; 252 started cold, so its SmolLM2-135M table compiled inside its time limit and lost its last
-    # cell): the streaming GPU tests (mma, auto) beside the SmolLM2-135M warm-up, then its table
-    mkdir -p "$W/bench" /tmp/warm
-    B0="--model smollm2-135m --random-weights"
-    MK="graph,pdl,megakernel"
-    WARM_S=150 warm smol $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    checked 1
-    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
-    ;;
-251) # session 25 (~8.5 min): 211 on this commit (a block's group sums in one shared store, the activation tile's quads
-    # copied and stored as one: stream_mma STACK_ACC / ONE_STAGE), the switches-off variant warmed beside it with
-    # the bitwise A/B of one step (Llama-3.2-1B batch 3, 6, 11, 16: one, two, three and four quads); after the two
-    # tables, the megakernel off / on / off / on, each its own process (Llama-3.2-1B batch 1, 8, 16; Llama-3.1-8B 8, 16)
-    mkdir -p "$W/bench" /tmp/warm
-    B0="--model smollm2-135m --random-weights" B1="--model llama-3.2-1b --random-weights"
-    B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,megakernel" MT="torch+graph,torch+compile"
-    OFF="STREAM_STACK_ACC=0 STREAM_ONE_STAGE=0"
-    S1="$B1 --modes megakernel --batch 1,8,16" S8="$B8 --modes megakernel --batch 8,16"
-    log "warm-up and checks"
-    warm smol $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton
-    warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    warm 8b $B8 --batch 1,8,16 --modes $MK,torch+graph
-    wtree 220 off1 . "$OFF" $S1; wtree 220 off8 . "$OFF" $S8
-    (for b in 3 6 11 16; do for v in on off; do e=""; [ $v = off ] && e="$OFF"
-         timeout 100 env $e python3 scripts/logits_dump.py "$W/$v-$b.pt" --batch $b >"$W/dump-$v-$b.log" 2>&1
-     done; done) &
-    checks 220
-    wait
-    checked 6
-    for b in 3 6 11 16; do
-        python3 scripts/logits_dump.py --compare "$W/off-$b.pt" "$W/on-$b.pt" 2>&1 | tail -2 | tee -a "$OUT/log.txt"; done
-    rm -f "$W"/*.pt
-    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    ttree 35 off-1b . "$OFF" $S1
-    ttree 35 on-1b . "" $S1
-    ttree 35 off2-1b . "$OFF" $S1
-    ttree 35 on2-1b . "" $S1
-    ttree 45 off-8b . "$OFF" $S8
-    ttree 45 on-8b . "" $S8
-    ;;
-252) # at once after 251 (~8.5 min): 212's 1,000 replays (and Qwen3-0.6B's), forced timeouts and cold / warm starts, then
-    # the Qwen3 warm-ups beside the streaming GPU tests (mma, auto: 251's ran out of GPU memory beside its
-    # warm-ups), then the SmolLM2-135M table, the 1B profiles at batch 1 and 16, Qwen3-0.6B's table (batch
-    # 1-16) and Qwen3-8B's (batch 1 / 8, with torch+graph and torch.compile)
-    mkdir -p "$W/bench" /tmp/warm
-    B0="--model smollm2-135m --random-weights"
-    MK="graph,pdl,megakernel"
-    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
-    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,megakernel"
-    CT="llama-3.2-1b:1:megakernel,llama-3.2-1b:16:megakernel,llama-3.1-8b:1:megakernel,llama-3.1-8b:16:megakernel"
-    CT="$CT,llama-3.2-1b:16:graph,llama-3.1-8b:16:graph"
-    (step 75 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json";
-     step 75 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json";
-     step 100 replays-qwen3 python3 scripts/replay_check.py --model qwen3-0.6b --out "$W/replays-qwen3.json") &
-    (step 200 compile-times python3 scripts/compile_times.py --out "$W" --jobs 2 --timeout 60 --cases "$CT") &
-    wait  # the cold starts with no other compiles beside them, then the Qwen3 warm-ups alone
-    WARM_S=170 warm q0 $Q0
-    WARM_S=170 warm q8 $Q8
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    checked 2
-    step 75 bench-smol $bench/bench $B0 --batch 1,2,4,8,16 --modes torch+graph,$MK,megakernel-triton --steps 50
-    step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
-    step 60 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    step 70 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
-    step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
-    ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)

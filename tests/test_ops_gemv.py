@@ -217,7 +217,7 @@ def test_rnd_is_round_to_nearest_even_to_the_bit(seed):
     """rnd(v, bf16)'s fp32 bits are torch's v.to(bf16) bits (round to nearest even) followed by 16 zero bits, for
     every finite fp32 v: ties of both parities, fp32 subnormals, signed zeros, the largest bf16 and the values
     that round to inf. So ``rnd(v, bf16).to(bf16)`` is ``v.to(bf16)`` (PTX cvt.rn.bf16.f32 also rounds to
-    nearest even, exact on a bf16 value) and stream_mma._store_a converts its RMSNorm value without the outer
+    nearest even, exact on a bf16 value) and stream_stage.store_a converts its RMSNorm value without the outer
     rnd (fp16 keeps it: rnd's subnormal path turns -0 into +0). The interpreter's own fp32 -> bf16 conversion
     mis-rounds subnormals and negative values, so the conversion itself is compared on the GPU only."""
     torch.manual_seed(seed)

@@ -71,14 +71,14 @@ def test_auto_takes_gluon_for_an_mma_step(name, gemv):
 
 
 def test_norm_bf16_is_rnd_to_the_bit():
-    """stream_mma._norm_bf16 (cvt.rn.bf16x2.f32, then mul.rn.bf16x2 by the norm weight) gives the bits of
+    """stream_stage.norm_bf16 (cvt.rn.bf16x2.f32, then mul.rn.bf16x2 by the norm weight) gives the bits of
     ``rnd(rnd(y) * g).to(bf16)`` (RMSNorm's rounding points, ops.gemv_rows.rnd) and of PyTorch's bf16 rounding of
     each step, for random y of RMSNorm's magnitudes (products above fp32's subnormal range), exact bf16 ties of y and
     random bf16 g: the staged RMSNorm values of the tensor-core GEMV are unchanged."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from onekernel.exec.stream_mma import _norm_bf16
+    from onekernel.exec.stream_stage import norm_bf16
     from onekernel.ops.gemv_rows import rnd
 
     @gluon.jit
@@ -87,7 +87,7 @@ def test_norm_bf16_is_rnd_to_the_bit():
         o = gl.arange(0, N, layout=L)
         y = gl.load(y_ptr + o)
         g = gl.load(g_ptr + o)
-        gl.store(hw_ptr + o, _norm_bf16(y, g))
+        gl.store(hw_ptr + o, norm_bf16(y, g))
         gl.store(sw_ptr + o, (rnd(y, gl.bfloat16) * g.to(gl.float32)).to(gl.bfloat16))
 
     torch.manual_seed(5)

@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from onekernel.exec.stream_attn import _arrive_and_merge, _pick, _tile_coords, attn_args, merge_warp_states
 from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
-from onekernel.exec.stream_mma import stage_layout
+from onekernel.exec.stream_stage import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
 

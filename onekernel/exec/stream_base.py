@@ -98,7 +98,7 @@ def _swizzled_bases(rows_bits: int, ks: int, rows_dim: int, k_dim: int, rank: in
 
 @gluon.constexpr_function
 def mma_async_a(B: int, CK: int) -> bool:
-    """Whether the MMA path prefetches its activation tiles with cp.async into shared memory (exec.stream_mma._copy_a)
+    """Whether the MMA path prefetches its activation tiles with cp.async into shared memory (exec.stream_stage.copy_a)
     rather than into registers: when a tile's 4-row quads hold more than 1024 values per 4-row group (CK = 1024: batch
     > 4). In registers, two quads (batch 5-8) left too few for the chunk loop, whose 8 `ldmatrix` of a chunk then
     waited on the previous chunk's MMAs (Llama-3.2-1B batch 8: 1.015 ms per step against 0.979 with cp.async, run 24

@@ -40,7 +40,8 @@ from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K
                                         wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
 from onekernel.exec.stream_fma import gemv_fma
-from onekernel.exec.stream_mma import gemv_mma, stage_layout
+from onekernel.exec.stream_mma import gemv_mma
+from onekernel.exec.stream_stage import stage_layout
 from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 
 
@@ -99,7 +100,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
         n_prof = gl.load(qoff + gl.num_programs(0))
     ok = 1
     i = 0
-    if MMA:  # operand A's rows >= B stay 0 (_store_a never writes them)
+    if MMA:  # operand A's rows >= B stay 0 (stream_stage.store_a never writes them)
         xbuf.store(gl.zeros([4, 16, CK // 4], xbuf.dtype, stage_layout(CK)))
         barrier()
     # attention's scratch for merging its warps' softmax states: fp32 [>= 8, RP, HD] (MMA: the whole accbuf, free
@@ -229,7 +230,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
         xbuf = gl.allocate_shared_memory(wdt, [4, 16, CK // 4], mma_shared_layouts(CK, RG)[1])
         accbuf = gl.allocate_shared_memory(gl.float32, [ACCG, 4, 16, RG],
                                            gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        if mma_raw_tile(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_mma._copy_a)
+        if mma_raw_tile(B, CK):  # the raw activation tile the cp.async prefetch fills (stream_stage.copy_a)
             rbuf = gl.allocate_shared_memory(wdt, [4, mma_raw_rows(B), CK // 4],
                                              gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         else:

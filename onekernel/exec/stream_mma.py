@@ -2,7 +2,8 @@
 GB chunk groups and per k-chunk, the [16, CK] activation tile (batch padded to 16, RMSNorm applied) is staged
 once in shared memory and loaded once as operand A, then every chunk of the block is operand B straight from its
 ring slot (``ldmatrix``), ``mma.sync`` m16n8k16 with fp32 accumulators, each warp a fixed CK/4 k-slice; the
-warps' partials are summed in a fixed order per block and fed to the epilogues of ``exec.stream_epilogue``.
+warps' partials are summed in a fixed order per block and fed to the epilogues of ``exec.stream_epilogue``. The
+activation tile's loads, copies and RMSNorm'd stores: ``exec.stream_stage``.
 docs/DESIGN.md, "Tensor cores in the streaming megakernel"; the worker loop that calls it: ``exec.stream_device``.
 """
 from __future__ import annotations
@@ -17,12 +18,11 @@ from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESI
                                         mma_direct_a, mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
+from onekernel.exec.stream_stage import copy_a, load_a, raw_a, rstd16, stack, stage_layout, store_a
 from onekernel.ops.gemv_rows import rnd
 
-# a block's GB group sums to accbuf in one store (_stack8); STREAM_STACK_ACC=0: one store per group
+# a block's GB group sums to accbuf in one store (stream_stage.stack); STREAM_STACK_ACC=0: one store per group
 STACK_ACC = gl.constexpr(os.environ.get("STREAM_STACK_ACC", "1") == "1")
-# the activation tile's live quads copied and stored as one (one_stage); STREAM_ONE_STAGE=0: one per quad
-ONE_STAGE = gl.constexpr(os.environ.get("STREAM_ONE_STAGE", "1") == "1")
 
 
 # ----------------------------------------------------------------------------------------------- GEMV, tensor cores
@@ -34,180 +34,12 @@ ONE_STAGE = gl.constexpr(os.environ.get("STREAM_ONE_STAGE", "1") == "1")
 # viewed as [4 * SP, ...], stream_base.split_k_bases), summed ((c0 + c1) + c2) + c3 into the group's sums; at a
 # block's end the 4 warps' partials go to shared memory and each output is ((w0 + w1) + w2) + w3: the same
 # instructions, shapes and sum order for every B (batch invariance).
-@gluon.constexpr_function
-def stage_layout(CK):
-    """[4 warps, 4 batch rows, CK/4] staging layout: 8 consecutive k per thread (16-byte accesses), warp w holds
-    the k-slice its MMA reads."""
-    KS = CK // 4
-    TK = 32 if KS >= 256 else KS // 8
-    return gl.BlockedLayout([1, 1, 8], [1, 32 // TK, TK], [4, 1, 1], [2, 1, 0])
-
-
-@gluon.jit
-def _rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr, D: gl.constexpr):
-    """RMSNorm's rstd of every batch row of x [B, K], as 4 quads of fp32 [4] (rows 4q..4q+3, in the staging
-    layout's row slice; rows >= B: 0). Per k-chunk (a runtime loop: registers do not grow with K) a [4, CK] tile
-    per quad that holds a row < B (quads past B: compile-time zeros), its squares summed along the chunk and
-    added to the quad's sums in k order: row b's sum has the same operands and order for every B. A normed
-    task's K is the hidden size D: where its k-chunks' tiles fit in registers together (quads x D / CK <= 4) the
-    loop is unrolled over D (masked by K), so every load is in flight at once (one L2 round trip, not D / CK)."""
-    SL3: gl.constexpr = stage_layout(CK)
-    RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
-    TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(1, TL))
-    cols = gl.arange(0, CK, layout=gl.SliceLayout(0, TL))[None, :]
-    ss = ()
-    for q in gl.static_range(4):
-        ss = ss + (gl.zeros([4], gl.float32, gl.SliceLayout(1, TL)),)
-    if ((B + 3) // 4) * (D // CK) <= 4:
-        for k0 in gl.static_range(0, D, CK):
-            ss = _rstd_step(x, K, k0, ss, r4, cols, B)
-    else:
-        for k0 in range(0, K, CK):
-            ss = _rstd_step(x, K, k0, ss, r4, cols, B)
-    rs = ()
-    for q in gl.static_range(4):
-        rows = q * 4 + r4
-        rs = rs + (gl.convert_layout(gl.where(rows < B, gl.rsqrt(ss[q] / K + EPS), 0.0), RQ),)
-    return rs
-
-
-@gluon.jit
-def _rstd_step(x, K, k0, ss, r4, cols, B: gl.constexpr):
-    """_rstd16's quads' sums of squares plus k-chunk k0's."""
-    new = ()
-    for q in gl.static_range(4):
-        s = ss[q]
-        if q * 4 < B:
-            rows = q * 4 + r4
-            v = gl.load(x + rows[:, None] * K + k0 + cols, mask=(rows[:, None] < B) & (k0 + cols < K), other=0.0,
-                        cache_modifier=".cg").to(gl.float32)
-            s = s + gl.sum(v * v, axis=1)
-        new = new + (s,)
-    return new
-
-
-@gluon.constexpr_function
-def one_stage(B):
-    """Whether the activation tile's quads are copied and stored as one (2 or 4 quads: batch 5-8 and 13-16; 3 quads
-    stay one per quad, as do batch 1-4's single quad)."""
-    return bool(ONE_STAGE) and (B + 3) // 4 in (2, 4)
-
-
-@gluon.jit
-def _quads(t):
-    """The 2 or 4 tensors of tuple t ([4, 4, N] each, one layout: rows 4q.. of quad q) as one [4, 4 len(t), N];
-    join and permute only relabel registers, no data moves."""
-    N: gl.constexpr = t[0].shape[2]
-    if len(t) == 2:
-        return gl.reshape(gl.permute(gl.join(t[0], t[1]), [0, 3, 1, 2]), [4, 8, N])
-    else:
-        j = gl.join(gl.join(t[0], t[1]), gl.join(t[2], t[3]))  # [4, 4, N, q bit 0, q bit 1]
-        return gl.reshape(gl.permute(j, [0, 4, 3, 1, 2]), [4, 16, N])
-
-
-@gluon.jit
-def _tile_index(kb, CK: gl.constexpr):
-    """(k index [4 warp slices, 1, CK/4], row-in-quad index [1, 4, 1]) of activation tile kb in the staging
-    layout: warp slice w holds k = kb*CK + w*CK/4 + [0, CK/4)."""
-    KS: gl.constexpr = CK // 4
-    SL3: gl.constexpr = stage_layout(CK)
-    kk = kb * CK + gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL3)))[:, None, None] * KS + \
-        gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL3)))[None, None, :]
-    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL3)))[None, :, None]
-    return kk, r4
-
-
-@gluon.jit
-def _load_a(x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
-    """The loads of activation tile kb (_store_a stages it): x[4q:4q+4, kb*CK:(kb+1)*CK] per 4-row quad that
-    holds a row < B (quads past B: compile-time skipped), as [4 warp slices, 4 rows, CK/4] in the model dtype
-    (0 past B and K), and the norm weights of the tile (0 unless norm)."""
-    kk, r4 = _tile_index(kb, CK)
-    g = gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
-    vs = (g,)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            vs = vs + (gl.load(x + (q * 4 + r4) * K + kk, mask=((q * 4 + r4) < B) & (kk < K), other=0.0,
-                               cache_modifier=".cg"),)
-    return vs
-
-
-@gluon.jit
-def _norm_bf16(y, g):
-    """rnd(rnd(y, bf16) * g) as bf16 for fp32 y and bf16 g (RMSNorm's two rounding points, HF's order):
-    ``cvt.rn.bf16x2.f32`` rounds two y to bf16, ``mul.rn.bf16x2`` multiplies them by two g and rounds once. A
-    product of two bf16 values is exact in fp32 (16 significant bits) above fp32's subnormal range, so the packed
-    multiply gives the bits of rounding the fp32 product: 1.5 instructions per value in all."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $1; mul.rn.bf16x2 $0, t, $3; }",
-        "=r,f,f,r", [y, g], dtype=gl.bfloat16, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _store_a(abuf, vs, rs, norm, B: gl.constexpr, CK: gl.constexpr):
-    """abuf [4, 16, CK/4] = the (RMSNorm?)tile _load_a loaded, as [warp slice, batch row, k], for the quads that
-    hold a row < B (abuf holds zeros in the others from the start: operand A's rows >= B are 0). RMSNorm as
-    _fill_x / _xrow (HF's rounding points: ``rnd(rnd(x * rstd) * w)``), so the MMA multiplies the values
-    F.linear does. bf16: both roundings by the hardware's packed conversions (_norm_bf16, the same bits); fp16
-    keeps rnd. Where one_stage(B) (2 or 4 live quads), the quads go to abuf in one store (_quads)."""
-    dt: gl.constexpr = abuf.dtype
-    outs = ()
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            v = vs[1 + q]
-            if norm != 0:
-                y = v.to(gl.float32) * rs[q][None, :, None]
-                if dt == gl.bfloat16:
-                    v = _norm_bf16(y, gl.broadcast(vs[0], y)[0])
-                else:
-                    v = rnd(rnd(y, dt) * vs[0].to(gl.float32), dt).to(dt)
-            if one_stage(B):
-                outs = outs + (v,)
-            else:
-                abuf.slice(q * 4, 4, dim=1).store(v)
-    if one_stage(B):  # one store: a store per quad would get a CTA barrier before each (one buffer)
-        abuf.slice(0, len(outs) * 4, dim=1).store(_quads(outs))
-
-
-@gluon.jit
-def _copy_a(rbuf, x, nw, K, kb, norm, B: gl.constexpr, CK: gl.constexpr):
-    """ASYNC (mma_async_a): the loads of activation tile kb as cp.async copies into rbuf [4, RB, CK/4] (or, DIRECT,
-    abuf [4, 16, CK/4]): the quads that hold a row < B, 0 past B and K; one commit group; returns the tile's norm
-    weights (registers, as _load_a's). ``.cg``: L2 only, as every read of an activation another SM wrote this step.
-    Where one_stage(B), one copy of all live quads' rows."""
-    kk, r4 = _tile_index(kb, CK)
-    if one_stage(B):  # one copy of every live quad's rows (a copy per quad: a CTA barrier between each two)
-        NR: gl.constexpr = (B + 3) // 4 * 4
-        r = gl.arange(0, NR, layout=gl.SliceLayout(0, gl.SliceLayout(2, stage_layout(CK))))[None, :, None]
-        async_copy.async_copy_global_to_shared(rbuf.slice(0, NR, dim=1), x + r * K + kk, mask=(r < B) & (kk < K),
-                                               cache_modifier=".cg")
-    else:
-        for q in gl.static_range(4):
-            if q * 4 < B:
-                async_copy.async_copy_global_to_shared(rbuf.slice(q * 4, 4, dim=1), x + (q * 4 + r4) * K + kk,
-                                                       mask=((q * 4 + r4) < B) & (kk < K), cache_modifier=".cg")
-    async_copy.commit_group()
-    return gl.load(nw + kk, mask=(kk < K) & (norm != 0), other=0.0)
-
-
-@gluon.jit
-def _raw_a(rbuf, g, B: gl.constexpr, CK: gl.constexpr):
-    """The tile _copy_a copied (after its wait and a CTA barrier), read back as _load_a returns it: (g, quads)."""
-    SL3: gl.constexpr = stage_layout(CK)
-    vs = (g,)
-    for q in gl.static_range(4):
-        if q * 4 < B:
-            vs = vs + (rbuf.slice(q * 4, 4, dim=1).load(SL3),)
-    return vs
-
-
 @gluon.jit
 def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, PROFILE: gl.constexpr):
     """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
-    tile is staged once (_store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
+    tile is staged once (store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers; with DIRECT,
     cp.async copies into abuf itself, RMSNorm in place, the next tile's copies issued once every warp holds operand
     A, none past the task's last tile: ``more`` = a block follows), and the
@@ -217,7 +49,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
     ``mma_v2`` computes the chunk's SP chains from 0 (per warp: its k-slice's SP parts, [4 * SP, 16, RG]), summed
     into the group's fp32 [4, 16, RG] in a fixed order. Groups g >= ng are skipped
     (their accumulators stay 0). At the end each group's per-warp partials go to accbuf[g] (summed by _acc_of
-    after a barrier): with GB 8, all groups in one store (_stack8; Triton's barrier pass puts a CTA barrier between
+    after a barrier): with GB 8, all groups in one store (stream_stage.stack; Triton's barrier pass puts a CTA barrier between
     two stores to one buffer, 7 per block before). PROFILE: ``ps`` = (ns staging tiles, ns waiting on ring slots, tiles staged + (ns of the
     staging spent before its first barrier: the wait for the tile's loads and the other warps) << 16) accumulates
     (the staging time runs from the tile's first barrier to the barrier after it: the wait for its loads
@@ -248,19 +80,19 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             ps = (ps[0], ps[1], ps[2] + ((now() - t_a) << 16))
         if DIRECT:  # the raw tile landed in abuf: RMSNorm in place, operand A, then the next tile's copies into abuf
             if norm != 0:  # each thread rewrites the elements it read (the same layout): no barrier between
-                _store_a(abuf, _raw_a(abuf, pre, B, CK), rs, norm, B, CK)
+                store_a(abuf, raw_a(abuf, pre, B, CK), rs, norm, B, CK)
                 barrier()  # every warp's normed slice stored before operand A's ldmatrix
             xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
             barrier()  # every warp's operand A read before the copies overwrite abuf
             if PROFILE:
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
             if (kb + 1 < nkb) | more:  # no wrap-around copy: abuf is attention's between GEMV tasks
-                pre = _copy_a(abuf, x, nw, K, gl.where(kb + 1 < nkb, kb + 1, 0), norm, B, CK)
+                pre = copy_a(abuf, x, nw, K, gl.where(kb + 1 < nkb, kb + 1, 0), norm, B, CK)
         else:
             if ASYNC:
-                _store_a(abuf, _raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
+                store_a(abuf, raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
             else:
-                _store_a(abuf, pre, rs, norm, B, CK)
+                store_a(abuf, pre, rs, norm, B, CK)
             barrier()  # (ASYNC: every read of rbuf done before the next copies overwrite it)
             if PROFILE:
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
@@ -268,9 +100,9 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             # block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
             nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
             if ASYNC:
-                pre = _copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
+                pre = copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
             else:
-                pre = _load_a(x, nw, K, nxt, norm, B, CK)
+                pre = load_a(x, nw, K, nxt, norm, B, CK)
             xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
         new = ()
         for g in gl.static_range(GB):
@@ -293,19 +125,11 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
         accs = new
     if STACK_ACC and GB == 8:  # one store (GB stores to one buffer get a CTA barrier between each two)
         rows = view(accbuf, gl.float32, [accbuf.shape[0] * 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        rows.slice(0, GB * 4).store(gl.reshape(_stack8(accs), [GB * 4, 16, RG]))
+        rows.slice(0, GB * 4).store(gl.reshape(stack(accs), [GB * 4, 16, RG]))
     else:
         for g in gl.static_range(GB):
             accbuf.index(g).store(accs[g])
     return ok, i, pre, ps
-
-
-@gluon.jit
-def _stack8(t):
-    """The 8 tensors of tuple t ([4, 16, RG] each, one layout) as one [8, 4, 16, RG] (index g: t[g]); join and
-    permute only relabel registers, no data moves."""
-    j0 = gl.join(gl.join(gl.join(t[0], t[1]), gl.join(t[2], t[3])), gl.join(gl.join(t[4], t[5]), gl.join(t[6], t[7])))
-    return gl.reshape(gl.permute(j0, [5, 4, 3, 0, 1, 2]), [8, t[0].shape[0], t[0].shape[1], t[0].shape[2]])
 
 
 @gluon.constexpr_function
@@ -354,11 +178,11 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     ASYNC: gl.constexpr = mma_async_a(B, CK)
     DIRECT: gl.constexpr = mma_direct_a(B, CK)
     if DIRECT:  # the tiles go straight to abuf (no raw tile)
-        pre = _copy_a(abuf, x, nw, K, 0, norm, B, CK)
+        pre = copy_a(abuf, x, nw, K, 0, norm, B, CK)
     elif ASYNC:
-        pre = _copy_a(rbuf, x, nw, K, 0, norm, B, CK)
+        pre = copy_a(rbuf, x, nw, K, 0, norm, B, CK)
     else:
-        pre = _load_a(x, nw, K, 0, norm, B, CK)
+        pre = load_a(x, nw, K, 0, norm, B, CK)
     bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
     r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
     bm = bidx[:, None] < B
@@ -369,9 +193,9 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     res = base_t + gl.load(a + 1) * 8
     out = base_t + gl.load(a + 2) * 8
     if norm != 0:
-        rs = _rstd16(x, K, B, CK, EPS, D)
+        rs = rstd16(x, K, B, CK, EPS, D)
     else:
-        rs = _rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
+        rs = rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
     CH: gl.constexpr = HD // RG
     P: gl.constexpr = RG // 2
     best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
