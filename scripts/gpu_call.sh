@@ -103,6 +103,28 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+260) # session 26 (~9 min): the separate-kernel GEMVs' tiling knobs (scripts/gemv_sweep.py, Llama-3.2-1B and Llama-3.1-8B
+    # at batch 1: qkv_rope, o_proj, down, gate_up over P / BLOCK_N, BLOCK_K, STAGES, num_warps), and pdl on the Gluon bodies
+    # with co-resident kernels (STREAM_SEG_CORESIDENT=1: 128 registers, half the shared memory) beside pdl, pdl-gluon and
+    # the megakernel; warm-ups in parallel first
+    mkdir -p /tmp/warm "$W/bench" "$W/bench-co"
+    B1="--model llama-3.2-1b --random-weights --batch 1,8" B8="--model llama-3.1-8b --random-weights --batch 1,8"
+    for i in $(seq 0 11); do (timeout 230 python3 scripts/gemv_sweep.py --warm $i/12 >"$W/warm-sweep-$i.log" 2>&1) & done
+    WARM_S=230 warm 1b $B1 --modes pdl,pdl-gluon,megakernel
+    WARM_S=230 warm 8b $B8 --modes pdl,pdl-gluon,megakernel
+    for m in 1b 8b; do [ $m = 1b ] && BB=$B1 || BB=$B8
+        (timeout 230 env STREAM_SEG_CORESIDENT=1 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$m-co $BB \
+         --modes pdl-gluon >"$W/warm-$m-co.log" 2>&1) & done
+    wait
+    checked 4
+    grep -h '"error"' "$W"/warm-sweep-*.log | cut -c1-250 | head -20 | tee -a "$OUT/log.txt"
+    step 170 sweep-1b python3 scripts/gemv_sweep.py --models llama-3.2-1b --out "$W/sweep-1b.json"
+    step 190 sweep-8b python3 scripts/gemv_sweep.py --models llama-3.1-8b --out "$W/sweep-8b.json"
+    step 60 bench-1b $bench/bench $B1 --modes pdl,pdl-gluon,megakernel --steps 50
+    step 50 bench-1b-co env STREAM_SEG_CORESIDENT=1 $bench/bench-co $B1 --modes pdl-gluon --steps 50
+    step 80 bench-8b $bench/bench $B8 --modes pdl,pdl-gluon,megakernel --steps 50
+    step 60 bench-8b-co env STREAM_SEG_CORESIDENT=1 $bench/bench-co $B8 --modes pdl-gluon --steps 50
+    ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
     # Llama-3.2-1B table (every mode, batch 1-16) and the Llama-3.1-8B table (graph, pdl, megakernel, torch+graph)

@@ -71,7 +71,8 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
     when the guess in consts["BARS"] was wrong (the bounded waits address them by offset), and with one ring
     slot fewer while the kernel's shared memory (ring + activations + the compiler's scratch) exceeds
     ``smem_limit`` bytes. Each compile of a cold cache costs seconds to a minute, so the first guess
-    (``stream_plan.bars_guess``) is where the allocator put the barriers in the cases measured. Raises RuntimeError if no offset is found or fewer than 2 slots would fit."""
+    (``stream_plan.bars_guess``) is where the allocator put the barriers in the cases measured; an excess of shared
+    memory drops as many slots as it takes at once. Raises RuntimeError if no offset is found or fewer than 2 slots would fit."""
     consts = dict(consts)
     while True:
         k = compile_fn(consts)
@@ -90,8 +91,9 @@ def fit_kernel(compile_fn, consts: dict, smem_limit: int):
         if consts["SLOTS"] <= 2:
             raise RuntimeError(f"streaming megakernel: {k.metadata.shared} bytes of shared memory with 2 ring slots "
                                f"exceed the GPU's {smem_limit}")
-        consts["SLOTS"] -= 1
-        consts["BARS"] -= CHUNK_ELEMS * 2  # the ring comes first: the barriers move down by one slot
+        drop = min(consts["SLOTS"] - 2, -(-(k.metadata.shared - smem_limit) // (CHUNK_ELEMS * 2)))
+        consts["SLOTS"] -= drop  # the slots the excess takes, at once (each recompile costs seconds to a minute)
+        consts["BARS"] -= drop * CHUNK_ELEMS * 2  # the ring comes first: the barriers move down with it
 
 
 class StreamMegakernelRunner(PersistentRunner):
@@ -202,11 +204,13 @@ class StreamMegakernelRunner(PersistentRunner):
         """Each worker's queue of the plan's tasks (the record order the kernel walks)."""
         return self.plan.schedule.queues
 
-    def _fit(self, props, consts: dict, args, **launch):
-        """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``), its consts);
-        launch: the launch's compile options (``launch_pdl``)."""
+    def _fit(self, props, consts: dict, args, smem_limit: int | None = None, **launch):
+        """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``; ``smem_limit``
+        bytes, default the GPU's per-block opt-in), its consts); launch: the launch's compile options
+        (``launch_pdl``, ``maxnreg``)."""
+        limit = props.shared_memory_per_block_optin if smem_limit is None else smem_limit
         k, c = fit_kernel(lambda cc: sd.stream_megakernel.warmup(*args, grid=(self.n_workers,), num_warps=4, **launch,
-                                                                 **cc), consts, props.shared_memory_per_block_optin)
+                                                                 **cc), consts, limit)
         k._init_handles()
         return k, c
 

@@ -19,6 +19,8 @@ The bits are the megakernel's: the same tasks in the same order per worker with 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from onekernel.errors import InputError
@@ -102,8 +104,11 @@ class StreamSegmentRunner(StreamMegakernelRunner):
     StreamMegakernelRunner's, but not tensor parallel (InputError). Three kernels are compiled: a step's first,
     middle and last (constexprs FIRST, LAST; PDL), each fitted to shared memory on its own."""
 
-    def __init__(self, step, *, pdl: bool = False, segment: str = "op", **options):
+    def __init__(self, step, *, pdl: bool = False, segment: str = "op", coresident: bool | None = None, **options):
         self.pdl = bool(pdl)
+        # coresident (experiment; env STREAM_SEG_CORESIDENT=1): kernels of half an SM's registers and shared memory,
+        # so that under PDL the next op's CTA runs beside the current one's and fills its ring before it exits
+        self.coresident = bool(int(os.environ.get("STREAM_SEG_CORESIDENT", "0"))) if coresident is None else coresident
         self.segment = segment
         check_segment(segment)
         if options.get("counters") is not None or options.get("rank", 0):
@@ -116,9 +121,14 @@ class StreamSegmentRunner(StreamMegakernelRunner):
         dev = self.qoff.device
         self.segs = [tuple(torch.tensor(v, dtype=torch.int32, device=dev) for v in s[1:]) for s in segs]
         self.kernels, self.seg_consts = {}, {}
-        for role in ("first", "mid", "last"):  # launch_pdl: a compile option in Triton 3.6
+        self.launch_opts = {"launch_pdl": self.pdl}  # launch_pdl: a compile option in Triton 3.6
+        limit = None
+        if self.coresident:  # two CTAs per SM: half the registers (256 threads x 128) and half the shared memory
+            self.launch_opts["maxnreg"] = 128
+            limit = props.shared_memory_per_multiprocessor // 2 - 1024  # 1 KB per CTA is the system's
+        for role in ("first", "mid", "last"):
             c = dict(self.consts, FIRST=role == "first", LAST=role == "last", PDL=self.pdl)
-            self.kernels[role], self.seg_consts[role] = self._fit(props, c, self._seg_args(0), launch_pdl=self.pdl)
+            self.kernels[role], self.seg_consts[role] = self._fit(props, c, self._seg_args(0), limit, **self.launch_opts)
         # a per-layer kernel's tasks wait on each other, so its CTAs must all be resident, as the megakernel's
         self._check_residency(self.kernels["mid"], props)
 
@@ -129,5 +139,5 @@ class StreamSegmentRunner(StreamMegakernelRunner):
         n = len(self.segs)
         for k in range(n):
             role = "first" if k == 0 else "last" if k == n - 1 else "mid"
-            sd.stream_megakernel[(self.n_workers,)](*self._seg_args(k), num_warps=4, launch_pdl=self.pdl,
+            sd.stream_megakernel[(self.n_workers,)](*self._seg_args(k), num_warps=4, **self.launch_opts,
                                                     **self.seg_consts[role])

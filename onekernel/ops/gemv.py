@@ -15,7 +15,7 @@ import triton.language as tl
 
 from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv_mma import COLS, DEEP, gemv_mma, load_xt, mma_acc, norm_xt
+from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, mma_stages, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
 from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
@@ -24,19 +24,21 @@ from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost,
 # ----------------------------------------------------------------------------------------- gemv_residual
 @triton.jit
 def gemv_residual_prologue(tile, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
+                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
+                           STAGES: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gemv_residual_body(tile, w0, x, w, res, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
+                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr,
+                       STAGES: tl.constexpr):
     """out[b, n] = (res[b, n] + (x[b, :] @ w[n, :]).to(dt)).to(dt) for the tile's BLOCK_N rows n (MMA: on the
-    tensor cores, BLOCK_B = 16)."""
+    tensor cores, BLOCK_B = 16, the chunk loop STAGES deep: ops/gemv_mma.py ``gemv_mma``)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     if MMA:
-        acc = gemv_mma(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, False, DEEP)
+        acc = gemv_mma(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_N, BLOCK_K, False, STAGES)
     else:
         acc = gemv_rows(w0, x, w, 1.0, w, rows, rmask, B, K, BLOCK_B, BLOCK_N, BLOCK_K, False)
     ob = tl.arange(0, BLOCK_B)
@@ -54,19 +56,20 @@ def gemv_residual_reference(op: Op, t: dict) -> None:
 
 GEMV_RESIDUAL = OpKind(
     "gemv_residual", gemv_residual_prologue, gemv_residual_body, ("x", "w", "res", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA"), 1, gemv_residual_reference)
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "MMA", "STAGES"), 1, gemv_residual_reference)
 
 
 def add_gemv_residual(graph: Graph, name: str, x: Buffer, w: Buffer, res: Buffer, *, tiling: Tiling = Tiling(),
                       gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, N] = res + x[B, K] @ w[N, K]^T`` (all model dtype) tiled over N; returns ``out``
     (``{name}.out``). gemv: "fma" (CUDA cores) or "mma" (tensor cores; ops/tiling.py ``check_gemv``).
-    blocks: overrides of the tiling (BLOCK_N, BLOCK_K; tests and tuning)."""
+    blocks: overrides of the tiling (BLOCK_N, BLOCK_K, STAGES; tests and tuning)."""
     B, K = x.shape
     N = w.shape[0]
     es = w.nbytes // (N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, gemv=gemv), **(blocks or {})}
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, gemv=gemv)}
+    p = {**p, "STAGES": mma_stages("gemv_residual", p["BLOCK_N"], p["MMA"]), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(n1 - n0, K, B, es, 2 * B * (n1 - n0) * es)
@@ -98,16 +101,17 @@ def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, BLOCK_B: tl.co
 
 @triton.jit
 def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """(gate, up) fp32 [16, BLOCK_N] on the tensor cores (ops/gemv_mma.py ``gemv_mma`` with two weight
-    matrices): each normalized activation tile is made once and feeds both MMAs."""
+    matrices): each normalized activation tile is made once and feeds both MMAs; the chunk loop double-buffered
+    in registers (STAGES 0) or STAGES deep through shared memory."""
     ag = tl.zeros([BLOCK_N, COLS], tl.float32)
     au = tl.zeros([BLOCK_N, COLS], tl.float32)
-    if BLOCK_N >= 64:  # pipelined DEEP chunks deep through shared memory (ops/gemv_mma.py: DEEP)
+    if STAGES > 0:  # pipelined STAGES chunks deep through shared memory (ops/gemv_mma.py: DEEP)
         h = norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, True)
         ag = mma_acc(ag, wg0, h)
         au = mma_acc(au, wu0, h)
-        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=DEEP):
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
             wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
             h = norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, True)
@@ -131,7 +135,7 @@ def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.co
 @triton.jit
 def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                     MMA: tl.constexpr):
+                     MMA: tl.constexpr, STAGES: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
 
@@ -139,14 +143,14 @@ def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: t
 @triton.jit
 def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                 MMA: tl.constexpr):
+                 MMA: tl.constexpr, STAGES: tl.constexpr):
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n. MMA: on the tensor cores
     (BLOCK_B = 16)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
     if MMA:
-        ag, au = gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B, N, K, BLOCK_N, BLOCK_K)
+        ag, au = gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B, N, K, BLOCK_N, BLOCK_K, STAGES)
     else:
         z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
         ag, au = z, z
@@ -175,19 +179,21 @@ def gate_up_reference(op: Op, t: dict) -> None:
 
 GATE_UP = OpKind(
     "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA"), 2, gate_up_reference)
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA", "STAGES"), 2, gate_up_reference)
 
 
 def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
                 tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
-    returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``)."""
+    returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``). blocks: overrides of the
+    tiling (BLOCK_N, BLOCK_K, STAGES; tests and tuning)."""
     B, K = x.shape
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), x.dtype, "activation")
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=MAX_TILE_ELEMS // 2, gemv=gemv),
-         "EPS": float(eps), **(blocks or {})}
+         "EPS": float(eps)}
+    p = {**p, "STAGES": mma_stages("gate_up", p["BLOCK_N"], p["MMA"]), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)

@@ -45,6 +45,17 @@ COLS = tl.constexpr(MMA_COLS)  # the padded batch: the narrow MMA operand's widt
 DEEP = tl.constexpr(5)
 
 
+def mma_stages(kind: str, block_n: int, mma: bool) -> int:
+    """The default chunk-loop depth (``STAGES`` op param) of a GEMV op of ``kind`` ("qkv_rope", "gemv_residual",
+    "gate_up") with ``block_n`` weight rows per tile: the choices measured in the comment above (0 on the CUDA-core
+    path, which has no such loop). An op's ``blocks={"STAGES": n}`` overrides it (tuning)."""
+    if not mma or kind == "qkv_rope":
+        return 0
+    if kind == "gate_up":
+        return int(DEEP) if block_n >= 64 else 0
+    return int(DEEP)
+
+
 @triton.jit
 def load_xt(x, B: tl.constexpr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """Activation tile ``x[0:16, k0:k0+BLOCK_K]`` [16, BLOCK_K] in the model dtype; 0 for rows >= B and

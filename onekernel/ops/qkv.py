@@ -29,7 +29,7 @@ from triton.language.extra import libdevice
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
-from onekernel.ops.gemv_mma import gemv_mma
+from onekernel.ops.gemv_mma import gemv_mma, mma_stages
 from onekernel.ops.tiling import MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, check_gemv, region
 
 @triton.jit
@@ -47,7 +47,7 @@ def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
 def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr):
+                      EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     return load_w_chunk(w, rows, rows < (HQ + 2 * HKV) * HD, 0, D, BLOCK_K)
 
@@ -56,7 +56,7 @@ def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
 def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr):
+                  EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr):
     h, c, hr, rows = _qkv_rows(tile, HD, P)
     dt = q.dtype.element_ty
     rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
@@ -66,7 +66,8 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     if QK_NORM:  # the tile holds the whole head (P == HD // 2): q or k norm weights of its rows
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
     if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, 2P] has the same shape for every B
-        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True), dt)
+        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True,
+                         STAGES), dt)
         if QK_NORM:  # per-row sums over a [16, HD] tile: a shape and layout that never depend on B
             rb = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
             y = tl.where(is_v, y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
@@ -135,7 +136,7 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES"), 1,
     qkv_rope_reference)
 
 
@@ -158,7 +159,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
     gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs 2P >= 16,
-    which ``qkv_pairs`` always gives). blocks: overrides of the tiling (P, BLOCK_K; tests and tuning). Raises
+    which ``qkv_pairs`` always gives). blocks: overrides of the tiling (P, BLOCK_K, STAGES; tests and tuning). Raises
     ValueError for shapes that do not fit together or an unknown gemv path."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
@@ -174,7 +175,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     mma = check_gemv(gemv, B)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P,
          "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": block_k_for(D, 2 * P, mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, **(blocks or {})}
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma), **(blocks or {})}
     if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * p["P"] < MMA_MIN):
         raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= {MMA_MIN} "
                          "with gemv='mma')")
