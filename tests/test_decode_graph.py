@@ -156,17 +156,43 @@ def test_bad_batch(batch):
 def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
     """Tiling(n, "fit") (the megakernel's, one worker per SM): every row-tiled GEMV op whose BLOCK_N is not at
     its cap has between n/2 and n tiles (no worker runs two tiles of one op); "cover" has at least n where
-    BLOCK_N is above its minimum (4 rows on CUDA cores, 16 on tensor cores: Llama-3.2-1B's 2048-row o_proj then
-    has 128 tiles)."""
+    BLOCK_N is above its minimum on the CUDA cores (4 rows), and on the tensor cores (Llama-3.2-1B) the same single
+    wave of tiles as "fit" (``Tiling.gemv_min_tiles``), qkv_rope's too."""
     cfg = get_config(name)
     fit, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "fit"))
     cover, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "cover"))
     for f, c in zip(fit.ops, cover.ops):
         if f.kind.name in ("gemv_residual", "gate_up", "lm_head") and f.params["BLOCK_N"] < 64:
             assert sms // 2 < f.n_tiles <= sms, (f.name, f.n_tiles)
-        if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["BLOCK_N"] > (16 if c.params["MMA"]
-                                                                                          else 4):
+        if c.kind.name in ("gemv_residual", "gate_up", "lm_head", "qkv_rope") and c.params["MMA"]:
+            assert c.n_tiles == f.n_tiles, (c.name, c.n_tiles, f.n_tiles)
+        elif c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["BLOCK_N"] > 4:
             assert c.n_tiles >= sms, (c.name, c.n_tiles)
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"])
+def test_separate_tensor_core_gemvs_take_the_measured_chunks(name):
+    """The separate kernels' tensor-core GEMVs (Tiling "cover", ``ops.gemv_mma.mma_stages``): qkv_rope pipelined 3
+    deep with chunks of up to 16384 weight elements, gate_up in registers with chunks of up to 8192 per matrix, the
+    residual GEMVs DEEP; the megakernel's tiles ("fit") keep the depths they had (qkv_rope and gate_up below 64 rows in
+    registers, chunks of 8192 / 4096). Every chunk within its limit, at every batch the same."""
+    cfg = get_config(name)
+    for b in (1, 16):
+        cover, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "cover"))
+        fit, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "fit"))
+        for c, f in zip(cover.ops, fit.ops):
+            k = c.kind.name
+            if k == "qkv_rope":
+                assert c.params["STAGES"] == 3 and 2 * c.params["P"] * c.params["BLOCK_K"] <= 16384, c.params
+                assert f.params["STAGES"] == 0 and 2 * f.params["P"] * f.params["BLOCK_K"] <= 8192, f.params
+            elif k == "gate_up":
+                assert c.params["STAGES"] == 0 and c.params["BLOCK_N"] * c.params["BLOCK_K"] <= 8192, c.params
+                assert f.params["STAGES"] == (5 if f.params["BLOCK_N"] >= 64 else 0), f.params
+                assert f.params["BLOCK_N"] * f.params["BLOCK_K"] <= 4096, f.params
+            elif k == "gemv_residual":
+                assert c.params["STAGES"] == f.params["STAGES"] == 5
+            if k in ("qkv_rope", "gate_up", "gemv_residual"):
+                assert c.params["MMA"] and f.params["MMA"]
 
 
 def test_unknown_tiling_is_refused():

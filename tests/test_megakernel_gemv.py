@@ -98,3 +98,26 @@ def test_a_fallback_to_the_triton_megakernel_rebinds_the_model_path(monkeypatch)
     got = runners.make_step_runner("megakernel", model, cache, n_sm=132)
     assert got == "the Triton megakernel on its own path"
     assert ran == ["mma", "fma"] and built == [None]
+
+
+def test_pdl_takes_the_streaming_bodies_for_tensor_core_steps(monkeypatch):
+    """exec.pdl_streams (mode "pdl", backend "auto"): a tensor-core step the streaming kernel runs takes its bodies,
+    one persistent kernel per op, at every batch; a CUDA-core step, an option only the Triton kernels take, or a GPU
+    that is not a Hopper keeps the Triton per-op kernels."""
+    from onekernel.exec import pdl_streams
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    dev = torch.device("cuda", 0)
+
+    def graph(name, batch, gemv=None):
+        return decode_graph(get_config(name), batch, 96, torch.bfloat16, tiling=Tiling(132, "cover"), gemv=gemv)[0]
+
+    w = {"n_workers": 132}  # the SM count, which the faked GPU cannot give
+    assert [pdl_streams(graph("llama-3.2-1b", b), b, dev, w) for b in (1, 5, 16)] == [True] * 3
+    assert pdl_streams(graph("llama-3.2-1b", 2), 2, dev, {"use_cuda_graph": False, "wait_ms": 500, **w})
+    for opts in ({"after": {}}, {"trigger": "entry"}, {"prologue_split": False}, {"profile": True}):
+        assert not pdl_streams(graph("llama-3.2-1b", 2), 2, dev, {**opts, **w}), opts
+    assert not pdl_streams(graph("smollm2-135m", 1), 1, dev, w)  # its own path: the CUDA cores
+    assert pdl_streams(graph("smollm2-135m", 1, "mma"), 1, dev, w)  # asked for the tensor cores
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))
+    assert not pdl_streams(graph("llama-3.2-1b", 1), 1, dev, w)

@@ -94,6 +94,22 @@ def auto_streams(graph, batch: int, device, options: dict) -> bool:
     return prefer_stream(graph, options.get("n_workers") or sm_count(device))
 
 
+def pdl_streams(graph, batch: int, device, options: dict) -> bool:
+    """Whether mode "pdl" with backend "auto" runs on the streaming kernel's bodies (``exec.stream_segments``: one
+    persistent kernel per op, each loader streaming its op's weights through the shared-memory ring before the op's
+    inputs exist; issue 11 item 4) instead of the Triton per-op kernels: a tensor-core step (``graph.meta["gemv"]``
+    "mma": the model's own path for bf16 / fp16 models of hidden size >= 2048) that ``auto_streams`` would stream, and
+    only options those kernels take (SEGMENT_OPTIONS; ``after``, ``prologue_split``, ``trigger`` and ``profile`` keep
+    the Triton kernels). A property of the model and options, never of the batch (``auto_streams`` answers the same
+    for batches 1..16), so every batch of a model runs the same kernels and keeps its batch-1 bits. Measured (H200,
+    run 26 call 260, ms per step at batch 1 / 8): Llama-3.2-1B 0.990 / 1.163 against the Triton kernels' 1.094 /
+    1.242; Llama-3.1-8B 4.213 / 4.662 against 4.914 / 5.315. CUDA-core steps (SmolLM2-135M, Qwen3-0.6B) keep the
+    Triton kernels: there the streaming bodies would change the path (docs/DESIGN.md, "Small models")."""
+    if graph.meta.get("gemv") != "mma" or set(options) - set(SEGMENT_OPTIONS) or options.get("profile"):
+        return False
+    return auto_streams(graph, batch, device, {k: v for k, v in options.items() if k not in ("backend", "segment")})
+
+
 # The runner options a caller may pass, per mode (README, "Runner options"; each runner class documents them);
 # make_step_runner takes STEP_OPTIONS itself. graph / pdl with backend="gluon" take SEGMENT_OPTIONS.
 RUNNER_OPTIONS = {
@@ -138,6 +154,10 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
                          f"{type(step).__name__}")
     cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
     backend = options.pop("backend", "auto") if mode in ("megakernel", "graph", "pdl") else None
+    auto_pdl = (mode == "pdl" and backend == "auto" and not interpret
+                and pdl_streams(step.graph, step.batch, step.device, options))
+    if auto_pdl:
+        backend = "gluon"
     if mode == "megakernel":
         cls = megakernel_class(step, backend, interpret, options)
     elif backend is not None and backend not in ("auto", "triton"):  # graph / pdl on the streaming kernel's bodies
@@ -172,6 +192,21 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
                 "(backend='gluon' raises the error)", type(e).__name__, e)
             keep = inspect.signature(MegakernelRunner.__init__).parameters
             return MegakernelRunner(step, **{k: v for k, v in options.items() if k in keep})
+    if auto_pdl:
+        try:
+            return cls(step, **options)
+        except Exception as e:  # noqa: BLE001 - as the megakernel's "auto": the Triton kernels instead
+            from onekernel.errors import OneKernelError
+            import torch
+
+            if isinstance(e, (OneKernelError, torch.OutOfMemoryError)):
+                raise
+            import logging
+            logging.getLogger("onekernel").warning(
+                "pdl on the streaming kernel's bodies did not build (%s: %.200s); running the Triton kernels instead "
+                "(backend='gluon' raises the error)", type(e).__name__, e)
+            options.pop("pdl", None)
+            return PdlRunner(step, **options)
     if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
         options.pop("use_cuda_graph", None)
         cls = EagerRunner

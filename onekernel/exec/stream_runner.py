@@ -204,13 +204,11 @@ class StreamMegakernelRunner(PersistentRunner):
         """Each worker's queue of the plan's tasks (the record order the kernel walks)."""
         return self.plan.schedule.queues
 
-    def _fit(self, props, consts: dict, args, smem_limit: int | None = None, **launch):
-        """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``; ``smem_limit``
-        bytes, default the GPU's per-block opt-in), its consts); launch: the launch's compile options
-        (``launch_pdl``, ``maxnreg``)."""
-        limit = props.shared_memory_per_block_optin if smem_limit is None else smem_limit
+    def _fit(self, props, consts: dict, args, **launch):
+        """(the kernel compiled for ``args`` and ``consts`` fitted to shared memory (``fit_kernel``), its consts);
+        launch: the launch's compile options (``launch_pdl``)."""
         k, c = fit_kernel(lambda cc: sd.stream_megakernel.warmup(*args, grid=(self.n_workers,), num_warps=4, **launch,
-                                                                 **cc), consts, limit)
+                                                                 **cc), consts, props.shared_memory_per_block_optin)
         k._init_handles()
         return k, c
 

@@ -18,7 +18,7 @@ from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, mma_stages, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
-from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, gemv_blocks, gemv_cost, region, row_tiled_tasks
+from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, check_gemv, gemv_blocks, gemv_cost, region, row_tiled_tasks
 
 
 # ----------------------------------------------------------------------------------------- gemv_residual
@@ -69,7 +69,7 @@ def add_gemv_residual(graph: Graph, name: str, x: Buffer, w: Buffer, res: Buffer
     es = w.nbytes // (N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), res.dtype, "activation")
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, gemv=gemv)}
-    p = {**p, "STAGES": mma_stages("gemv_residual", p["BLOCK_N"], p["MMA"]), **(blocks or {})}
+    p = {**p, "STAGES": mma_stages("gemv_residual", p["BLOCK_N"], p["MMA"], tiling.separate), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(n1 - n0, K, B, es, 2 * B * (n1 - n0) * es)
@@ -191,9 +191,11 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
     out = graph.add_buffer(f"{name}.out", (B, N), x.dtype, "activation")
-    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=MAX_TILE_ELEMS // 2, gemv=gemv),
-         "EPS": float(eps)}
-    p = {**p, "STAGES": mma_stages("gate_up", p["BLOCK_N"], p["MMA"]), **(blocks or {})}
+    # chunks of both matrices double-buffered in registers: half the elements per matrix, but not on the separate
+    # kernels' tensor-core path (one wave of 64-row tiles; ``ops.gemv_mma.mma_stages`` has the measurement)
+    elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
+    p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
+    p = {**p, "STAGES": mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), **(blocks or {})}
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)

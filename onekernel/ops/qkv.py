@@ -30,7 +30,7 @@ from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
 from onekernel.ops.gemv_mma import gemv_mma, mma_stages
-from onekernel.ops.tiling import MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, check_gemv, region
+from onekernel.ops.tiling import MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, check_gemv, region
 
 @triton.jit
 def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
@@ -171,11 +171,13 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
                          f"not fit [B, D], [(Hq + 2 Hkv) hd, D], [B, Hkv, S, hd] (qn and kn come together)")
     q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
-    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.min_tiles))
     mma = check_gemv(gemv, B)
-    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P,
-         "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": block_k_for(D, 2 * P, mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma), **(blocks or {})}
+    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.gemv_min_tiles(mma)))
+    sep = mma and tiling.separate  # chunks pipelined through shared memory: twice the elements (gemv_mma.mma_stages)
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": MMA_COLS if mma else batch_block(B),
+         "BLOCK_K": block_k_for(D, 2 * P, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma, tiling.separate),
+         **(blocks or {})}
     if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * p["P"] < MMA_MIN):
         raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= {MMA_MIN} "
                          "with gemv='mma')")

@@ -62,6 +62,20 @@ class Tiling:
         sizes the count then lands in (n_sm / 2, n_sm])."""
         return self.n_sm if self.policy == "cover" else self.n_sm // 2 + 1
 
+    @property
+    def separate(self) -> bool:
+        """Whether these are the separate kernels' tiles ("cover"), not the megakernel's ("fit")."""
+        return self.policy == "cover"
+
+    def gemv_min_tiles(self, mma: bool) -> int:
+        """The tile count a GEMV op (qkv_rope, gemv_residual, gate_up, lm_head) should reach: ``min_tiles``, except on
+        the tensor-core path of the separate kernels, which takes "fit"'s single wave (at most one tile per SM).
+        Measured (H200, run 26 call 260, scripts/gemv_sweep.py: every layer's op back to back, L2 flushed, us per op;
+        "cover" / single wave): Llama-3.1-8B qkv_rope 25.4 / 23.8, o_proj 13.7 / 12.4, down 36.6 / 31.5, gate_up
+        65.0 / 61.1 (with the chunk sizes of ``block_k_for``'s callers there); Llama-3.2-1B qkv_rope 11.6 / 11.2,
+        gate_up 24.7 / 22.3 (o_proj and down already had one wave of 16-row tiles)."""
+        return Tiling(self.n_sm, "fit").min_tiles if mma and self.separate else self.min_tiles
+
 
 def pow2_ceil(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
@@ -119,7 +133,7 @@ def gemv_blocks(n: int, k: int, batch: int, tiling: Tiling, lo: int = 4, hi: int
     MMA_COLS and needs BLOCK_N >= 16). ``max_elems``: weight elements per chunk of one matrix (gate_up
     streams two matrices, double-buffered, and uses half). Raises ValueError as ``check_gemv``."""
     mma = check_gemv(gemv, batch)
-    bn = block_n_for(n, tiling.min_tiles, max(lo, MMA_MIN) if mma else lo, hi)
+    bn = block_n_for(n, tiling.gemv_min_tiles(mma), max(lo, MMA_MIN) if mma else lo, hi)
     return {"BLOCK_B": MMA_COLS if mma else batch_block(batch), "BLOCK_N": bn,
             "BLOCK_K": block_k_for(k, bn, max_elems, mma), "MMA": mma}
 
