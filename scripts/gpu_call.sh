@@ -45,6 +45,9 @@
 # 251 + 252 + 253 (session 25's final tables: 211 with an A/B of the switches STREAM_STACK_ACC / STREAM_ONE_STAGE, then
 # 212 and the Qwen3 tables, then the SmolLM2 table again because 252 started cold): in git history (`git show
 # 6752d5e:scripts/gpu_call.sh`); 211 + 212 (run at once, without giving the machine back between) + 243 + 244 replace them.
+# 260 (session 26: scripts/gemv_sweep.py over the separate kernels' GEMV tiles, kept as their defaults; pdl on the
+# streaming bodies beside pdl, kept as its default for tensor-core steps; co-resident segment kernels, STREAM_SEG_CORESIDENT=1,
+# dropped): in git history (`git show 7aaa114:scripts/gpu_call.sh`, the code there).
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -103,27 +106,37 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-260) # session 26 (~9 min): the separate-kernel GEMVs' tiling knobs (scripts/gemv_sweep.py, Llama-3.2-1B and Llama-3.1-8B
-    # at batch 1: qkv_rope, o_proj, down, gate_up over P / BLOCK_N, BLOCK_K, STAGES, num_warps), and pdl on the Gluon bodies
-    # with co-resident kernels (STREAM_SEG_CORESIDENT=1: 128 registers, half the shared memory) beside pdl, pdl-gluon and
-    # the megakernel; warm-ups in parallel first
-    mkdir -p /tmp/warm "$W/bench" "$W/bench-co"
-    B1="--model llama-3.2-1b --random-weights --batch 1,8" B8="--model llama-3.1-8b --random-weights --batch 1,8"
-    for i in $(seq 0 11); do (timeout 230 python3 scripts/gemv_sweep.py --warm $i/12 >"$W/warm-sweep-$i.log" 2>&1) & done
-    WARM_S=230 warm 1b $B1 --modes pdl,pdl-gluon,megakernel
-    WARM_S=230 warm 8b $B8 --modes pdl,pdl-gluon,megakernel
-    for m in 1b 8b; do [ $m = 1b ] && BB=$B1 || BB=$B8
-        (timeout 230 env STREAM_SEG_CORESIDENT=1 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$m-co $BB \
-         --modes pdl-gluon >"$W/warm-$m-co.log" 2>&1) & done
+261) # session 26's final commit (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (pdl now on the streaming
+    # bodies for tensor-core steps; pdl-triton the Triton per-op kernels; graph with the one-wave tensor-core GEMVs), then
+    # both tables
+    mkdir -p "$W/bench" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
+    log "warm-up"
+    WARM_S=230 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=230 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=230 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=230 warm 8b-16 $B8 --batch 16 --modes $MK
     wait
     checked 4
-    grep -h '"error"' "$W"/warm-sweep-*.log | cut -c1-250 | head -20 | tee -a "$OUT/log.txt"
-    step 170 sweep-1b python3 scripts/gemv_sweep.py --models llama-3.2-1b --out "$W/sweep-1b.json"
-    step 190 sweep-8b python3 scripts/gemv_sweep.py --models llama-3.1-8b --out "$W/sweep-8b.json"
-    step 60 bench-1b $bench/bench $B1 --modes pdl,pdl-gluon,megakernel --steps 50
-    step 50 bench-1b-co env STREAM_SEG_CORESIDENT=1 $bench/bench-co $B1 --modes pdl-gluon --steps 50
-    step 80 bench-8b $bench/bench $B8 --modes pdl,pdl-gluon,megakernel --steps 50
-    step 60 bench-8b-co env STREAM_SEG_CORESIDENT=1 $bench/bench-co $B8 --modes pdl-gluon --steps 50
+    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 130 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    ;;
+262) # at once after 261 (~6 min): 1,000 replays (pdl on the streaming bodies included) and the forced timeout, the 1B
+    # invariance of pdl and the megakernel, the GPU tests of both GEMV paths and of pdl's choice, and cold / warm starts of
+    # pdl at batch 16 beside the Qwen3-8B warm-up; then the Qwen3-8B table
+    mkdir -p /tmp/warm "$W/bench"
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,pdl-triton,megakernel"
+    WARM_S=200 warm q8 $Q8
+    (step 90 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json";
+     step 90 inv-1b python3 scripts/invariance_check.py llama-3.2-1b --modes pdl,megakernel --out "$W/inv-1b.json") &
+    (step 200 compile-times python3 scripts/compile_times.py --out "$W" --jobs 2 --timeout 90 \
+        --cases "llama-3.1-8b:16:pdl,llama-3.2-1b:16:pdl") &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py tests/test_stream_gpu.py \
+        -k "mma or auto or pdl" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 1
+    step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
     ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the

@@ -70,6 +70,31 @@ def test_auto_takes_gluon_for_an_mma_step(name, gemv):
         assert torch.equal(got[1], got[0].argmax(-1).to(torch.int32))
 
 
+def test_pdl_takes_the_streaming_bodies_for_an_mma_step(seed):
+    """mode "pdl" with no backend asked for (exec.pdl_streams): Llama-3.2-1B's tensor-core step runs on the streaming
+    bodies, one persistent kernel per op, at batch 1 and 5; its logits within bf16 rounding of the reference, its tokens
+    their argmax, each row bitwise its batch-1 run, and the Triton per-op kernels (backend="triton") still there."""
+    from onekernel.exec.kernels import PdlRunner
+    from onekernel.exec.stream_segments import StreamSegmentRunner
+    model = load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
+    lens = torch.randint(1, 300, (5,), generator=torch.Generator().manual_seed(seed)).tolist()
+    cache, tokens = random_decode_state(model, 5, 332, lens, seed)
+    ref = step_on_copy(model, "reference", cache, tokens)
+    got = step_on_copy(model, "pdl", cache, tokens)
+    assert isinstance(got[3], StreamSegmentRunner) and got[3].pdl, type(got[3])
+    err = ((got[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item()
+    assert err < 0.08, err
+    assert torch.equal(got[1], got[0].argmax(-1).to(torch.int32))
+    tri = step_on_copy(model, "pdl", cache, tokens, backend="triton")
+    assert type(tri[3]) is PdlRunner
+    assert ((tri[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item() < 0.08
+    for i, n in enumerate(lens):
+        one, _ = random_decode_state(model, 1, 332, [n], seed)
+        one.k.copy_(cache.k[:, i:i + 1])
+        one.v.copy_(cache.v[:, i:i + 1])
+        assert torch.equal(step_on_copy(model, "pdl", one, tokens[i:i + 1])[0][0], got[0][i]), f"row {i}"
+
+
 def test_norm_bf16_is_rnd_to_the_bit():
     """stream_stage.norm_bf16 (cvt.rn.bf16x2.f32, then mul.rn.bf16x2 by the norm weight) gives the bits of
     ``rnd(rnd(y) * g).to(bf16)`` (RMSNorm's rounding points, ops.gemv_rows.rnd) and of PyTorch's bf16 rounding of
