@@ -106,37 +106,33 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-261) # session 26's final commit (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (pdl now on the streaming
-    # bodies for tensor-core steps; pdl-triton the Triton per-op kernels; graph with the one-wave tensor-core GEMVs), then
-    # both tables
+261) # session 26's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (pdl now on the streaming
+    # bodies for tensor-core steps; pdl-triton the Triton per-op kernels; graph with the one-wave tensor-core GEMVs) beside
+    # 1,000 replays of graph / pdl / megakernel with the forced timeout, and the GPU tests of pdl's choice; then both tables
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
     log "warm-up"
-    WARM_S=230 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=230 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=230 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=230 warm 8b-16 $B8 --batch 16 --modes $MK
+    WARM_S=200 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=200 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=200 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=200 warm 8b-16 $B8 --batch 16 --modes $MK
+    (timeout 200 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "pdl or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 4
-    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 130 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 120 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-262) # at once after 261 (~6 min): 1,000 replays (pdl on the streaming bodies included) and the forced timeout, the 1B
-    # invariance of pdl and the megakernel, the GPU tests of both GEMV paths and of pdl's choice, and cold / warm starts of
-    # pdl at batch 16 beside the Qwen3-8B warm-up; then the Qwen3-8B table
+262) # at once after 261 (~4 min): the Qwen3-8B table (graph and pdl changed) without torch.compile
     mkdir -p /tmp/warm "$W/bench"
-    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,pdl-triton,megakernel"
-    WARM_S=200 warm q8 $Q8
-    (step 90 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json";
-     step 90 inv-1b python3 scripts/invariance_check.py llama-3.2-1b --modes pdl,megakernel --out "$W/inv-1b.json") &
-    (step 200 compile-times python3 scripts/compile_times.py --out "$W" --jobs 2 --timeout 90 \
-        --cases "llama-3.1-8b:16:pdl,llama-3.2-1b:16:pdl") &
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py tests/test_stream_gpu.py \
-        -k "mma or auto or pdl" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
+    WARM_S=150 warm q8 $Q8
     wait
     checked 1
-    step 150 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
     ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
