@@ -27,13 +27,13 @@ from onekernel.bench.modes import bench_modes
 from onekernel.errors import InputError
 
 WORKERS = (132, 128, 96, 66)
-GAP_VARIANTS = (("gaps-graph", "graph", {}), ("gaps-pdl", "pdl", {}),
+GAP_VARIANTS = (("gaps-graph", "graph", {}), ("gaps-pdl", "pdl", {"backend": "triton"}),
                 ("gaps-pdl-nosplit", "pdl", {"prologue_split": False}))
 
 
 def study_variants(n_sm: int) -> list[tuple[str, str, dict, str]]:
     """(variant, mode, runner options, study letters) of every timed variant."""
-    v = [("graph", "graph", {}, "a"), ("pdl", "pdl", {}, "a"),
+    v = [("graph", "graph", {}, "a"), ("pdl", "pdl", {"backend": "triton"}, "a"),
          ("pdl-nosplit", "pdl", {"prologue_split": False}, "a"),
          ("pdl-entrytrigger", "pdl", {"trigger": "entry"}, "a"),
          ("pdl-waittrigger", "pdl", {"trigger": "wait"}, "a"),

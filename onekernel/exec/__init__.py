@@ -206,6 +206,9 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
                 "pdl on the streaming kernel's bodies did not build (%s: %.200s); running the Triton kernels instead "
                 "(backend='gluon' raises the error)", type(e).__name__, e)
             options.pop("pdl", None)
+            bad = sorted(set(options) - set(RUNNER_OPTIONS["pdl"]))
+            if bad:  # segment / n_workers / wait_ms / check_every: the streaming kernels' own
+                raise InputError(f"pdl fell back to the Triton kernels, which take no option {', '.join(bad)}") from e
             return PdlRunner(step, **options)
     if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
         options.pop("use_cuda_graph", None)

@@ -121,7 +121,8 @@ class StreamSegmentRunner(StreamMegakernelRunner):
 
         def fit(role):  # launch_pdl: a compile option in Triton 3.6
             c = dict(self.consts, FIRST=role == "first", LAST=role == "last", PDL=self.pdl)
-            return role, self._fit(props, c, self._seg_args(0), launch_pdl=self.pdl)
+            with torch.cuda.device(dev):  # a new thread's current device is 0: Triton compiles and loads for it
+                return role, self._fit(props, c, self._seg_args(0), launch_pdl=self.pdl)
 
         # the three compiles at once: most of a cold compile is ptxas, a process of its own (Llama-3.2-1B batch 16 on
         # a CPU core: 14 s against 27 s one after another)

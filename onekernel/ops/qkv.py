@@ -173,7 +173,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
     P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.gemv_min_tiles(mma)))
-    sep = mma and tiling.separate  # chunks pipelined through shared memory: twice the elements (gemv_mma.mma_stages)
+    sep = mma and tiling.separate  # one wave of whole-head-pair tiles: chunks of twice the elements (gemv_mma.mma_stages)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": MMA_COLS if mma else batch_block(B),
          "BLOCK_K": block_k_for(D, 2 * P, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
          "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma, tiling.separate),
