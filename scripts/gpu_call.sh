@@ -126,10 +126,12 @@ case "$1" in
     step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 120 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-262) # at once after 261 (~4 min): the Qwen3-8B table (graph and pdl changed) without torch.compile
+262) # after 261 (~4.5 min): the Qwen3-8B table (graph and pdl changed) without torch.compile, beside its warm-up the
+    # 1,000 replays and the forced timeout (261's ran beside four warm-ups and ran out of GPU memory)
     mkdir -p /tmp/warm "$W/bench"
     Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
     WARM_S=150 warm q8 $Q8
+    (step 150 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &  # 261's ran out of GPU memory
     wait
     checked 1
     step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
