@@ -39,14 +39,17 @@ class CompileWatch:
     JSON-serialises every constexpr before calling that hook, and the megakernel's ``RUN_TASK`` constexpr is a
     JITFunction, so a hook made its launch raise TypeError (H200, session 6).
 
-    ``count``: kernels loaded or compiled so far; ``seconds``: time spent in them. ``on_slow(name)`` is called
+    ``count``: kernels loaded or compiled so far; ``seconds``: the time with at least one of them in flight (loads on
+    several threads at once count once). ``on_slow(name)`` is called
     once (from a timer thread) when one load has run longer than ``slow_s``: a real compile, not a cache hit.
     Nested watches each see every load."""
 
     def __init__(self, on_slow=None, slow_s: float = SLOW_S):
         self.on_slow, self.slow_s = on_slow, slow_s
         self.count, self.seconds, self.slow = 0, 0.0, False
-        self._t0, self._timer, self._lock = None, None, threading.Lock()
+        # loads in flight, per thread (the streaming pdl compiles its three kernels at once): thread id -> timer;
+        # seconds counts the wall time with at least one load in flight, from _t0
+        self._live, self._t0, self._lock = {}, None, threading.Lock()
 
     def __enter__(self) -> "CompileWatch":
         from triton.runtime.jit import JITFunction
@@ -70,31 +73,38 @@ class CompileWatch:
 
         if self._orig is not None:
             JITFunction._do_compile = self._orig
-        self.finished()
+        self.finished(everything=True)
 
     def started(self, name: str) -> None:
-        """A kernel load begins (called by the wrapped ``_do_compile``; tests call it directly)."""
+        """A kernel load begins on this thread (called by the wrapped ``_do_compile``; tests call it directly)."""
         with self._lock:
-            self._t0 = time.perf_counter()
+            if not self._live:
+                self._t0 = time.perf_counter()
+            timer = None
             if self.on_slow is not None and not self.slow:
-                self._timer = threading.Timer(self.slow_s, self._fire, (name,))
-                self._timer.daemon = True
-                self._timer.start()
+                timer = threading.Timer(self.slow_s, self._fire, (name,))
+                timer.daemon = True
+                timer.start()
+            self._live[threading.get_ident()] = timer
 
-    def finished(self) -> None:
-        """The load that began last is done (idempotent)."""
+    def finished(self, everything: bool = False) -> None:
+        """This thread's load is done (idempotent); ``everything``: every load in flight (on exit)."""
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if self._t0 is not None:
+            ids = list(self._live) if everything else [threading.get_ident()]
+            for i in ids:
+                if i not in self._live:
+                    continue
+                timer = self._live.pop(i)
+                if timer is not None:
+                    timer.cancel()
                 self.count += 1
+            if not self._live and self._t0 is not None:
                 self.seconds += time.perf_counter() - self._t0
                 self._t0 = None
 
     def _fire(self, name: str) -> None:
         with self._lock:
-            if self._t0 is None or self.slow:
+            if not self._live or self.slow:
                 return
             self.slow = True
         self.on_slow(name)

@@ -173,3 +173,33 @@ def test_generate_progress_notes_a_compile_before_the_first_step_once():
     assert JITFunction._do_compile is before
     with GenerateProgress(["a"], 4, compile_note=False, delay_s=0.05, console=Console(file=StringIO())) as p:
         assert p.watch is None and JITFunction._do_compile is before
+
+
+def test_compile_watch_counts_loads_on_several_threads():
+    """Three loads in flight at once on three threads (the streaming pdl's three kernels): three counted, their
+    overlapping time once, and no timer left running."""
+    import threading
+    import time as _t
+
+    from onekernel.cli_compile import CompileWatch
+
+    w = CompileWatch(on_slow=lambda name: None, slow_s=60)
+    go = threading.Barrier(3)
+
+    def load():
+        w.started("k")
+        go.wait()
+        _t.sleep(0.2)
+        w.finished()
+    ts = [threading.Thread(target=load) for _ in range(3)]
+    t0 = _t.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = _t.perf_counter() - t0
+    assert w.count == 3 and 0.19 < w.seconds <= wall + 0.01, (w.count, w.seconds, wall)
+    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+    for t in timers:  # a cancelled timer's thread ends as soon as its wait wakes
+        t.join(1.0)
+    assert not w._live and not any(t.is_alive() for t in timers)
