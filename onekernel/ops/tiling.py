@@ -71,8 +71,8 @@ class Tiling:
         """The tile count a GEMV op (qkv_rope, gemv_residual, gate_up, lm_head) should reach: ``min_tiles``, except on
         the tensor-core path of the separate kernels, which takes "fit"'s single wave (at most one tile per SM).
         Measured (H200, run 26 call 260, scripts/gemv_sweep.py: every layer's op back to back, L2 flushed, us per op;
-        "cover" / single wave): Llama-3.1-8B qkv_rope 25.4 / 23.8, o_proj 13.7 / 12.4, down 36.6 / 31.5, gate_up
-        65.0 / 61.1 (with the chunk sizes of ``block_k_for``'s callers there); Llama-3.2-1B qkv_rope 11.6 / 11.2,
+        "cover" / single wave): Llama-3.1-8B qkv_rope 25.4 / 24.5, o_proj 13.7 / 12.4, down 36.6 / 31.5, gate_up
+        65.0 / 61.1 (with the chunk sizes of ``block_k_for``'s callers there); Llama-3.2-1B qkv_rope 11.6 / 12.0,
         gate_up 24.7 / 22.3 (o_proj and down already had one wave of 16-row tiles)."""
         return Tiling(self.n_sm, "fit").min_tiles if mma and self.separate else self.min_tiles
 
