@@ -56,12 +56,12 @@ def variants(kind: str, p0: dict, hd: int) -> list[tuple[dict, int]]:
     return out
 
 
-def build(kind: str, cfg, batch: int, blocks: dict, layers: int):
-    """(graph, tensors) of ``layers`` ops of ``kind`` for model config cfg, each with its own weights."""
+def build_graph(kind: str, cfg, batch: int, blocks: dict, layers: int):
+    """The graph of ``layers`` ops of ``kind`` (separate kernels' tiling, tensor cores) for model config cfg, each
+    with its own weight buffer."""
     import torch
 
     from onekernel.graph.ir import Graph
-    from onekernel.models.config import rope_inv_freq
     from onekernel.ops.gemv import add_gate_up, add_gemv_residual
     from onekernel.ops.qkv import add_qkv_rope
     from onekernel.ops.tiling import Tiling
@@ -91,6 +91,15 @@ def build(kind: str, cfg, batch: int, blocks: dict, layers: int):
         nw = g.add_buffer("nw", (D,), dt, "weight")
         for i in range(layers):
             add_gate_up(g, f"gu{i}", x, nw, g.add_buffer(f"w{i}", (2 * F, D), dt, "weight"), eps=cfg.norm_eps, **kw)
+    return g
+
+
+def build(kind: str, cfg, batch: int, blocks: dict, layers: int):
+    """(graph, tensors) of ``build_graph``, the tensors seeded random on DEV (weights scaled by 1 / sqrt(K))."""
+    import torch
+
+    from onekernel.models.config import rope_inv_freq
+    g = build_graph(kind, cfg, batch, blocks, layers)
     gen = torch.Generator(device=DEV).manual_seed(0)
     t = {}
     for n, b in g.buffers.items():
@@ -139,17 +148,14 @@ def main() -> None:
 
     wi, wn = (int(v) for v in a.warm.split("/")) if a.warm else (0, 1)
     bw = None if a.warm else copy_bandwidth_gbs()
-    if a.cpu:  # the variants of a model of a tiny config's shape would not exercise the tiling: a few only
-        global variants
-        full = variants
-        variants = lambda kind, p0, hd: full(kind, p0, hd)[:4]  # noqa: E731
     recs, n = [], 0
     for name in a.models.split(","):
         cfg = get_config(name)
         for kind in a.kinds.split(","):
             layers = 1 if a.warm else cfg.n_layers
             base = None
-            for i, (blocks, nwarps) in enumerate(variants(kind, _defaults(kind, cfg, a.batch), cfg.head_dim)):
+            vs = variants(kind, dict(build_graph(kind, cfg, a.batch, {}, 1).ops[0].params), cfg.head_dim)
+            for i, (blocks, nwarps) in enumerate(vs[:4] if a.cpu else vs):  # --cpu: a few, as a dry run
                 n += 1
                 if a.warm and n % wn != wi:
                     continue
@@ -193,35 +199,6 @@ def main() -> None:
                 print(f"{name:14s} {kind:9s} default {rs[0]['us_per_op']:7.2f} us ({rs[0]['pct_of_copy']:.0f}%) "
                       f"{rs[0]['params']}  best {best['us_per_op']:7.2f} us ({best['pct_of_copy']:.0f}%) "
                       f"{best['params']} warps {best['num_warps']}")
-
-
-def _defaults(kind: str, cfg, batch: int) -> dict:
-    """The default params of one op of ``kind`` (built on the CPU, no weights)."""
-    import torch
-
-    from onekernel.graph.ir import Graph
-    from onekernel.models.config import rope_inv_freq  # noqa: F401 (same imports as build)
-    from onekernel.ops.gemv import add_gate_up, add_gemv_residual
-    from onekernel.ops.qkv import add_qkv_rope
-    from onekernel.ops.tiling import Tiling
-
-    dt, g = torch.bfloat16, Graph()
-    D, HD, HQ, HKV, F = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim
-    kw = {"tiling": Tiling(132, "cover"), "gemv": "mma"}
-    x = g.add_buffer("x", (batch, D), dt, "activation")
-    nw = g.add_buffer("nw", (D,), dt, "weight")
-    if kind == "qkv_rope":
-        kc = g.add_buffer("kc", (batch, HKV, 1024, HD), dt, "kv")
-        add_qkv_rope(g, "q", x, nw, g.add_buffer("w", ((HQ + 2 * HKV) * HD, D), dt, "weight"),
-                     g.add_buffer("inv", (HD // 2,), torch.float32, "weight"),
-                     g.add_buffer("sl", (batch,), torch.int32, "input"), kc, kc, eps=1e-5, **kw)
-    elif kind in ("o_proj", "down"):
-        K = HQ * HD if kind == "o_proj" else F
-        xk = g.add_buffer("xk", (batch, K), dt, "activation")
-        add_gemv_residual(g, "o", xk, g.add_buffer("w", (D, K), dt, "weight"), x, **kw)
-    else:
-        add_gate_up(g, "gu", x, nw, g.add_buffer("w", (2 * F, D), dt, "weight"), eps=1e-5, **kw)
-    return dict(g.ops[0].params)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,27 @@ def pdl_streams(graph, batch: int, device, options: dict) -> bool:
     return auto_streams(graph, batch, device, {k: v for k, v in options.items() if k not in ("backend", "segment")})
 
 
+def _build_or_fall_back(build, what: str, instead: str, fall_back):
+    """``build()``; if it raises a compile error of any kind (not onekernel's own errors, not out of memory), log it
+    and return ``fall_back()``: backend "auto" must not cost the user the mode when a Triton's Gluon API moved again
+    (backend="gluon" raises the error). Out of memory is not a build failure: falling back would change the backend,
+    and so the bits, of one batch size only (run 8: an 8B batch-16 start ran the Triton kernel while GPU memory was
+    short)."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - compile errors of every kind; onekernel's own errors pass
+        import logging
+
+        import torch
+
+        from onekernel.errors import OneKernelError
+        if isinstance(e, (OneKernelError, torch.OutOfMemoryError)):
+            raise
+        logging.getLogger("onekernel").warning("%s did not build (%s: %.200s); running %s instead (backend='gluon' "
+                                               "raises the error)", what, type(e).__name__, e, instead)
+        return fall_back()
+
+
 # The runner options a caller may pass, per mode (README, "Runner options"; each runner class documents them);
 # make_step_runner takes STEP_OPTIONS itself. graph / pdl with backend="gluon" take SEGMENT_OPTIONS.
 RUNNER_OPTIONS = {
@@ -176,40 +197,18 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
             return cls(step, interpret=interpret, **options)
         if backend == "gluon":
             return cls(step, **options)
-        try:  # "auto": a Triton whose Gluon API moved again must not cost the user the megakernel
-            return cls(step, **options)
-        except Exception as e:  # noqa: BLE001 - compile errors of every kind; onekernel's own errors pass
-            from onekernel.errors import OneKernelError
-            # out of memory is not a build failure: falling back would change the backend (and so the bits) of
-            # one batch size only (run 8: an 8B batch-16 start ran the Triton kernel while GPU memory was short)
-            import torch
-
-            if isinstance(e, (OneKernelError, torch.OutOfMemoryError)):
-                raise
-            import logging
-            logging.getLogger("onekernel").warning(
-                "the streaming megakernel did not build (%s: %.200s); running the Triton megakernel instead "
-                "(backend='gluon' raises the error)", type(e).__name__, e)
-            keep = inspect.signature(MegakernelRunner.__init__).parameters
-            return MegakernelRunner(step, **{k: v for k, v in options.items() if k in keep})
+        keep = inspect.signature(MegakernelRunner.__init__).parameters
+        return _build_or_fall_back(lambda: cls(step, **options), "the streaming megakernel", "the Triton megakernel",
+                                   lambda: MegakernelRunner(step, **{k: v for k, v in options.items() if k in keep}))
     if auto_pdl:
-        try:
-            return cls(step, **options)
-        except Exception as e:  # noqa: BLE001 - as the megakernel's "auto": the Triton kernels instead
-            from onekernel.errors import OneKernelError
-            import torch
-
-            if isinstance(e, (OneKernelError, torch.OutOfMemoryError)):
-                raise
-            import logging
-            logging.getLogger("onekernel").warning(
-                "pdl on the streaming kernel's bodies did not build (%s: %.200s); running the Triton kernels instead "
-                "(backend='gluon' raises the error)", type(e).__name__, e)
+        def triton_pdl():
             options.pop("pdl", None)
             bad = sorted(set(options) - set(RUNNER_OPTIONS["pdl"]))
             if bad:  # segment / n_workers / wait_ms / check_every: the streaming kernels' own
-                raise InputError(f"pdl fell back to the Triton kernels, which take no option {', '.join(bad)}") from e
+                raise InputError(f"pdl fell back to the Triton kernels, which take no option {', '.join(bad)}")
             return PdlRunner(step, **options)
+        return _build_or_fall_back(lambda: cls(step, **options), "pdl on the streaming kernel's bodies",
+                                   "the Triton kernels", triton_pdl)
     if interpret and mode != "eager":  # no CUDA graphs or PDL in the interpreter: the same launches, eagerly
         options.pop("use_cuda_graph", None)
         cls = EagerRunner

@@ -48,18 +48,15 @@ DEEP = tl.constexpr(5)
 def mma_stages(kind: str, block_n: int, mma: bool, separate: bool = False) -> int:
     """The default chunk-loop depth (``STAGES`` op param) of a GEMV op of ``kind`` ("qkv_rope", "gemv_residual",
     "gate_up") with ``block_n`` weight rows per tile; 0 on the CUDA-core path, which has no such loop. An op's
-    ``blocks={"STAGES": n}`` overrides it (tuning).
-    - The megakernel's tiles: the choices of the comment above.
-    - The separate kernels' (``separate``, Tiling "cover": one wave of tiles, ``Tiling.gemv_min_tiles``): qkv_rope in
-      registers (chunks of up to 2 x 8192 elements, ``qkv.add_qkv_rope``; 3 deep was 3-7% faster but takes 121 KB of
-      shared memory at Llama-3.1-8B's 64-row tiles, more than the 99 KB of an sm_86 / sm_89 GPU, where the tensor-core
-      path runs too), gate_up in registers (64-row tiles, chunks of 8192 elements per matrix), the residual GEMVs DEEP. Measured (run 26 call 260, scripts/gemv_sweep.py, us per op,
-      Llama-3.2-1B / Llama-3.1-8B at those tiles): qkv_rope 0 deep 12.0 / 24.5, 3 deep 11.2 / 23.8; gate_up in
-      registers 22.3 / 61.1, 3 deep 29.6 / 65.0, 5 deep 29.9 / 95.4; o_proj 0 / 3 / 5 deep 7.0 / 6.8 / 6.5 (1B) and
-      14.6 / 13.1 / 12.4 (8B)."""
-    if not mma:
-        return 0
-    if kind == "qkv_rope":
+    ``blocks={"STAGES": n}`` overrides it (tuning). The megakernel's tiles: the choices of the comment above. The
+    separate kernels' (``separate``, Tiling "cover": one wave of tiles, ``Tiling.gemv_min_tiles``) the same, but gate_up
+    in registers at every tile size (64-row tiles, chunks of 8192 elements per matrix).
+    Measured (run 26 call 260, scripts/gemv_sweep.py, us per op, Llama-3.2-1B / Llama-3.1-8B at those tiles):
+    - qkv_rope in registers 12.0 / 24.5, 3 deep 11.2 / 23.8; the 3-deep pipeline takes 121 KB of shared memory at 8B's
+      64-row tiles, more than the 99 KB of an sm_86 / sm_89 GPU, where the tensor-core path runs too;
+    - gate_up in registers 22.3 / 61.1, 3 deep 29.6 / 65.0, 5 deep 29.9 / 95.4;
+    - o_proj 0 / 3 / 5 deep 7.0 / 6.8 / 6.5 (1B) and 14.6 / 13.1 / 12.4 (8B)."""
+    if not mma or kind == "qkv_rope":
         return 0
     if kind == "gate_up":
         return int(DEEP) if block_n >= 64 and not separate else 0

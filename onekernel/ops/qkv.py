@@ -176,7 +176,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     sep = mma and tiling.separate  # one wave of whole-head-pair tiles: chunks of twice the elements (gemv_mma.mma_stages)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": MMA_COLS if mma else batch_block(B),
          "BLOCK_K": block_k_for(D, 2 * P, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma, tiling.separate),
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma),
          **(blocks or {})}
     if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * p["P"] < MMA_MIN):
         raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= {MMA_MIN} "
