@@ -5,7 +5,7 @@
 
 For each model and op kind: every layer's op of that kind (its own random bf16 weights) back to back in one CUDA
 graph, L2 flushed before each timed replay, median us per op (``bench.timing.graph_median_ms``), for each variant
-of the op's ``blocks`` overrides (qkv_rope: P, BLOCK_K, STAGES; gemv_residual and gate_up: BLOCK_N, BLOCK_K,
+of the op's ``blocks`` overrides (qkv_rope: P, U, BLOCK_K, STAGES; gemv_residual and gate_up: BLOCK_N, BLOCK_K,
 STAGES) and of the launch's ``num_warps``, on the tensor-core path (gemv="mma"). The first variant of each kind is
 the default tiling. Each variant's first op is checked against its PyTorch reference (relative error < 2e-2) before
 it is timed; a variant that does not compile or launch (shared memory, registers) is recorded with its error.
@@ -29,27 +29,28 @@ KINDS = ("qkv_rope", "o_proj", "down", "gate_up")
 DEV = "cuda"  # --cpu: the interpreter (a dry run of the checks, no timing)
 
 
-def variants(kind: str, p0: dict, hd: int) -> list[tuple[dict, int]]:
-    """(blocks overrides, num_warps) of ``kind`` around its default params p0; the default first."""
+def variants(kind: str, p0: dict, hd: int, n_heads: int) -> list[tuple[dict, int]]:
+    """(blocks overrides, num_warps) of ``kind`` around its default params p0; the default first. qkv_rope: its units
+    of P rotation pairs, U per tile (``ops.qkv.qkv_tiles``: one wave on 132 SMs), P from 4 up, and the tiles of one
+    unit each (U = 1) that ``qkv_pairs`` gives."""
     out = [({}, 4)]
     if kind == "qkv_rope":
-        ps = sorted({p for p in (p0["P"] // 2, p0["P"], p0["P"] * 2) if 8 <= p <= hd // 2})
-        bks = (128, 256, 512)
-        stages = (0, 3, 4, 6)
-        key = "P"
+        pus = [(p, -(-n_heads * hd // (2 * p) // 132)) for p in (4, 8, 16) if p <= hd // 2]
+        pus += [(p, 1) for p in (8, 16, 32, 64) if p <= hd // 2]
+        grid = [({"P": p, "U": u, "BLOCK_K": bk, "STAGES": st}, 2 * (1 << (u - 1).bit_length()) * p)
+                for (p, u), bk, st in itertools.product(pus, (128, 256, 512), (0, 3, 4))]
     else:
         ps = (16, 32, 64)
-        bks = (128, 256, 512)
+        bks = (64, 128, 256) if kind == "gate_up" else (128, 256, 512)
         stages = (0, 3, 5, 8) if kind != "gate_up" else (0, 3, 5)
-        bks = (64, 128, 256) if kind == "gate_up" else bks
-        key = "BLOCK_N"
-    for p, bk, st, nw in itertools.product(ps, bks, stages, (4, 8)):
-        rows = 2 * p if kind == "qkv_rope" else p * (2 if kind == "gate_up" else 1)
+        grid = [({"BLOCK_N": p, "BLOCK_K": bk, "STAGES": st}, p * (2 if kind == "gate_up" else 1))
+                for p, bk, st in itertools.product(ps, bks, stages)]
+    for (b, rows), nw in itertools.product(grid, (4, 8)):
+        bk, st = b["BLOCK_K"], b["STAGES"]
         if st == 0 and rows * bk > 16384:  # two chunks in registers: spills
             continue
         if st > 0 and st * (rows + 16) * bk * 2 > 200_000:  # shared memory of the pipeline
             continue
-        b = {key: p, "BLOCK_K": bk, "STAGES": st}
         if all(p0.get(k) == v for k, v in b.items()) and nw == 4:
             continue
         out.append((b, nw))
@@ -154,7 +155,8 @@ def main() -> None:
         for kind in a.kinds.split(","):
             layers = 1 if a.warm else cfg.n_layers
             base = None
-            vs = variants(kind, dict(build_graph(kind, cfg, a.batch, {}, 1).ops[0].params), cfg.head_dim)
+            vs = variants(kind, dict(build_graph(kind, cfg, a.batch, {}, 1).ops[0].params), cfg.head_dim,
+                          cfg.n_heads + 2 * cfg.n_kv_heads)
             for i, (blocks, nwarps) in enumerate(vs[:4] if a.cpu else vs):  # --cpu: a few, as a dry run
                 n += 1
                 if a.warm and n % wn != wi:
@@ -165,7 +167,7 @@ def main() -> None:
                     g, t = build(kind, cfg, a.batch, blocks, layers)
                     ops = [dataclasses.replace(op, kind=dataclasses.replace(op.kind, num_warps=nwarps)) for op in g.ops]
                     out = next(iter(ops[0].args[r] for r in ("q", "out") if r in ops[0].args))
-                    rec["params"] = {k: v for k, v in ops[0].params.items() if k in ("P", "BLOCK_N", "BLOCK_K", "STAGES")}
+                    rec["params"] = {k: v for k, v in ops[0].params.items() if k in ("P", "U", "BLOCK_N", "BLOCK_K", "STAGES")}
                     rec["tiles"] = ops[0].n_tiles
                     rec["rel_err"] = check(g, t, ops[0], out)
                     if not rec["rel_err"] < 2e-2:

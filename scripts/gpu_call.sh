@@ -106,6 +106,32 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+270) # session 27 (~8.5 min): qkv_rope's units per tile in the separate kernels (ops.qkv.qkv_tiles: one wave of tiles with
+    # the fewest rows): scripts/gemv_sweep.py over P / U / BLOCK_K / STAGES / num_warps (Llama-3.2-1B and Llama-3.1-8B,
+    # batch 1), then graph mode with the new tiles and with U = 1 (ONEKERNEL_QKV_UNITS=0, run 26's), each its own process
+    mkdir -p /tmp/warm "$W/bench" "$W/bench-u1"
+    B1="--model llama-3.2-1b --random-weights --batch 1,8 --modes graph"
+    B8="--model llama-3.1-8b --random-weights --batch 1,8 --modes graph"
+    for i in $(seq 0 9); do (timeout 150 python3 scripts/gemv_sweep.py --kinds qkv_rope --warm $i/10 \
+        >"$W/warm-sweep-$i.log" 2>&1) & done
+    WARM_S=150 warm 1b $B1
+    WARM_S=150 warm 8b $B8
+    for m in 1b 8b; do [ $m = 1b ] && BB=$B1 || BB=$B8
+        (timeout 150 env ONEKERNEL_QKV_UNITS=0 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$m-u1 $BB \
+         >"$W/warm-$m-u1.log" 2>&1) & done
+    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    (timeout 150 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    wait
+    checked 4
+    grep -h '"error"' "$W"/warm-sweep-*.log | cut -c1-250 | head -20 | tee -a "$OUT/log.txt"
+    step 170 sweep python3 scripts/gemv_sweep.py --kinds qkv_rope --out "$W/sweep-qkv.json"
+    step 50 bench-1b $bench/bench $B1 --steps 50
+    step 50 bench-1b-u1 env ONEKERNEL_QKV_UNITS=0 $bench/bench-u1 $B1 --steps 50
+    step 70 bench-8b $bench/bench $B8 --steps 50
+    step 70 bench-8b-u1 env ONEKERNEL_QKV_UNITS=0 $bench/bench-u1 $B8 --steps 50
+    ;;
 261) # session 26's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (pdl now on the streaming
     # bodies for tensor-core steps; pdl-triton the Triton per-op kernels; graph with the one-wave tensor-core GEMVs) beside
     # 1,000 replays of graph / pdl / megakernel with the forced timeout, and the GPU tests of pdl's choice; then both tables

@@ -65,7 +65,7 @@ def b_gate_up(B, gemv="fma", dt=F32):
     return g
 
 
-def _b_qkv(B, qk_norm, gemv, dt):
+def _b_qkv(B, qk_norm, gemv, dt, tiling=None):
     HQ, HKV, HD, S = 4, 2, 32, 64
     NH = HQ + 2 * HKV
     g, (x, nw, w, inv, sl, qn, kn, kc, vc) = _graph([
@@ -74,7 +74,7 @@ def _b_qkv(B, qk_norm, gemv, dt):
         ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), dt, "weight"),
         ("kn", (HD,), dt, "weight"), ("kc", (B, HKV, S, HD), dt, "kv"), ("vc", (B, HKV, S, HD), dt, "kv")])
     norms = {"qn": qn, "kn": kn} if qk_norm else {}
-    add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=1e-6, gemv=gemv, **norms)
+    add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=1e-6, gemv=gemv, **norms, **({"tiling": tiling} if tiling else {}))
     return g
 
 
@@ -84,6 +84,15 @@ def b_qkv_llama(B, gemv="fma", dt=F32):
 
 def b_qkv_qwen3(B, gemv="fma", dt=F32):
     return _b_qkv(B, True, gemv, dt)
+
+
+def b_qkv_units(B, gemv="fma", dt=F32):
+    """qkv_rope on 5 SMs: on the tensor-core path (``ops.qkv.qkv_tiles``) 32 units of 4 rotation pairs, 7 per tile
+    (8 register slots, one dead), 5 tiles, the last holding 4."""
+    g = _b_qkv(B, False, gemv, dt, Tiling(5, "cover"))
+    p = g.ops[0].params
+    assert (p["P"], p["U"], g.ops[0].n_tiles) == ((4, 7, 5) if gemv == "mma" else (p["P"], 1, g.ops[0].n_tiles))
+    return g
 
 
 def b_lm_head(B, gemv="fma", dt=F32):
@@ -211,7 +220,7 @@ def test_oproj_merge_every_row_of_b3_matches_batch1():
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).
-MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_oproj_merge]
+MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_lm_head, b_oproj_merge]
 
 
 def test_every_gemv_kind_has_an_mma_builder():

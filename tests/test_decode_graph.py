@@ -157,15 +157,17 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
     """Tiling(n, "fit") (the megakernel's, one worker per SM): every row-tiled GEMV op whose BLOCK_N is not at
     its cap has between n/2 and n tiles (no worker runs two tiles of one op); "cover" has at least n where
     BLOCK_N is above its minimum on the CUDA cores (4 rows), and on the tensor cores (Llama-3.2-1B) the same single
-    wave of tiles as "fit" (``Tiling.gemv_min_tiles``), qkv_rope's too."""
+    wave of tiles as "fit" (``Tiling.gemv_min_tiles``); qkv_rope's one wave of units (``ops.qkv.qkv_tiles``) within it."""
     cfg = get_config(name)
     fit, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "fit"))
     cover, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "cover"))
     for f, c in zip(fit.ops, cover.ops):
         if f.kind.name in ("gemv_residual", "gate_up", "lm_head") and f.params["BLOCK_N"] < 64:
             assert sms // 2 < f.n_tiles <= sms, (f.name, f.n_tiles)
-        if c.kind.name in ("gemv_residual", "gate_up", "lm_head", "qkv_rope") and c.params["MMA"]:
+        if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["MMA"]:
             assert c.n_tiles == f.n_tiles, (c.name, c.n_tiles, f.n_tiles)
+        elif c.kind.name == "qkv_rope" and c.params["MMA"]:  # qkv_tiles: one wave of units, U > 1
+            assert f.n_tiles <= c.n_tiles <= sms and f.params["U"] == 1, (c.name, c.n_tiles, f.n_tiles)
         elif c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["BLOCK_N"] > 4:
             assert c.n_tiles >= sms, (c.name, c.n_tiles)
 
@@ -183,7 +185,8 @@ def test_separate_tensor_core_gemvs_take_the_measured_chunks(name):
         for c, f in zip(cover.ops, fit.ops):
             k = c.kind.name
             if k == "qkv_rope":
-                assert c.params["STAGES"] == 0 and 2 * c.params["P"] * c.params["BLOCK_K"] <= 16384, c.params
+                rows = 2 * c.params["P"] * (1 << (c.params["U"] - 1).bit_length())  # the tile's register rows
+                assert c.params["STAGES"] == 0 and rows * c.params["BLOCK_K"] <= 16384, c.params
                 assert f.params["STAGES"] == 0 and 2 * f.params["P"] * f.params["BLOCK_K"] <= 8192, f.params
             elif k == "gate_up":
                 assert c.params["STAGES"] == 0 and c.params["BLOCK_N"] * c.params["BLOCK_K"] <= 8192, c.params

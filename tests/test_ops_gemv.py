@@ -119,8 +119,9 @@ def _rope(x, pos, inv):  # x [B, H, hd], pos [B]: plain rotate-half RoPE written
     return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
 
 
-QKV_CASES = [  # (name, B, qk_norm, rope_scaling, P override, positions)
+QKV_CASES = [  # (name, B, qk_norm, rope_scaling, P or (P, U) override, positions)
     ("llama-B1", 1, False, None, None, [97]),
+    ("llama-B3-3-units-per-tile", 3, False, LLAMA3, (4, 3), [97, 0, 33]),  # 32 units: 11 tiles, the last of 2
     ("llama3-scaled-B3-chunked", 3, False, LLAMA3, 8, [0, 97, 5]),
     ("qwen3-B3", 3, True, None, None, [97, 0, 33]),
     ("qwen3-B16", 16, True, LLAMA3, None, list(range(0, 98, 6))[:15] + [97]),
@@ -139,10 +140,11 @@ def test_qkv_rope(case, seed):
         ("x", (B, D), F32, "activation"), ("nw", (D,), F32, "weight"), ("w", (NH * HD, D), F32, "weight"),
         ("inv", (HD // 2,), F32, "weight"), ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), F32, "weight"),
         ("kn", (HD,), F32, "weight"), ("kc", (B, HKV, S, HD), F32, "kv"), ("vc", (B, HKV, S, HD), F32, "kv")])
+    P, U = P if isinstance(P, tuple) else (P, 1)
     q = add_qkv_rope(g, "qkv", x, nw, w, inv, sl, kc, vc, eps=eps, **({"qn": qn, "kn": kn} if qk else {}),
-                     blocks={"BLOCK_K": 32, **({"P": P} if P else {})}).name
+                     blocks={"BLOCK_K": 32, **({"P": P, "U": U} if P else {})}).name
     op = g.ops[0]
-    assert op.n_tiles == NH * (HD // (2 * op.params["P"])) and op.params["QK_NORM"] is qk
+    assert op.n_tiles == -(-NH * (HD // (2 * op.params["P"])) // U) and op.params["QK_NORM"] is qk
     pos = torch.tensor(positions, dtype=torch.int32)
     t = _poison(g, {"x": torch.randn(B, D), "nw": 1 + 0.1 * torch.randn(D), "w": torch.randn(NH * HD, D) * 0.2,
                     "inv": rope_inv_freq(cfg), "seq_lens": pos, "qn": 1 + 0.1 * torch.randn(HD),

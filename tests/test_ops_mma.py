@@ -143,3 +143,28 @@ def test_default_gemv_is_a_property_of_the_model_and_dtype():
             assert default_gemv(cfg, dt) == want, (name, dt)
     cfg = get_config("llama-3.2-1b")
     assert {decode_graph(cfg, b, 64, torch.bfloat16)[0].meta["gemv"] for b in (1, 3, 16)} == {"mma"}
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-3.1-8b", "smollm2-135m", "qwen3-0.6b"])
+@pytest.mark.parametrize("n_sm", [132, 78, 20])
+def test_qkv_tiles_fill_one_wave_with_the_fewest_rows(model, n_sm):
+    """``qkv_tiles`` on the separate kernels' tensor-core path: at most one tile per SM, every unit of every head in
+    exactly one tile, and no tile holding more than the rows per SM rounded up to the 8-row unit (P >= 4) or the
+    MMA's 16 rows, whichever is more; the megakernel's tiles ("fit") and Qwen3's whole heads keep U = 1."""
+    import math
+
+    from onekernel.models.config import get_config
+    from onekernel.ops.qkv import qkv_tiles
+
+    cfg = get_config(model)
+    nh, hd = cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim
+    P, U = qkv_tiles(nh, hd, cfg.qk_norm, Tiling(n_sm, "cover"), True)
+    if cfg.qk_norm:
+        assert (P, U) == (hd // 2, 1)
+        return
+    units = nh * hd // (2 * P)
+    tiles = [list(range(t * U, min(units, t * U + U))) for t in range(math.ceil(units / U))]
+    assert len(tiles) <= n_sm and sorted(u for t in tiles for u in t) == list(range(units))
+    assert max(len(t) for t in tiles) * 2 * P <= max(16, 8 * math.ceil(nh * hd / n_sm / 8)), (P, U)
+    assert qkv_tiles(nh, hd, False, Tiling(n_sm, "fit"), True)[1] == 1
+    assert qkv_tiles(nh, hd, False, Tiling(n_sm, "cover"), False)[1] == 1

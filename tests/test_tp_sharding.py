@@ -272,7 +272,8 @@ def test_every_shard_fits_the_tensor_core_path(name):
             ops = {op.name: op.params for op in g.ops if op.name.endswith(".0") or op.name == "lm_head"}
             assert all(p["MMA"] for p in ops.values() if "MMA" in p) and g.meta["gemv"] == "mma"
             assert (ops["qkv_rope.0"]["HQ"], ops["qkv_rope.0"]["HKV"]) == (cfg.n_heads // t, cfg.n_kv_heads // t)
-            assert 2 * ops["qkv_rope.0"]["P"] >= 16 and ops["o_proj.0"]["BLOCK_N"] >= 16
+            qp = ops["qkv_rope.0"]
+            assert 2 * qp["P"] * (1 << (qp["U"] - 1).bit_length()) >= 16 and ops["o_proj.0"]["BLOCK_N"] >= 16
             assert (ops["o_proj.0"]["N"], ops["o_proj.0"]["K"]) == (cfg.dim, cfg.n_heads * cfg.head_dim // t)
             assert (ops["gate_up.0"]["N"], ops["down.0"]["K"], ops["lm_head"]["N"]) == (F, F, V)
             assert unsupported_graph(g, batch) is None, (name, t, batch)

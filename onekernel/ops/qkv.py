@@ -10,15 +10,19 @@ Math (HF modeling_llama.py / modeling_qwen3.py, every step rounded to dt where H
     RoPE (apply_rotary_pos_emb, rotate_half form), pos = seq_lens[b], f = pos * inv_freq  (fp32):
         cos = cat(cos f, cos f).to(dt), sin likewise;  q' = (q*cos).to(dt) + (rotate_half(q)*sin).to(dt)
         rotate_half(q) = cat(-q[hd/2:], q[:hd/2])
-Tile = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
-(P = hd/2, i.e. the whole head, when QK_NORM). Tiles are numbered t = h * (hd / 2P) + c, q heads first,
-then k heads, then v heads (no RoPE/norm on v). P and BLOCK_K never depend on B and the QKV dot products
+Unit = one head h and one chunk c of P rotation pairs: head rows {c*P..c*P+P} and {hd/2+c*P..hd/2+c*P+P}
+(P = hd/2, i.e. the whole head, when QK_NORM). Units are numbered u = h * (hd / 2P) + c, q heads first,
+then k heads, then v heads (no RoPE/norm on v); tile t holds the U units t*U .. t*U+U-1 (``qkv_tiles``: U > 1 only
+on the separate kernels' tensor-core path, where it evens out the weight bytes per SM). P, U and BLOCK_K never
+depend on B and the QKV dot products
 and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch invariance, ops/gemv_rows.py;
 with ``MMA`` the products run on the tensor cores, ops/gemv_mma.py, and the q/k sums reduce each row of a
 [16, hd] tile). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -30,63 +34,72 @@ from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
 from onekernel.ops.gemv_mma import gemv_mma, mma_stages
-from onekernel.ops.tiling import MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, check_gemv, region
+from onekernel.ops.tiling import (MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, cdiv, check_gemv,
+                                  pow2_ceil, region)
 
 @triton.jit
-def _qkv_rows(tile, HD: tl.constexpr, P: tl.constexpr):
-    """(head h, chunk c, head-local rows [2P], global weight rows int64 [2P]) of a tile."""
+def _qkv_rows(tile, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr, U: tl.constexpr):
+    """Per row of a tile's [2 UP P] rows (UP = next_pow2(U)): (head h, chunk c, head-local row hr, global weight
+    row int64, live). Row i = half * UP P + s * P + p: slot s holds unit t U + s (a unit = one head h and one
+    chunk c of P rotation pairs, u = h * (hd / 2P) + c), half 0 its rows c P + p, half 1 its rows hd/2 + c P + p;
+    rows of slots >= U or of units past the last are dead (masked, clamped to head 0)."""
     CH: tl.constexpr = HD // (2 * P)
-    h = tile // CH
-    c = tile % CH
-    r = tl.arange(0, 2 * P)
-    hr = (r // P) * (HD // 2) + c * P + (r % P)
-    return h, c, hr, h.to(tl.int64) * HD + hr
+    UP: tl.constexpr = triton.next_power_of_2(U)
+    i = tl.arange(0, 2 * UP * P)
+    s = (i // P) % UP
+    unit = tile * U + s
+    live = (s < U) & (unit < (HQ + 2 * HKV) * CH)
+    unit = tl.where(live, unit, 0)
+    h = unit // CH
+    hr = (i // (UP * P)) * (HD // 2) + (unit % CH) * P + (i % P)
+    return h, unit % CH, hr, h.to(tl.int64) * HD + hr, live
 
 
 @triton.jit
 def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                      S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr):
-    h, c, hr, rows = _qkv_rows(tile, HD, P)
-    return load_w_chunk(w, rows, rows < (HQ + 2 * HKV) * HD, 0, D, BLOCK_K)
+                      S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr,
+                      STAGES: tl.constexpr):
+    h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
+    return load_w_chunk(w, rows, live, 0, D, BLOCK_K)
 
 
 @triton.jit
 def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                  S: tl.constexpr, P: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+                  S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
                   EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr):
-    h, c, hr, rows = _qkv_rows(tile, HD, P)
+    UP: tl.constexpr = triton.next_power_of_2(U)
+    R: tl.constexpr = 2 * UP * P  # the tile's rows (module doc), U * 2P of them live
+    h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
     dt = q.dtype.element_ty
     rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
-    if QK_NORM:  # the tile holds the whole head (P == HD // 2): q or k norm weights of its rows
+    if QK_NORM:  # the tile holds one whole head (P == HD // 2, U == 1): q or k norm weights of its rows
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
-    if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, 2P] has the same shape for every B
-        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, 2 * P, BLOCK_K, True,
-                         STAGES), dt)
+    if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, R] has the same shape for every B
+        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, live, B, D, R, BLOCK_K, True, STAGES), dt)
         if QK_NORM:  # per-row sums over a [16, HD] tile: a shape and layout that never depend on B
             rb = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
-            y = tl.where(is_v, y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
+            y = tl.where(is_v[None, :], y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
     elif QK_NORM:  # per-row [2P] sums (batch-invariant)
-        acc = gemv_rows_t(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K,
-                          True)
+        acc = gemv_rows_t(w0, x, nw, rstd, w, rows, live, B, D, BLOCK_B, R, BLOCK_K, True)
         ys = ()
         for b in tl.static_range(B):
             yb = rnd(acc[b], dt)
             rb = tl.math.rsqrt(tl.sum(yb * yb, axis=0) / HD + EPS)
             ys = ys + (tl.where(is_v, yb, rnd(rnd(yb * rb, dt) * g, dt)),)
-        y = stack_rows(ys, B, BLOCK_B, 2 * P)
+        y = stack_rows(ys, B, BLOCK_B, R)
     else:
-        acc = gemv_rows(w0, x, nw, rstd, w, rows, rows < (HQ + 2 * HKV) * HD, B, D, BLOCK_B, 2 * P, BLOCK_K, True)
-        y = rnd(acc, dt)  # [BLOCK_B, 2P]
+        acc = gemv_rows(w0, x, nw, rstd, w, rows, live, B, D, BLOCK_B, R, BLOCK_K, True)
+        y = rnd(acc, dt)  # [BLOCK_B, R]
     ob = tl.arange(0, BLOCK_B)
     bm = ob < B
     pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")
-    fi = c * P + (tl.arange(0, 2 * P) % P)
+    fi = c * P + (tl.arange(0, R) % P)
     ang = pos.to(tl.float32)[:, None] * tl.load(inv_freq + fi)[None, :]
     if PRECISE_MATH:
         cs = rnd(libdevice.cos(ang), dt)
@@ -94,20 +107,22 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     else:
         cs = rnd(tl.cos(ang), dt)
         sn = rnd(tl.sin(ang), dt)
-    y3 = tl.reshape(y, [BLOCK_B, 2, P])
+    y3 = tl.reshape(y, [BLOCK_B, 2, UP * P])  # [half][slot, pair]: each row's rotation partner in the other half
     half = tl.arange(0, 2)[None, :, None]
     lo = tl.sum(tl.where(half == 0, y3, 0.0), axis=1)
     hi = tl.sum(tl.where(half == 1, y3, 0.0), axis=1)
-    rot = tl.reshape(tl.where(half == 0, -hi[:, None, :], lo[:, None, :]), [BLOCK_B, 2 * P])
+    rot = tl.reshape(tl.where(half == 0, -hi[:, None, :], lo[:, None, :]), [BLOCK_B, R])
     yr = (rnd(y * cs, dt) + rnd(rot * sn, dt)).to(dt)
-    out = tl.where(is_v, y.to(dt), yr)
+    out = tl.where(is_v[None, :], y.to(dt), yr)
     b64 = ob.to(tl.int64)[:, None]
-    tl.store(q + b64 * (HQ * HD) + h * HD + hr[None, :], out, mask=tl.where(is_q, bm[:, None], False))
+    tl.store(q + b64 * (HQ * HD) + h[None, :] * HD + hr[None, :], out, mask=bm[:, None] & (is_q & live)[None, :])
     pm = (bm & (pos >= 0) & (pos < S))[:, None]
     hk = tl.minimum(tl.maximum(h - HQ, 0), HKV - 1)
-    tl.store(k_cache + ((b64 * HKV + hk) * S + pos[:, None]) * HD + hr[None, :], out, mask=tl.where(is_k, pm, False))
+    tl.store(k_cache + ((b64 * HKV + hk[None, :]) * S + pos[:, None]) * HD + hr[None, :], out,
+             mask=pm & (is_k & live)[None, :])
     hv = tl.minimum(tl.maximum(h - HQ - HKV, 0), HKV - 1)
-    tl.store(v_cache + ((b64 * HKV + hv) * S + pos[:, None]) * HD + hr[None, :], out, mask=tl.where(is_v, pm, False))
+    tl.store(v_cache + ((b64 * HKV + hv[None, :]) * S + pos[:, None]) * HD + hr[None, :], out,
+             mask=pm & (is_v & live)[None, :])
 
 
 def rope_ref(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -136,12 +151,12 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES"), 1,
     qkv_rope_reference)
 
 
 def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) -> int:
-    """P, rotation pairs per tile: hd/2 with QK_NORM (whole head); else the largest P (power of two,
+    """P, rotation pairs per tile of one unit: hd/2 with QK_NORM (whole head); else the largest P (power of two,
     2P >= 16) whose tile count n_heads_total * hd / (2P) reaches min_tiles."""
     if qk_norm:
         return head_dim // 2
@@ -151,6 +166,25 @@ def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) 
     return head_dim // (2 * ch)
 
 
+def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, mma: bool) -> tuple[int, int]:
+    """(P, U): rotation pairs per unit and units per tile (module doc). U = 1 (``qkv_pairs``' tiles) except on the
+    separate kernels' tensor-core path without QK_NORM: there one wave of at most ``tiling.n_sm`` tiles whose
+    live rows U * 2P are the fewest (ties: the larger P), so that no SM streams more weight rows than it must.
+    Llama-3.1-8B on 132 SMs: P 8, U 3, 128 tiles of 48 rows (``qkv_pairs``: 96 tiles of 64 rows, 36 SMs idle);
+    Llama-3.2-1B: P 4, U 3, 128 tiles of 24 rows (96 of 32). The tile's register arrays hold
+    2 next_pow2(U) P >= 16 rows (the MMA's minimum)."""
+    if qk_norm or not (mma and tiling.separate) or os.environ.get("ONEKERNEL_QKV_UNITS") == "0":  # A/B switch (call 270)
+        return qkv_pairs(n_heads_total, head_dim, qk_norm, tiling.gemv_min_tiles(mma)), 1
+    best = None
+    p = 4
+    while p <= head_dim // 2:
+        u = cdiv(n_heads_total * head_dim // (2 * p), tiling.n_sm)
+        if 2 * pow2_ceil(u) * p >= MMA_MIN and (best is None or u * 2 * p <= best[1] * 2 * best[0]):
+            best = (p, u)
+        p *= 2
+    return best
+
+
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
                  kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
@@ -158,9 +192,9 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     """Append a qkv_rope op (module doc) and return ``q`` (``{name}.q``, [B, Hq, hd]); K and V are written
     into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
-    gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs 2P >= 16,
-    which ``qkv_pairs`` always gives). blocks: overrides of the tiling (P, BLOCK_K, STAGES; tests and tuning). Raises
-    ValueError for shapes that do not fit together or an unknown gemv path."""
+    gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs tiles of
+    2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (P, U, BLOCK_K,
+    STAGES; tests and tuning). Raises ValueError for shapes that do not fit together or an unknown gemv path."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
     NH = w.shape[0] // HD
@@ -172,32 +206,43 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
-    P = (blocks or {}).get("P", qkv_pairs(NH, HD, qk_norm, tiling.gemv_min_tiles(mma)))
-    sep = mma and tiling.separate  # one wave of whole-head-pair tiles: chunks of twice the elements (gemv_mma.mma_stages)
-    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "BLOCK_B": MMA_COLS if mma else batch_block(B),
-         "BLOCK_K": block_k_for(D, 2 * P, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", 2 * P, mma),
+    P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma)
+    P, U = (blocks or {}).get("P", P), (blocks or {}).get("U", U if "P" not in (blocks or {}) else 1)
+    sep = mma and tiling.separate  # one wave of tiles: chunks of twice the elements (gemv_mma.mma_stages)
+    R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
+         "BLOCK_B": MMA_COLS if mma else batch_block(B),
+         "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma),
          **(blocks or {})}
-    if HD % (2 * P) or (qk_norm and 2 * P != HD) or (mma and 2 * p["P"] < MMA_MIN):
-        raise ValueError(f"qkv_rope: P={P} must divide hd/2={HD // 2} (== hd/2 with qk_norm; 2P >= {MMA_MIN} "
-                         "with gemv='mma')")
+    bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
+           f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
+           f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
+           if qk_norm and (2 * P != HD or U != 1) else
+           f"gemv='mma' needs tiles of 2 next_pow2(U) P >= {MMA_MIN} rows; P={P}, U={U} give {R}"
+           if mma and R < MMA_MIN else None)
+    if bad:
+        raise ValueError(f"{name}: {bad}")
     es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     tasks = []
-    for t in range(NH * ch):
-        h, c = divmod(t, ch)
-        halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
-        reads = [region(x), region(nw), region(inv_freq, (c * P, c * P + P)), region(seq_lens)]
-        reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
-        if qk_norm and h < HQ + HKV:
-            reads.append(region(qn if h < HQ else kn))
-        if h < HQ:
-            writes = [region(q, (0, B), (h, h + 1), hv) for hv in halves]
-        else:
-            cache, hh = (k_cache, h - HQ) if h < HQ + HKV else (v_cache, h - HQ - HKV)
-            writes = [region(cache, (0, B), (hh, hh + 1), (0, S), hv) for hv in halves]
-        nbytes = 2 * P * D * es + B * D * es + D * es + B * 2 * P * es + B * 4 + P * 4
-        tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * 2 * P * D + 12 * B * 2 * P))
+    for t in range(cdiv(NH * ch, U)):
+        reads, writes = [region(x), region(nw), region(seq_lens)], []
+        units = range(t * U, min(NH * ch, t * U + U))
+        for h, c in (divmod(u, ch) for u in units):
+            halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
+            reads.append(region(inv_freq, (c * P, c * P + P)))
+            reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
+            if qk_norm and h < HQ + HKV:
+                reads.append(region(qn if h < HQ else kn))
+            if h < HQ:
+                writes += [region(q, (0, B), (h, h + 1), hv) for hv in halves]
+            else:
+                cache, hh = (k_cache, h - HQ) if h < HQ + HKV else (v_cache, h - HQ - HKV)
+                writes += [region(cache, (0, B), (hh, hh + 1), (0, S), hv) for hv in halves]
+        n = 2 * P * len(units)  # live rows
+        nbytes = n * D * es + B * D * es + D * es + B * n * es + B * 4 + n * 2
+        tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * n * D + 12 * B * n))
     args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "q": q,
             "k_cache": k_cache, "v_cache": v_cache}
     graph.add_op(Op(name, QKV_ROPE, {role: b.name for role, b in args.items()}, p), tasks)
