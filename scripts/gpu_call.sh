@@ -48,6 +48,9 @@
 # 260 (session 26: scripts/gemv_sweep.py over the separate kernels' GEMV tiles, kept as their defaults; pdl on the
 # streaming bodies beside pdl, kept as its default for tensor-core steps; co-resident segment kernels, STREAM_SEG_CORESIDENT=1,
 # dropped): in git history (`git show 7aaa114:scripts/gpu_call.sh`, the code there).
+# 261 + 262 (session 26's final tables) and 270 (session 27: qkv_rope's units per tile, ops.qkv.qkv_tiles, swept and
+# A/B'd against U = 1 with the switch ONEKERNEL_QKV_UNITS=0, since removed): in git history (`git show
+# 87cef85:scripts/gpu_call.sh`); 271 + 272 replace them.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -106,35 +109,9 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-270) # session 27 (~8.5 min): qkv_rope's units per tile in the separate kernels (ops.qkv.qkv_tiles: one wave of tiles with
-    # the fewest rows): scripts/gemv_sweep.py over P / U / BLOCK_K / STAGES / num_warps (Llama-3.2-1B and Llama-3.1-8B,
-    # batch 1), then graph mode with the new tiles and with U = 1 (ONEKERNEL_QKV_UNITS=0, run 26's), each its own process
-    mkdir -p /tmp/warm "$W/bench" "$W/bench-u1"
-    B1="--model llama-3.2-1b --random-weights --batch 1,8 --modes graph"
-    B8="--model llama-3.1-8b --random-weights --batch 1,8 --modes graph"
-    for i in $(seq 0 9); do (timeout 150 python3 scripts/gemv_sweep.py --kinds qkv_rope --warm $i/10 \
-        >"$W/warm-sweep-$i.log" 2>&1) & done
-    WARM_S=150 warm 1b $B1
-    WARM_S=150 warm 8b $B8
-    for m in 1b 8b; do [ $m = 1b ] && BB=$B1 || BB=$B8
-        (timeout 150 env ONEKERNEL_QKV_UNITS=0 python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/$m-u1 $BB \
-         >"$W/warm-$m-u1.log" 2>&1) & done
-    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
-        >"$W/gpu-tests.log" 2>&1) &
-    (timeout 150 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    wait
-    checked 4
-    grep -h '"error"' "$W"/warm-sweep-*.log | cut -c1-250 | head -20 | tee -a "$OUT/log.txt"
-    step 170 sweep python3 scripts/gemv_sweep.py --kinds qkv_rope --out "$W/sweep-qkv.json"
-    step 50 bench-1b $bench/bench $B1 --steps 50
-    step 50 bench-1b-u1 env ONEKERNEL_QKV_UNITS=0 $bench/bench-u1 $B1 --steps 50
-    step 70 bench-8b $bench/bench $B8 --steps 50
-    step 70 bench-8b-u1 env ONEKERNEL_QKV_UNITS=0 $bench/bench-u1 $B8 --steps 50
-    ;;
-261) # session 26's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (pdl now on the streaming
-    # bodies for tensor-core steps; pdl-triton the Triton per-op kernels; graph with the one-wave tensor-core GEMVs) beside
-    # 1,000 replays of graph / pdl / megakernel with the forced timeout, and the GPU tests of pdl's choice; then both tables
+271) # session 27's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
+    # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout
+    # and the GPU tests of the tensor-core qkv_rope and of pdl's choice; then both tables
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
@@ -144,23 +121,33 @@ case "$1" in
     WARM_S=200 warm 8b $B8 --batch 1,8 --modes $MK
     WARM_S=200 warm 8b-16 $B8 --batch 16 --modes $MK
     (timeout 200 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "pdl or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py tests/test_stream_gpu.py \
+        -k "qkv or pdl or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 120 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-262) # after 261 (~4.5 min): the Qwen3-8B table (graph and pdl changed) without torch.compile, beside its warm-up the
-    # 1,000 replays and the forced timeout (261's ran beside four warm-ups and ran out of GPU memory)
+272) # at once after 271 (~6.5 min): the other three tables on the same commit (qkv_rope's kernel changed for every
+    # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights) after their warm-ups, and qkv_rope's sweep on
+    # Llama-3.2-1B at batch 16
     mkdir -p /tmp/warm "$W/bench"
     Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
-    WARM_S=150 warm q8 $Q8
-    (step 150 replays-1b python3 scripts/replay_check.py --out "$W/replays-1b.json") &  # 261's ran out of GPU memory
+    B0="--model smollm2-135m --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel,megakernel-triton"
+    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
+    WARM_S=170 warm q8 $Q8
+    WARM_S=170 warm smol $B0
+    WARM_S=170 warm q0 $Q0
+    for i in 0 1 2 3; do (timeout 170 python3 scripts/gemv_sweep.py --models llama-3.2-1b --batch 16 --kinds qkv_rope \
+        --warm $i/4 >"$W/warm-sweep-$i.log" 2>&1) & done
     wait
-    checked 1
+    checked 3
+    step 80 sweep-1b-16 python3 scripts/gemv_sweep.py --models llama-3.2-1b --batch 16 --kinds qkv_rope \
+        --out "$W/sweep-qkv-1b-16.json"
     step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    step 75 bench-smol $bench/bench $B0 --steps 50
+    step 75 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
     ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the

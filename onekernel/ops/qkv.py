@@ -22,8 +22,6 @@ to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (nu
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -173,7 +171,7 @@ def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, 
     Llama-3.1-8B on 132 SMs: P 8, U 3, 128 tiles of 48 rows (``qkv_pairs``: 96 tiles of 64 rows, 36 SMs idle);
     Llama-3.2-1B: P 4, U 3, 128 tiles of 24 rows (96 of 32). The tile's register arrays hold
     2 next_pow2(U) P >= 16 rows (the MMA's minimum)."""
-    if qk_norm or not (mma and tiling.separate) or os.environ.get("ONEKERNEL_QKV_UNITS") == "0":  # A/B switch (call 270)
+    if qk_norm or not (mma and tiling.separate):
         return qkv_pairs(n_heads_total, head_dim, qk_norm, tiling.gemv_min_tiles(mma)), 1
     best = None
     p = 4
@@ -183,6 +181,17 @@ def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, 
             best = (p, u)
         p *= 2
     return best
+
+
+def qkv_block_k(k: int, rows: int) -> int:
+    """BLOCK_K of the separate kernels' tensor-core qkv_rope (``qkv_tiles``' tiles of ``rows`` register rows): the widest
+    of up to 512 columns whose chunk holds at most 16,384 weight elements (two chunks in registers). Measured (run 27
+    call 270, scripts/gemv_sweep.py, us per op): Llama-3.2-1B's 32-row tiles 9.7 at 512 against 11.2 at 256 (the
+    ``block_k_for`` width of 32-row tiles); Llama-3.1-8B's 64-row tiles 23.5 at 256."""
+    bk = min(512, pow2_ceil(k))
+    while bk > 16 and rows * bk > 2 * MAX_TILE_ELEMS:
+        bk //= 2
+    return max(16, bk)
 
 
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
@@ -212,7 +221,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B),
-         "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
+         "BLOCK_K": qkv_block_k(D, R) if sep else block_k_for(D, R, MAX_TILE_ELEMS, mma=mma), "EPS": float(eps),
          "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma),
          **(blocks or {})}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
