@@ -312,7 +312,7 @@ case "$1" in
     ttree 40 base2-1b . X=0 $B1
     ;;
 190) # session 19 (~5 min): SmolLM2-135M (the default model's shapes, random weights) on both GEMV paths: graph, pdl,
-    # the Triton megakernel ("auto" keeps it: stream_plan.prefer_stream), the streaming megakernel (megakernel-gluon)
+    # the Triton megakernel ("auto" keeps it: stream_support.prefer_stream), the streaming megakernel (megakernel-gluon)
     # and pdl on its bodies, batch 1 / 8 / 16, one process per GEMV path; torch.compile beside the fma row; then the
     # streaming kernel's batch-1 profiles on both paths
     mkdir -p "$W/profile" /tmp/warm

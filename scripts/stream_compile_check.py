@@ -57,7 +57,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
         rank, n = tp or shard
         cfg = shard_config(cfg, n, rank).config
     g, _, _ = decode_graph(cfg, batch, seq, dtype, tiling=Tiling(workers, "fit"), gemv=gemv, tp=tp)
-    from onekernel.exec.stream_plan import unsupported_graph
+    from onekernel.exec.stream_support import unsupported_graph
     reason = unsupported_graph(g, batch)
     if reason:  # the runner refuses this step ("auto" takes the Triton megakernel): its kernel would never run
         raise SystemExit(f"{model} batch {batch}: the streaming megakernel does not run this step: {reason}")

@@ -102,7 +102,7 @@ def test_megakernel_backend_with_mma():
     with pytest.raises(InputError, match="Hopper GPU only"):
         megakernel_class(step, "gluon", True, {})
     # off the interpreter a CPU step is unsupported by the streaming kernel for its device, not its GEMV path
-    from onekernel.exec.stream_plan import unsupported
+    from onekernel.exec.stream_support import unsupported
     assert "CUDA device" in unsupported(step)
     assert megakernel_class(step, "auto", False, {}) is MegakernelRunner
 

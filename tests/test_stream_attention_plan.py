@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from onekernel.exec import stream_plan as sp
+from onekernel.exec.stream_support import chunk_shape, unsupported
 from onekernel.models.config import get_config
 from onekernel.models.decode_graph import decode_graph
 
 
 def _cuda_step(monkeypatch, cfg, batch=1):
     """The bf16 decode graph of ``cfg`` (cache of 1024 positions, the model's GEMV path) and a step stand-in on a
-    Hopper device for ``stream_plan.unsupported``."""
+    Hopper device for ``stream_support.unsupported``."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
     g, _, _ = decode_graph(cfg, batch, 1024, torch.bfloat16)
     return g, SimpleNamespace(graph=g, device=SimpleNamespace(type="cuda"), batch=batch)
@@ -29,12 +30,12 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
     (RP x BN x HD), and the scratch fp32 [8 * RP, HD] fits the buffer it views (MMA: the partial sums, grown
     for Llama-3.1-70B's 8 query heads per KV head at head_dim 128, and counted in the plan's shared memory)."""
     g, step = _cuda_step(monkeypatch, get_config(name))
-    assert sp.unsupported(step) is None
+    assert unsupported(step) is None
     at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
     rp = sp.pow2_ceil(at["HQ"] // at["HKV"])
     bn = sp.attn_bn(at["SPLIT"], rp, at["HD"])
     assert (at["SPLIT"] // 4) % bn == 0 and rp * bn * at["HD"] <= 4096
-    _, ck, rg, _ = sp.chunk_shape(g)
+    _, ck, rg, _ = chunk_shape(g)
     if g.meta.get("gemv") == "mma":  # the accbuf the kernel allocates holds the scratch, and the plan counts it
         groups = sp.acc_groups(rg, rp, at["HD"])
         assert groups * 4 * sp.MMA_ROWS * rg * 4 >= 32 * rp * at["HD"] and groups >= sp.mma_groups(rg)
@@ -51,12 +52,12 @@ def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     base = get_config("llama-3.2-1b")
     wide = dataclasses.replace(base, name="gqa-32", n_heads=32, n_kv_heads=1, head_dim=64, n_layers=1)
     _, step = _cuda_step(monkeypatch, wide)
-    why = sp.unsupported(step)
+    why = unsupported(step)
     assert why is not None and "32 query heads per KV head" in why and "head_dim 64" in why, why
     ok = dataclasses.replace(base, name="gqa-8", n_heads=64, n_kv_heads=8, head_dim=128, dim=8192, n_layers=1)
     g, step = _cuda_step(monkeypatch, ok)
-    assert sp.unsupported(step) is None
-    _, ck, rg, _ = sp.chunk_shape(g)
+    assert unsupported(step) is None
+    _, ck, rg, _ = chunk_shape(g)
     groups = sp.acc_groups(rg, 8, 128)
     rows = scr_rows(groups, rg, 8, 128)
     assert groups > sp.mma_groups(rg) and rows >= 8 and rows & (rows - 1) == 0

@@ -211,7 +211,7 @@ def test_qwen3_shards_stream_whole_heads():
     """Qwen3 at TP = 2 on the tensor cores: each rank's shard streams (its step is supported), every qkv task holds
     whole heads of the rank's heads (the q/k RMSNorm pass sums a head: stream_epilogue.qk_norm_head), QKN and TP are
     both on, and both ranks build the same plan (fingerprints equal)."""
-    from onekernel.exec.stream_plan import unsupported_graph
+    from onekernel.exec.stream_support import unsupported_graph
 
     cfg = dataclasses.replace(CFG, name="stream-tp-qwen3", qk_norm=True)
     plans = []

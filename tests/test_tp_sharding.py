@@ -252,11 +252,11 @@ def test_every_shard_fits_the_tensor_core_path(name):
     and 8: its TP graph builds with gemv="mma" at batch 1 and 16 (the GEMV builders' limits: ``check_gemv``, 2P >= 16
     per qkv tile), every GEMV op has MMA on with its local widths (o_proj and down row-parallel: K / t; qkv and
     gate_up column-parallel: N / t; the LM head V / t rows), and the streaming kernel takes the graph
-    (``stream_plan.unsupported_graph``: K % 8, head_dim % RG, the chunks and ring in shared memory)."""
+    (``stream_support.unsupported_graph``: K % 8, head_dim % RG, the chunks and ring in shared memory)."""
     from types import SimpleNamespace
 
     from onekernel.dist.tp_kernels import rank_gemv
-    from onekernel.exec.stream_plan import chunk_shape, unsupported_graph
+    from onekernel.exec.stream_support import chunk_shape, unsupported_graph
     from onekernel.models.decode_graph import decode_graph
     from onekernel.ops.tiling import Tiling
 

@@ -23,7 +23,7 @@ from onekernel.runtime.runners import make_step_runner
 BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+compile": TorchCompileRunner}
 # Bench rows that run a mode with fixed options: the Triton megakernel beside "megakernel" (which takes the
 # streaming Gluon kernel where exec.megakernel_class's "auto" does), the streaming kernel where "auto" keeps the
-# Triton one (small models: stream_plan.prefer_stream), graph / pdl on the streaming kernel's Gluon bodies, one
+# Triton one (small models: stream_support.prefer_stream), graph / pdl on the streaming kernel's Gluon bodies, one
 # kernel per op (exec.stream_segments), and pdl on the Triton per-op kernels where "auto" takes the Gluon bodies
 # (tensor-core steps: exec.pdl_streams).
 MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),

@@ -40,7 +40,7 @@ expected x epoch), so they are never overwritten.
 Backends: "triton" (``exec.megakernel``, every device and the interpreter; run on two H200s) or "gluon" (the
 streaming kernel, ``exec.stream_runner``: the all-reduces are non-GEMV tile tasks of the re-tiled plan, its remote
 waits and system-scope signals built as the Triton kernel's; run on two H200s in run 8); "auto" takes "gluon" where the
-single-GPU "auto" would (``stream_plan.unsupported`` / ``prefer_stream``, no Triton-only option given) and falls
+single-GPU "auto" would (``stream_support.unsupported`` / ``prefer_stream``, no Triton-only option given) and falls
 back to "triton" when the streaming kernel does not build. The default is DEFAULT_BACKEND.
 
 Logits: the LM head stays vocabulary-parallel; after the launch the runner gathers the logits and takes the
@@ -261,7 +261,7 @@ class TPMegakernelRunner(TPRankRunner):
                 raise InputError(f"option(s) {', '.join(gluon_opts)} belong to the streaming megakernel "
                                  "(backend='gluon'), not the Triton one")
             return "triton"
-        from onekernel.exec.stream_plan import prefer_stream, unsupported
+        from onekernel.exec.stream_support import prefer_stream, unsupported
         why = unsupported(bound)
         if backend == "gluon":
             if triton_opts:

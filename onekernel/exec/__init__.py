@@ -78,12 +78,12 @@ def auto_streams(graph, batch: int, device, options: dict) -> bool:
     """Whether ``backend="auto"`` runs a megakernel step of ``graph`` at ``batch`` on ``device`` (a torch.device) on
     the streaming kernel: no Triton-only option (``profile`` included: the profile tools read the step graph's
     tasks, the streaming kernel stamps its own re-tiled ones; backend='gluon' gets them) among ``options``, a Hopper
-    GPU and a step it supports (``stream_plan.unsupported_device`` / ``unsupported_graph``), and a model it runs
-    faster (``stream_plan.prefer_stream``). Needs only the graph (``runtime.runners.megakernel_step`` asks it of
+    GPU and a step it supports (``stream_support.unsupported_device`` / ``unsupported_graph``), and a model it runs
+    faster (``stream_support.prefer_stream``). Needs only the graph (``runtime.runners.megakernel_step`` asks it of
     the tensor-core step it bound, before any runner is built)."""
     import inspect
 
-    from onekernel.exec.stream_plan import prefer_stream, unsupported_device, unsupported_graph
+    from onekernel.exec.stream_support import prefer_stream, unsupported_device, unsupported_graph
     from onekernel.exec.stream_runner import StreamMegakernelRunner
 
     takes = set(inspect.signature(StreamMegakernelRunner.__init__).parameters)

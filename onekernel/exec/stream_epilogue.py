@@ -116,7 +116,7 @@ def lm_out(acc, u, r, b64, bm, N, logits, best, barg, dt: gl.constexpr, RG: gl.c
 @gluon.jit
 def gemv_task(rec, a, base_t, ALIGN8: gl.constexpr):
     """A GEMV task's record fields and operands: (task, first unit, units, K, k-chunks, N, x, norm weight).
-    ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_plan.unsupported), so the activation
+    ALIGN8 (the tensor-core body): K is known to be a multiple of 8 (stream_support.unsupported), so the activation
     loads masked by k < K are 16-byte vectors."""
     t = gl.load(rec + F_TASK)
     u0 = gl.load(rec + F_U0)

@@ -1,5 +1,6 @@
 """Host side of the streaming megakernel (``exec.stream_device``): re-tiling, dependencies, schedule, kernel
-constants. The queue tables are ``exec.stream_records``; the weight stream and argument table ``exec.stream_pack``.
+constants. Which steps it runs and the chunk shape are ``exec.stream_support``; the queue tables
+``exec.stream_records``; the weight stream and argument table ``exec.stream_pack``.
 
 From a bound decode step:
 1. **Byte-balanced GEMV tasks.** Every GEMV op (qkv_rope, gemv_residual, gate_up, lm_head) is cut into
@@ -51,6 +52,7 @@ from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
 from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
+from onekernel.exec.stream_support import GEMV_KINDS, OTHER_KINDS, chunk_shape, gemv_k
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
                                   transitive_reduction)
 from onekernel.graph.ir import Graph, Op, Region, Task, gc_paused
@@ -59,18 +61,13 @@ from onekernel.exec.stream_smem import (CHUNK_ELEMS, MMA_BLOCK_ROWS, SMEM_LIMIT,
                                         acc_groups, attn_bn, attn_tc_bufs, bars_guess, fma_xbuf_bytes, mma_groups,
                                         mma_smem, pow2_ceil, xbuf_rows)
 
-MIN_SLOTS = 4
 # One event per producer op (graph.deps.derive_op_events) on a single GPU: an attention task spins on one counter, not
 # 1-5 tile events (1-1.5% faster on the Llama models, run 21: docs/DESIGN.md). STREAM_OP_EVENTS=0 keeps tile events
 # (tensor parallel always does: graph.deps.events_and_order).
 OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
-MAX_BATCH = 16                   # batch rows a GEMV task holds in registers (BP <= 16: no spills, sm_90)
-GEMV_KINDS = {"gemv_residual": sd.K_RESID.value, "gate_up": sd.K_GATEUP.value, "qkv_rope": sd.K_QKV.value, "lm_head": sd.K_LMHEAD.value}
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
 # attention tiles for Llama-3.2-1B: one task each cost ~5 us of record loads, waits and signals per tile)
 GROUPED_KINDS = ("attn_partial", "attn_merge")
-OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn_merge": sd.K_MERGE.value, "argmax": sd.K_ARGMAX.value,
-               "allreduce": sd.K_ALLREDUCE.value}
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
          sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
@@ -81,98 +78,6 @@ MAXA = max(len(r) for r in ROLES.values())
 # gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 mma_weight_bases, mma_act_bases = sd.mma_weight_bases, sd.mma_act_bases
-
-
-def chunk_cols(ks: list[int]) -> int:
-    """CK: the largest power of two <= 1024 dividing every K, or 256 (K zero-padded) when that is below 256."""
-    ck = 1024
-    while ck > 256 and any(k % ck for k in ks):
-        ck //= 2
-    return ck
-
-
-def _k(op) -> int:
-    """The reduction length K of a GEMV op (qkv_rope calls it D)."""
-    return op.params["K"] if "K" in op.params else op.params["D"]
-
-
-def chunk_shape(graph) -> tuple[list[int], int, int, int]:
-    """(every GEMV op's K, CK, RG, KXB): chunk columns and rows, and the activation buffer's chunk rows (a power of
-    two) of a step's graph."""
-    ks = [_k(op) for op in graph.ops if op.kind.name in GEMV_KINDS]
-    ck = chunk_cols(ks)
-    return ks, ck, CHUNK_ELEMS // ck, pow2_ceil(max(-(-k // ck) for k in ks))
-
-
-def unsupported(step) -> str | None:
-    """Why the streaming megakernel cannot run ``step`` (None when it can): its device, then ``unsupported_graph``."""
-    return unsupported_device(step.device) or unsupported_graph(step.graph, step.batch)
-
-
-def unsupported_device(dev) -> str | None:
-    """Why the streaming megakernel cannot run on ``dev`` (a torch.device; None on a Hopper GPU)."""
-    if dev.type != "cuda":
-        return "it needs a CUDA device"
-    if torch.cuda.get_device_capability(dev)[0] != 9:
-        return "it needs a Hopper GPU (sm_90: bulk async copies, mbarriers, warp specialisation)"
-    return None
-
-
-def unsupported_graph(g: Graph, batch: int) -> str | None:
-    """Why the streaming megakernel cannot run a step of graph ``g`` at ``batch`` on any GPU (dtype, op kinds, GEMV
-    widths and chunk shapes; None when it can). Both GEMV bodies have the same limits (a tensor-parallel shard's
-    widths, tests/test_tp_sharding.py), except Qwen3's q/k RMSNorm: the tensor-core body only."""
-    dtype = g.meta.get("dtype")
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"it streams 2-byte weights (bf16 / fp16), the model runs in {dtype}"
-    kinds = {op.kind.name for op in g.ops}
-    extra = kinds - set(GEMV_KINDS) - set(OTHER_KINDS)
-    if extra:
-        return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
-    qkn = [op.params["HD"] for op in g.ops if op.params.get("QK_NORM")]
-    if qkn and g.meta.get("gemv") != "mma":
-        return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (this step has gemv='fma'; ask gemv='mma')"
-    if qkn and qkn[0] % 32:
-        return (f"Qwen3's per-head q/k RMSNorm pass spreads a head over a warp's 32 lanes: head_dim {qkn[0]} is not "
-                "a multiple of 32")
-    ks, ck, rg, kxb = chunk_shape(g)
-    if any(k % 8 for k in ks):
-        return (f"a GEMV's in_features {sorted({k for k in ks if k % 8})} is not a multiple of 8 (the activation is "
-                "read in 16-byte vectors)")
-    hd = next(op.params["HD"] for op in g.ops if op.kind.name == "qkv_rope")
-    if hd % rg:
-        return f"head_dim {hd} is not a multiple of the {rg}-row chunk groups"
-    at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
-    if 4 * pow2_ceil(at["HQ"] // at["HKV"]) > at["HD"]:
-        return (f"{at['HQ'] // at['HKV']} query heads per KV head at head_dim {at['HD']}: attention's warp-merge scratch "
-                "(stream_attn._merge_views) keeps m and l of 4 warps x the heads in one row of head_dim floats")
-    if batch > MAX_BATCH:
-        return f"batch {batch} > {MAX_BATCH} (a GEMV task keeps every batch row's sums in registers)"
-    if _slots(1, kxb, ck, rg) < MIN_SLOTS:
-        return f"one row of K {kxb * ck} activations does not fit in shared memory beside {MIN_SLOTS} weight slots"
-    return None
-
-
-STREAM_MIN_LAYER_BYTES = 128 << 10  # per worker, CUDA-core steps; below it the Triton megakernel's tasks win
-
-
-def prefer_stream(g: Graph, n_workers: int) -> bool:
-    """Whether ``backend="auto"`` takes the streaming kernel for a step of graph ``g``: always for a tensor-core
-    step (``g.meta["gemv"] == "mma"``), and for a CUDA-core one when each worker streams at least
-    STREAM_MIN_LAYER_BYTES of weights per layer. Measured on the H200 (bf16, context 512, ms per step):
-    - tensor cores, SmolLM2-135M (54 KB per worker per layer; run 19 call 190, 538e6ae): streaming 0.613 / 0.745 /
-      0.975 at batch 1 / 8 / 16 against the Triton megakernel's 0.896 / 1.144 / 1.737 (and its CUDA-core body's
-      0.671 at batch 1); Llama-3.2-1B and Llama-3.1-8B stream at every batch (benchmarks/README.md);
-    - CUDA cores, batch 1: SmolLM2-135M streaming 0.699 against 0.671 Triton (call 190; session 6: 0.874 against
-      0.685); Llama-3.2-1B (460 KB) 1.08 against 1.54; Llama-3.1-8B (1.7 MB) 5.43 against 8.79 (session 6).
-    Depends on the model and its GEMV path only, never on the batch (a sequence's tokens do not depend on the batch
-    it shares)."""
-    if g.meta.get("gemv") == "mma":
-        return True
-    n_layers = sum(1 for op in g.ops if op.kind.name == "qkv_rope")
-    layer = sum(g.buffers[op.args["w"]].nbytes for op in g.ops
-                if op.kind.name in GEMV_KINDS and op.kind.name != "lm_head")
-    return layer / max(n_layers, 1) / n_workers >= STREAM_MIN_LAYER_BYTES
 
 
 def task_bound(graph, n_workers: int) -> int:
@@ -254,10 +159,10 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
 @gc_paused()
 def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     """The re-tiled graph, events, schedule and constants of the streaming megakernel for ``step`` (module
-    doc). Call ``unsupported(step)`` first. ``fold`` (default FOLD): the attention tasks merge the split-KV
-    partials themselves (the last of a (sequence, KV head)'s splits to finish, by an arrival counter), so the
-    plan has no attn_merge tasks: 5 dependent stages per layer, not 6 (unless a run of attention tiles
-    spans more than 31 groups: a handful of workers)."""
+    doc). Call ``stream_support.unsupported(step)`` first. ``fold`` (default FOLD): the attention tasks merge the
+    split-KV partials themselves (the last of a (sequence, KV head)'s splits to finish, by an arrival counter), so
+    the plan has no attn_merge tasks: 5 dependent stages per layer, not 6 (unless a run of attention tiles spans
+    more than 31 groups: a handful of workers)."""
     src = step.graph
     fold = (FOLD if fold is None else bool(fold)) and fold_fits(src, n_workers)
     B = step.batch
@@ -287,7 +192,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
-            k = _k(op)
+            k = gemv_k(op)
             gpu = 2 if kind == sd.K_GATEUP.value else 1   # chunk groups per unit
             nkb = -(-k // ck)
             tasks, bounds = [], [(w * nu) // n_workers for w in range(n_workers + 1)]

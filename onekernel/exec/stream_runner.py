@@ -3,7 +3,7 @@
 
 ``make_runner("megakernel", step, backend=...)`` picks it: ``backend="auto"`` (the default) takes it on a
 Hopper GPU for a bf16/fp16 Llama-family step, with CUDA-core or tensor-core GEMV bodies as the step's ``gemv``
-says (``stream_plan.unsupported`` says why not otherwise, and the
+says (``stream_support.unsupported`` says why not otherwise, and the
 Triton megakernel runs instead), ``"gluon"`` insists (InputError with the reason), ``"triton"`` never.
 The weights are re-packed once, at construction, into one stream (a second copy of every GEMV weight).
 """
@@ -21,13 +21,14 @@ from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_TASKS, ERRORS
 from onekernel.exec.persistent import PersistentRunner, peer_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
-from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan, unsupported
+from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan
 from onekernel.exec.stream_records import fingerprint
+from onekernel.exec.stream_support import unsupported
 from onekernel.graph.schedule import residency_check
 
 log = logging.getLogger("onekernel")
 # Weight streams shared by the runners of one model (the server's batch buckets): the stream depends on the
-# weights, the worker count and the chunk shape, never on the batch (tests/test_stream_plan.py checks it).
+# weights, the worker count and the chunk shape, never on the batch (tests/test_stream_pack.py checks it).
 # An entry lives as long as a runner holds its stream.
 _STREAMS: "weakref.WeakValueDictionary[tuple, WeightStream]" = weakref.WeakValueDictionary()
 

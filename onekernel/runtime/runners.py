@@ -94,7 +94,7 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
 def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dict):
     """The megakernel's bound step on a Hopper GPU when no GEMV path is asked for: on the tensor cores ("mma")
     where the megakernel then runs the streaming kernel (backend "gluon", or "auto" as ``exec.auto_streams`` decides;
-    ``stream_plan.prefer_stream`` always streams a tensor-core step), else on the model's own path (``default_gemv``;
+    ``stream_support.prefer_stream`` always streams a tensor-core step), else on the model's own path (``default_gemv``;
     "mma" already for bf16 / fp16 models of a hidden size >= 2048). So it changes the path only for smaller bf16 /
     fp16 models the streaming kernel supports. SmolLM2-135M (H200, run 19 call 190, ms per step at batch 1 / 8 / 16):
     the streaming tensor-core megakernel 0.613 / 0.745 / 0.975, the Triton megakernel on CUDA cores 0.671 at batch 1
@@ -111,7 +111,7 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
     if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon")
             and (backend == "gluon" or not options.get("profile"))  # "auto" profiles on the Triton kernel
             and cache.k.dtype in (torch.bfloat16, torch.float16) and dev.type == "cuda"):
-        from onekernel.exec.stream_plan import unsupported, unsupported_device
+        from onekernel.exec.stream_support import unsupported, unsupported_device
 
         if unsupported_device(dev):
             return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
