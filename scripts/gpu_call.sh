@@ -109,6 +109,12 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+273) # session 27 (~2.5 min): where qkv_rope's time goes (scripts/qkv_probe.py: the op against itself without RoPE, without
+    # RMSNorm, without both, and gate_up of the same weight bytes), Llama-3.2-1B and Llama-3.1-8B at batch 1 and 16
+    step 150 probe-warm python3 scripts/qkv_probe.py --warm --batch 16
+    step 60 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
+    step 60 probe-16 python3 scripts/qkv_probe.py --batch 16 --out "$W/qkv-probe-16.json"
+    ;;
 271) # session 27's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
     # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout
     # and the GPU tests of the tensor-core qkv_rope and of pdl's choice; then both tables
