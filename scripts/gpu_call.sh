@@ -111,7 +111,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 case "$1" in
 273) # session 27 (~2.5 min): where qkv_rope's time goes (scripts/qkv_probe.py: the op against itself without RoPE, without
     # RMSNorm, without both, and gate_up of the same weight bytes), Llama-3.2-1B and Llama-3.1-8B at batch 1 and 16
-    step 150 probe-warm python3 scripts/qkv_probe.py --warm --batch 16
+    for b in 1 16; do (timeout 150 python3 scripts/qkv_probe.py --warm --batch $b >"$W/warm-probe-$b.log" 2>&1) & done
+    wait
+    tail -n 2 "$W"/warm-probe-*.log | cut -c1-250 | tee -a "$OUT/log.txt"
     step 60 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
     step 60 probe-16 python3 scripts/qkv_probe.py --batch 16 --out "$W/qkv-probe-16.json"
     ;;
