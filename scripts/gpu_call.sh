@@ -109,15 +109,7 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-273) # session 27 (~2.5 min): where qkv_rope's time goes (scripts/qkv_probe.py: the op against itself without RoPE, without
-    # RMSNorm, without both, and gate_up of the same weight bytes), Llama-3.2-1B and Llama-3.1-8B at batch 1 and 16
-    for b in 1 16; do (timeout 150 python3 scripts/qkv_probe.py --warm --batch $b >"$W/warm-probe-$b.log" 2>&1) & done
-    wait
-    tail -n 2 "$W"/warm-probe-*.log | cut -c1-250 | tee -a "$OUT/log.txt"
-    step 60 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
-    step 60 probe-16 python3 scripts/qkv_probe.py --batch 16 --out "$W/qkv-probe-16.json"
-    ;;
-271) # session 27's final commit (~9.5 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
+271) # session 27's final commit (~9.7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
     # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout
     # and the GPU tests of the tensor-core qkv_rope and of pdl's choice; then both tables
     mkdir -p "$W/bench" /tmp/warm
@@ -131,11 +123,15 @@ case "$1" in
     (timeout 200 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
     (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py tests/test_stream_gpu.py \
         -k "qkv or pdl or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 200 python3 scripts/qkv_probe.py --warm >"$W/warm-probe.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     step 190 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     step 120 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    # where qkv_rope's time goes (scripts/qkv_probe.py: the op against itself without RoPE, without RMSNorm, without
+    # both, and gate_up of the same weight bytes), batch 1
+    step 50 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
     ;;
 272) # at once after 271 (~6.5 min): the other three tables on the same commit (qkv_rope's kernel changed for every
     # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights) after their warm-ups, and qkv_rope's sweep on
