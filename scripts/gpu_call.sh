@@ -133,9 +133,8 @@ case "$1" in
     # both, and gate_up of the same weight bytes), batch 1
     step 50 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
     ;;
-272) # at once after 271 (~6.5 min): the other three tables on the same commit (qkv_rope's kernel changed for every
-    # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights) after their warm-ups, and qkv_rope's sweep on
-    # Llama-3.2-1B at batch 16
+272) # at once after 271 (~7 min): the other three tables on the same commit (qkv_rope's kernel changed for every
+    # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights) after their warm-ups
     mkdir -p /tmp/warm "$W/bench"
     Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
     B0="--model smollm2-135m --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel,megakernel-triton"
@@ -143,12 +142,8 @@ case "$1" in
     WARM_S=170 warm q8 $Q8
     WARM_S=170 warm smol $B0
     WARM_S=170 warm q0 $Q0
-    for i in 0 1 2 3; do (timeout 170 python3 scripts/gemv_sweep.py --models llama-3.2-1b --batch 16 --kinds qkv_rope \
-        --warm $i/4 >"$W/warm-sweep-$i.log" 2>&1) & done
     wait
     checked 3
-    step 80 sweep-1b-16 python3 scripts/gemv_sweep.py --models llama-3.2-1b --batch 16 --kinds qkv_rope \
-        --out "$W/sweep-qkv-1b-16.json"
     step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
     step 75 bench-smol $bench/bench $B0 --steps 50
     step 75 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
