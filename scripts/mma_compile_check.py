@@ -31,7 +31,7 @@ from compile_check import PTXDIR, compile_sm90  # noqa: E402
 from onekernel.exec.codegen import eager_kernel  # noqa: E402
 from onekernel.models.config import get_config  # noqa: E402
 from onekernel.models.decode_graph import decode_graph  # noqa: E402
-from onekernel.ops.tiling import GEMV_PATHS, Tiling  # noqa: E402
+from onekernel.ops.tiling import GEMV_PATHS, Tiling, pow2_ceil  # noqa: E402
 
 
 def ptx_counts(ptx: str) -> dict:
@@ -67,7 +67,8 @@ def compile_op(model: str, batch: int, gemv: str, g, op) -> dict:
     rep = compile_sm90(eager_kernel(kd), ptrs + [ptrs[0], 0], consts, kd.num_warps, name)
     p = op.params
     return {"model": model, "batch": batch, "gemv": gemv, "kernel": kd.name, "NxK": f"{w[0]}x{w[1]}",
-            "BLOCK_N": p.get("BLOCK_N", 2 * p.get("P", 0)), "BLOCK_K": p["BLOCK_K"],
+            # qkv_rope: its register rows, 2 next_pow2(U) P
+            "BLOCK_N": p.get("BLOCK_N", 2 * p.get("P", 0) * pow2_ceil(p.get("U", 1))), "BLOCK_K": p["BLOCK_K"],
             **{k: rep[k] for k in ("regs", "spill_bytes", "smem", "v4", "compile_s")},
             **ptx_counts((PTXDIR / f"{name}.ptx").read_text())}
 

@@ -150,11 +150,12 @@ def test_default_gemv_is_a_property_of_the_model_and_dtype():
 def test_qkv_tiles_fill_one_wave_with_the_fewest_rows(model, n_sm):
     """``qkv_tiles`` on the separate kernels' tensor-core path: at most one tile per SM, every unit of every head in
     exactly one tile, and no tile holding more than the rows per SM rounded up to the 8-row unit (P >= 4) or the
-    MMA's 16 rows, whichever is more; the megakernel's tiles ("fit") and Qwen3's whole heads keep U = 1."""
+    MMA's 16 rows, whichever is more, in 16 to QKV_MAX_ROWS register rows; where no wave fits those (Llama-3.1-8B on
+    20 SMs) ``qkv_pairs``' tiles; the megakernel's tiles ("fit") and Qwen3's whole heads keep U = 1."""
     import math
 
     from onekernel.models.config import get_config
-    from onekernel.ops.qkv import qkv_tiles
+    from onekernel.ops.qkv import QKV_MAX_ROWS, qkv_pairs, qkv_tiles
 
     cfg = get_config(model)
     nh, hd = cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim
@@ -162,9 +163,25 @@ def test_qkv_tiles_fill_one_wave_with_the_fewest_rows(model, n_sm):
     if cfg.qk_norm:
         assert (P, U) == (hd // 2, 1)
         return
+    assert 16 <= 2 * P * (1 << (U - 1).bit_length()) <= QKV_MAX_ROWS, (P, U)
     units = nh * hd // (2 * P)
     tiles = [list(range(t * U, min(units, t * U + U))) for t in range(math.ceil(units / U))]
-    assert len(tiles) <= n_sm and sorted(u for t in tiles for u in t) == list(range(units))
-    assert max(len(t) for t in tiles) * 2 * P <= max(16, 8 * math.ceil(nh * hd / n_sm / 8)), (P, U)
+    assert sorted(u for t in tiles for u in t) == list(range(units))
+    if (model, n_sm) == ("llama-3.1-8b", 20):  # one wave would take 512 register rows (spills, sm_90a)
+        assert (P, U) == (qkv_pairs(nh, hd, False, Tiling(n_sm, "fit").min_tiles), 1)
+    else:
+        assert len(tiles) <= n_sm
+        assert max(len(t) for t in tiles) * 2 * P <= max(16, 8 * math.ceil(nh * hd / n_sm / 8)), (P, U)
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "fit"), True)[1] == 1
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "cover"), False)[1] == 1
+
+
+def test_qkv_block_k_takes_512_columns_only_for_thin_tiles_and_where_they_divide_k():
+    """``qkv_block_k``: 512-column chunks for tiles of at most 24 live rows where 512 divides K (Llama-3.2-1B's K =
+    2048, 32-row tiles of 3 units of 8 rows), 256 for 32 live rows or where 512 does not divide K (SmolLM2's K = 576
+    and 960): both spilled at batch 16 (sm_90a); at most 16,384 weight elements per chunk."""
+    from onekernel.ops.qkv import qkv_block_k
+
+    assert [qkv_block_k(2048, r, min(r, 24)) for r in (16, 32, 64, 128, 256)] == [512, 512, 256, 128, 64]
+    assert [qkv_block_k(2048, 32, live) for live in (16, 24, 32)] == [512, 512, 256]
+    assert [qkv_block_k(k, 16, 16) for k in (576, 960, 4096, 100)] == [256, 256, 512, 128]

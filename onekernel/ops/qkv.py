@@ -164,32 +164,42 @@ def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) 
     return head_dim // (2 * ch)
 
 
+# The most register rows of a qkv_tiles tile: 512 spilled 184-484 bytes at batch 1-16 (sm_90a, Llama-3.1-8B and -70B
+# on 20 SMs), 256 none (Llama-3.2-1B and -3B on 20 SMs, Llama-3.1-70B on 78; scripts/mma_compile_check.py).
+QKV_MAX_ROWS = 256
+
+
 def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, mma: bool) -> tuple[int, int]:
     """(P, U): rotation pairs per unit and units per tile (module doc). U = 1 (``qkv_pairs``' tiles) except on the
     separate kernels' tensor-core path without QK_NORM: there one wave of at most ``tiling.n_sm`` tiles whose
     live rows U * 2P are the fewest (ties: the larger P), so that no SM streams more weight rows than it must.
     Llama-3.1-8B on 132 SMs: P 8, U 3, 128 tiles of 48 rows (``qkv_pairs``: 96 tiles of 64 rows, 36 SMs idle);
     Llama-3.2-1B: P 4, U 3, 128 tiles of 24 rows (96 of 32). The tile's register arrays hold
-    2 next_pow2(U) P >= 16 rows (the MMA's minimum)."""
+    2 next_pow2(U) P rows, from 16 (the MMA's minimum) to QKV_MAX_ROWS; where no single wave fits that (few SMs:
+    Llama-3.1-8B on 20), ``qkv_pairs``' tiles, U = 1."""
+    pairs = qkv_pairs(n_heads_total, head_dim, qk_norm, tiling.gemv_min_tiles(mma))
     if qk_norm or not (mma and tiling.separate):
-        return qkv_pairs(n_heads_total, head_dim, qk_norm, tiling.gemv_min_tiles(mma)), 1
+        return pairs, 1
     best = None
     p = 4
     while p <= head_dim // 2:
         u = cdiv(n_heads_total * head_dim // (2 * p), tiling.n_sm)
-        if 2 * pow2_ceil(u) * p >= MMA_MIN and (best is None or u * 2 * p <= best[1] * 2 * best[0]):
+        if MMA_MIN <= 2 * pow2_ceil(u) * p <= QKV_MAX_ROWS and (best is None or u * 2 * p <= best[1] * 2 * best[0]):
             best = (p, u)
         p *= 2
-    return best
+    return best or (pairs, 1)
 
 
-def qkv_block_k(k: int, rows: int) -> int:
-    """BLOCK_K of the separate kernels' tensor-core qkv_rope (``qkv_tiles``' tiles of ``rows`` register rows): the widest
-    of up to 512 columns whose chunk holds at most 16,384 weight elements (two chunks in registers). Measured (run 27
-    call 270, scripts/gemv_sweep.py, us per op): Llama-3.2-1B's 32-row tiles 9.7 at 512 against 11.2 at 256 (the
-    ``block_k_for`` width of 32-row tiles); Llama-3.1-8B's 64-row tiles 23.5 at 256."""
+def qkv_block_k(k: int, rows: int, live: int) -> int:
+    """BLOCK_K of the separate kernels' tensor-core qkv_rope (``qkv_tiles``' tiles of ``rows`` register rows, ``live``
+    = U * 2P of them live): the widest of up to 512 columns whose chunk holds at most 16,384 weight elements (two
+    chunks in registers). Measured (run 27 call 270, scripts/gemv_sweep.py, us per op): Llama-3.2-1B's 32-row tiles
+    (24 live) 9.7 at 512 against 11.2 at 256 (the ``block_k_for`` width of 32-row tiles); Llama-3.1-8B's 64-row tiles
+    23.5 at 256. 512 only for tiles of at most 24 live rows and where it divides K: at batch 16 (sm_90a, ptxas,
+    scripts/mma_compile_check.py) 32 live rows spilled 116 bytes (Llama-3.2-1B on 114 SMs: P 16, U 1) and SmolLM2's
+    K = 576 and 960 1,064-1,118 bytes at batch 8 and 16; 256 none."""
     bk = min(512, pow2_ceil(k))
-    while bk > 16 and rows * bk > 2 * MAX_TILE_ELEMS:
+    while bk > 16 and (rows * bk > 2 * MAX_TILE_ELEMS or (bk > 256 and (k % bk or live > 24))):
         bk //= 2
     return max(16, bk)
 
@@ -221,7 +231,8 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B),
-         "BLOCK_K": qkv_block_k(D, R) if sep else block_k_for(D, R, MAX_TILE_ELEMS, mma=mma), "EPS": float(eps),
+         "BLOCK_K": qkv_block_k(D, R, 2 * P * U) if sep else block_k_for(D, R, MAX_TILE_ELEMS, mma=mma),
+         "EPS": float(eps),
          "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma),
          **(blocks or {})}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
@@ -238,12 +249,14 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     for t in range(cdiv(NH * ch, U)):
         reads, writes = [region(x), region(nw), region(seq_lens)], []
         units = range(t * U, min(NH * ch, t * U + U))
+        if len(units) < pow2_ceil(U):  # dead slots (_qkv_rows: clamped to unit 0) still load inv_freq[0:P]
+            reads.append(region(inv_freq, (0, P)))
         for h, c in (divmod(u, ch) for u in units):
             halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
             reads.append(region(inv_freq, (c * P, c * P + P)))
             reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
-            if qk_norm and h < HQ + HKV:
-                reads.append(region(qn if h < HQ else kn))
+            if qk_norm:  # the body loads both norm weights for every row (tl.where(is_q, qn, kn)), v heads too
+                reads += [region(qn), region(kn)]
             if h < HQ:
                 writes += [region(q, (0, B), (h, h + 1), hv) for hv in halves]
             else:
