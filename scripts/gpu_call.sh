@@ -133,20 +133,23 @@ case "$1" in
     # both, and gate_up of the same weight bytes), batch 1
     step 50 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
     ;;
-272) # at once after 271 (~7 min): the other three tables on the same commit (qkv_rope's kernel changed for every
-    # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights) after their warm-ups
+274) # after 271 (~6.5 min): the GPU tests of pdl's choice and `auto` again (271's ran out of GPU memory beside two 8B
+    # warm-ups), beside the warm-ups of the other three tables on the same kernels (qkv_rope's kernel changed for every
+    # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights); then the three tables
     mkdir -p /tmp/warm "$W/bench"
     Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
     B0="--model smollm2-135m --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel,megakernel-triton"
     Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel"
-    WARM_S=170 warm q8 $Q8
-    WARM_S=170 warm smol $B0
-    WARM_S=170 warm q0 $Q0
+    WARM_S=150 warm q8 $Q8
+    WARM_S=150 warm smol $B0
+    WARM_S=150 warm q0 $Q0
+    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "pdl or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 3
-    step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
-    step 75 bench-smol $bench/bench $B0 --steps 50
-    step 75 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    step 90 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    step 70 bench-smol $bench/bench $B0 --steps 50
+    step 70 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
     ;;
 211) # the final commit (sessions 21, 22), one H200 (~6 min; carry .model/smolgz3.00, parked for 213): warm-ups of every
     # table's compiles beside the streaming GPU tests (mma + auto) and the 1B megakernel's bitwise invariance; then the
