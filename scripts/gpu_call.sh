@@ -133,6 +133,20 @@ case "$1" in
     # both, and gate_up of the same weight bytes), batch 1
     step 50 probe-1 python3 scripts/qkv_probe.py --out "$W/qkv-probe-1.json"
     ;;
+275) # session 27's final kernels (~8 min): qkv_rope back to 256-column chunks on Llama-3.2-1B (271's 512 columns were
+    # 5% slower at batch 8 in graph mode); the Llama-3.2-1B table again (8B's kernels are 271's) beside the GPU tests of
+    # pdl's choice and `auto` (271's ran out of GPU memory) and of the tensor-core qkv_rope
+    mkdir -p "$W/bench" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
+    WARM_S=200 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=200 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py tests/test_stream_gpu.py \
+        -k "qkv or pdl or auto" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 2
+    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    ;;
 274) # after 271 (~6.5 min): the GPU tests of pdl's choice and `auto` again (271's ran out of GPU memory beside two 8B
     # warm-ups), beside the warm-ups of the other three tables on the same kernels (qkv_rope's kernel changed for every
     # model): Qwen3-8B, SmolLM2-135M and Qwen3-0.6B (random weights); then the three tables

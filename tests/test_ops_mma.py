@@ -174,14 +174,3 @@ def test_qkv_tiles_fill_one_wave_with_the_fewest_rows(model, n_sm):
         assert max(len(t) for t in tiles) * 2 * P <= max(16, 8 * math.ceil(nh * hd / n_sm / 8)), (P, U)
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "fit"), True)[1] == 1
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "cover"), False)[1] == 1
-
-
-def test_qkv_block_k_takes_512_columns_only_for_thin_tiles_and_where_they_divide_k():
-    """``qkv_block_k``: 512-column chunks for tiles of at most 24 live rows where 512 divides K (Llama-3.2-1B's K =
-    2048, 32-row tiles of 3 units of 8 rows), 256 for 32 live rows or where 512 does not divide K (SmolLM2's K = 576
-    and 960): both spilled at batch 16 (sm_90a); at most 16,384 weight elements per chunk."""
-    from onekernel.ops.qkv import qkv_block_k
-
-    assert [qkv_block_k(2048, r, min(r, 24)) for r in (16, 32, 64, 128, 256)] == [512, 512, 256, 128, 64]
-    assert [qkv_block_k(2048, 32, live) for live in (16, 24, 32)] == [512, 512, 256]
-    assert [qkv_block_k(k, 16, 16) for k in (576, 960, 4096, 100)] == [256, 256, 512, 128]

@@ -190,20 +190,6 @@ def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, 
     return best or (pairs, 1)
 
 
-def qkv_block_k(k: int, rows: int, live: int) -> int:
-    """BLOCK_K of the separate kernels' tensor-core qkv_rope (``qkv_tiles``' tiles of ``rows`` register rows, ``live``
-    = U * 2P of them live): the widest of up to 512 columns whose chunk holds at most 16,384 weight elements (two
-    chunks in registers). Measured (run 27 call 270, scripts/gemv_sweep.py, us per op): Llama-3.2-1B's 32-row tiles
-    (24 live) 9.7 at 512 against 11.2 at 256 (the ``block_k_for`` width of 32-row tiles); Llama-3.1-8B's 64-row tiles
-    23.5 at 256. 512 only for tiles of at most 24 live rows and where it divides K: at batch 16 (sm_90a, ptxas,
-    scripts/mma_compile_check.py) 32 live rows spilled 116 bytes (Llama-3.2-1B on 114 SMs: P 16, U 1) and SmolLM2's
-    K = 576 and 960 1,064-1,118 bytes at batch 8 and 16; 256 none."""
-    bk = min(512, pow2_ceil(k))
-    while bk > 16 and (rows * bk > 2 * MAX_TILE_ELEMS or (bk > 256 and (k % bk or live > 24))):
-        bk //= 2
-    return max(16, bk)
-
-
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
                  kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
@@ -231,8 +217,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B),
-         "BLOCK_K": qkv_block_k(D, R, 2 * P * U) if sep else block_k_for(D, R, MAX_TILE_ELEMS, mma=mma),
-         "EPS": float(eps),
+         "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
          "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma),
          **(blocks or {})}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
