@@ -198,8 +198,9 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
     gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs tiles of
-    2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (P, U, BLOCK_K,
-    STAGES; tests and tuning). Raises ValueError for shapes that do not fit together or an unknown gemv path."""
+    2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U, BLOCK_K,
+    STAGES; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed). Raises
+    ValueError for shapes that do not fit together, an unknown gemv path, or P / U overrides the tiles cannot take."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
     NH = w.shape[0] // HD
