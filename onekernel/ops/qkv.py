@@ -154,8 +154,8 @@ QKV_ROPE = OpKind(
 
 
 def qkv_pairs(n_heads_total: int, head_dim: int, qk_norm: bool, min_tiles: int) -> int:
-    """P, rotation pairs per tile of one unit: hd/2 with QK_NORM (whole head); else the largest P (power of two,
-    2P >= 16) whose tile count n_heads_total * hd / (2P) reaches min_tiles."""
+    """P, rotation pairs per unit, for tiles of one unit each: hd/2 with QK_NORM (whole head); else the largest P
+    (power of two, 2P >= 16) whose tile count n_heads_total * hd / (2P) reaches min_tiles."""
     if qk_norm:
         return head_dim // 2
     ch = 1
@@ -212,15 +212,15 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
-    P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma)
-    P, U = (blocks or {}).get("P", P), (blocks or {}).get("U", U if "P" not in (blocks or {}) else 1)
-    sep = mma and tiling.separate  # one wave of tiles: chunks of twice the elements (gemv_mma.mma_stages)
+    blocks = blocks or {}
+    P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma) if "P" not in blocks else (blocks["P"], 1)
+    U = blocks.get("U", U)
+    sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B),
          "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma),
-         **(blocks or {})}
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma), **blocks}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
            f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
            f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
@@ -234,6 +234,8 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     tasks = []
     for t in range(cdiv(NH * ch, U)):
         reads, writes = [region(x), region(nw), region(seq_lens)], []
+        if qk_norm:  # the body loads both norm weights for every row (tl.where(is_q, qn, kn)), v heads too
+            reads += [region(qn), region(kn)]
         units = range(t * U, min(NH * ch, t * U + U))
         if len(units) < pow2_ceil(U):  # dead slots (_qkv_rows: clamped to unit 0) still load inv_freq[0:P]
             reads.append(region(inv_freq, (0, P)))
@@ -241,15 +243,14 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
             halves = [(c * P, c * P + P), (HD // 2 + c * P, HD // 2 + c * P + P)]
             reads.append(region(inv_freq, (c * P, c * P + P)))
             reads += [region(w, (h * HD + lo, h * HD + hi), (0, D)) for lo, hi in halves]
-            if qk_norm:  # the body loads both norm weights for every row (tl.where(is_q, qn, kn)), v heads too
-                reads += [region(qn), region(kn)]
             if h < HQ:
                 writes += [region(q, (0, B), (h, h + 1), hv) for hv in halves]
             else:
                 cache, hh = (k_cache, h - HQ) if h < HQ + HKV else (v_cache, h - HQ - HKV)
                 writes += [region(cache, (0, B), (hh, hh + 1), (0, S), hv) for hv in halves]
         n = 2 * P * len(units)  # live rows
-        nbytes = n * D * es + B * D * es + D * es + B * n * es + B * 4 + n * 2
+        # weights, x, norm weights, outputs, seq_lens, inv_freq (fp32, one per rotation pair: n / 2)
+        nbytes = n * D * es + B * D * es + D * es + B * n * es + B * 4 + (n // 2) * 4
         tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * n * D + 12 * B * n))
     args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "q": q,
             "k_cache": k_cache, "v_cache": v_cache}
