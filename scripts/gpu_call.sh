@@ -50,7 +50,7 @@
 # dropped): in git history (`git show 7aaa114:scripts/gpu_call.sh`, the code there).
 # 261 + 262 (session 26's final tables) and 270 (session 27: qkv_rope's units per tile, ops.qkv.qkv_tiles, swept and
 # A/B'd against U = 1 with the switch ONEKERNEL_QKV_UNITS=0, since removed): in git history (`git show
-# 87cef85:scripts/gpu_call.sh`); 271 + 272 replace them.
+# 87cef85:scripts/gpu_call.sh`); 271 + 275 replace them (274: the Qwen3 and SmolLM2 tables on the same kernels, not run yet).
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
