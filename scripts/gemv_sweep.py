@@ -1,7 +1,7 @@
 """Sweep the separate-kernel GEMV tiles (the kernels graph and pdl launch) over their tiling knobs, on the GPU:
 
     python scripts/gemv_sweep.py [--models llama-3.2-1b,llama-3.1-8b] [--batch 1] [--kinds qkv_rope,o_proj,down,gate_up]
-                                 [--warm I/N] [--out F]
+                                 [--warm I/N] [--out F] [--variants JSON]
 
 For each model and op kind: every layer's op of that kind (its own random bf16 weights) back to back in one CUDA
 graph, L2 flushed before each timed replay, median us per op (``bench.timing.graph_median_ms``), for each variant
@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--warm", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--variants", default=None, help="a JSON list of [blocks, num_warps] pairs to time instead of "
+                    "the built-in grid (the default tiling is always timed first)")
     a = ap.parse_args()
     global DEV
     if a.cpu:
@@ -157,6 +159,8 @@ def main() -> None:
             base = None
             vs = variants(kind, dict(build_graph(kind, cfg, a.batch, {}, 1).ops[0].params), cfg.head_dim,
                           cfg.n_heads + 2 * cfg.n_kv_heads)
+            if a.variants:
+                vs = [({}, 4)] + [(dict(b), int(w)) for b, w in json.loads(a.variants)]
             for i, (blocks, nwarps) in enumerate(vs[:4] if a.cpu else vs):  # --cpu: a few, as a dry run
                 n += 1
                 if a.warm and n % wn != wi:
@@ -167,7 +171,8 @@ def main() -> None:
                     g, t = build(kind, cfg, a.batch, blocks, layers)
                     ops = [dataclasses.replace(op, kind=dataclasses.replace(op.kind, num_warps=nwarps)) for op in g.ops]
                     out = next(iter(ops[0].args[r] for r in ("q", "out") if r in ops[0].args))
-                    rec["params"] = {k: v for k, v in ops[0].params.items() if k in ("P", "U", "BLOCK_N", "BLOCK_K", "STAGES")}
+                    rec["params"] = {k: v for k, v in ops[0].params.items() if k in ("P", "U", "BLOCK_N", "BLOCK_K", "STAGES",
+                                                                                    "PRENORM")}
                     rec["tiles"] = ops[0].n_tiles
                     rec["rel_err"] = check(g, t, ops[0], out)
                     if not rec["rel_err"] < 2e-2:

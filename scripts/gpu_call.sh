@@ -109,6 +109,44 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+280) # session 28 (~7 min): qkv_rope with its activation normalised once per tile (PRENORM, the new default of the
+    # separate tensor-core kernels) swept against the old in-loop RMSNorm over the chunk loop's depth, BLOCK_K and warps
+    # (Llama-3.1-8B and -3.2-1B at batch 1 and 8); graph mode with and without it (the A/B switch ONEKERNEL_QKV_BLOCKS,
+    # each its own process); one profiled graph step of Llama-3.1-8B (per-op spans and gaps); beside the warm-ups, the
+    # tensor-core qkv GPU tests and graph / eager bitwise invariance on Llama-3.2-1B
+    mkdir -p "$W/bench" /tmp/warm
+    V='[[{"PRENORM":0},4],[{"PRENORM":0},8],[{},8],[{"STAGES":2},4],[{"STAGES":3},4],[{"STAGES":4},4],
+        [{"STAGES":3,"BLOCK_K":128},4],[{"STAGES":4,"BLOCK_K":128},4],[{"STAGES":5,"BLOCK_K":128},4],
+        [{"STAGES":3},8],[{"STAGES":3,"BLOCK_K":128},8],[{"BLOCK_K":512},8],[{"STAGES":3,"BLOCK_K":512},8]]'
+    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    OFF='{"PRENORM":0}'
+    for i in 0 1 2; do
+        (timeout 200 $SW --batch 1 --variants "$V" --warm $i/3 >"$W/warm-sw1-$i.log" 2>&1) &
+        (timeout 200 $SW --batch 8 --variants "$V" --warm $i/3 >"$W/warm-sw8-$i.log" 2>&1) &
+    done
+    WARM_S=200 warm 8b $B8 --batch 1,8 --modes graph
+    (timeout 200 env ONEKERNEL_QKV_BLOCKS=$OFF python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/8b-off $B8 \
+        --batch 1,8 --modes graph >"$W/warm-8b-off.log" 2>&1) &
+    WARM_S=200 warm 1b $B1 --batch 1,8,16 --modes graph
+    (timeout 200 env ONEKERNEL_QKV_BLOCKS=$OFF python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/1b-off $B1 \
+        --batch 1,8,16 --modes graph >"$W/warm-1b-off.log" 2>&1) &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 200 python3 scripts/pdl_probe.py --model llama-3.1-8b --paths mma --modes graph --out /tmp/warm/p.json \
+        >"$W/warm-probe.log" 2>&1) &
+    wait
+    checked 4
+    step 90 sweep-1 $SW --batch 1 --variants "$V" --out "$W/sweep-qkv-b1.json"
+    step 90 sweep-8 $SW --batch 8 --variants "$V" --out "$W/sweep-qkv-b8.json"
+    step 45 graph-8b $bench/bench $B8 --batch 1,8 --modes graph --steps 50
+    step 45 graph-8b-off env ONEKERNEL_QKV_BLOCKS=$OFF $bench/off $B8 --batch 1,8 --modes graph --steps 50
+    step 80 probe-8b python3 scripts/pdl_probe.py --model llama-3.1-8b --paths mma --modes graph --out "$W/probe-8b.json"
+    step 35 graph-1b $bench/bench $B1 --batch 1,8,16 --modes graph --steps 50
+    step 35 graph-1b-off env ONEKERNEL_QKV_BLOCKS=$OFF $bench/off $B1 --batch 1,8,16 --modes graph --steps 50
+    ;;
 271) # session 27's final commit (~9.7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
     # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout
     # and the GPU tests of the tensor-core qkv_rope and of pdl's choice; then both tables
@@ -218,8 +256,8 @@ case "$1" in
     mkdir -p /tmp/warm "$W/bench"
     B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes torch+graph,graph,pdl,megakernel"
     Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,megakernel"
-    WARM_S=230 warm 8b $B8
-    WARM_S=230 warm q8 $Q8
+    WARM_S=200 warm 8b $B8
+    WARM_S=200 warm q8 $Q8
     (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k qwen3 -p no:cacheprovider -rfE \
         >"$W/gpu-tests.log" 2>&1) &
     wait
@@ -688,7 +726,7 @@ case "$1" in
     # its GPU tests and bitwise invariance beside the warm-ups; profiles of the folded step (1B batch 1 and 16)
     B1="--model llama-3.2-1b --random-weights --batch 1,8,16" B8="--model llama-3.1-8b --random-weights --batch 1,8"
     mkdir -p "$W/fold" "$W/sep" "$W/profile" /tmp/warm
-    wv() { local name=$1 envs=$2; shift 2; (timeout 230 env $envs python3 -m onekernel.cli bench --steps 2 \
+    wv() { local name=$1 envs=$2; shift 2; (timeout 200 env $envs python3 -m onekernel.cli bench --steps 2 \
            --out /tmp/warm/$name "$@" >"$W/warm-$name.log" 2>&1) & }
     log "warm-up and checks"
     wv fold1 X=0 $B1 --modes megakernel,pdl-gluon; wv sep1 STREAM_FOLD_MERGE=0 $B1 --modes megakernel,pdl-gluon

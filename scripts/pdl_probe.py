@@ -1,6 +1,6 @@
 """Why is pdl slow with tensor-core GEMVs (issue 12)? Per-op spans of graph and pdl, fma and mma, from task stamps.
 
-    python scripts/pdl_probe.py --out FILE.json [--model llama-3.2-1b] [--batch 1] [--paths fma,mma]
+    python scripts/pdl_probe.py --out FILE.json [--model llama-3.2-1b] [--batch 1] [--paths fma,mma] [--modes graph,pdl]
 
 For each (gemv, mode, variant): the median step time (``bench_modes``, 100 steps) and one profiled step's
 per-op-kind medians over the layers: span (the op's first tile start to its last tile end), wait (first tile
@@ -57,12 +57,13 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--paths", default="fma,mma")
+    ap.add_argument("--modes", default="graph,pdl", help="which of CASES' modes to run")
     a = ap.parse_args()
     model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
     bw = copy_bandwidth_gbs()
     out = []
     for gemv in a.paths.split(","):
-        for mode, opts in CASES:
+        for mode, opts in (c for c in CASES if c[0] in a.modes.split(",")):
             o = dict(opts, gemv=gemv)
             rec, = bench_modes(model, a.model, a.batch, 512, [mode], bw, steps=100, options={mode: o})
             cache, tokens = random_decode_state(model, a.batch, 512)

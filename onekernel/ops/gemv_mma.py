@@ -64,12 +64,12 @@ def mma_stages(kind: str, block_n: int, mma: bool, separate: bool = False) -> in
 
 
 @triton.jit
-def load_xt(x, B: tl.constexpr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Activation tile ``x[0:16, k0:k0+BLOCK_K]`` [16, BLOCK_K] in the model dtype; 0 for rows >= B and
-    columns >= K (``.cg``: written by other CTAs)."""
+def load_xt(x, B: tl.constexpr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, XS: tl.constexpr = 0):
+    """Activation tile ``x[0:16, k0:k0+BLOCK_K]`` [16, BLOCK_K] in the model dtype, rows XS elements apart (0: K);
+    0 for rows >= B and columns >= K (``.cg``: written by other CTAs)."""
     ob = tl.arange(0, COLS)
     ok = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x + ob[:, None] * K + ok[None, :], mask=(ob[:, None] < B) & (ok[None, :] < K), other=0.0,
+    return tl.load(x + ob[:, None] * (K if XS == 0 else XS) + ok[None, :], mask=(ob[:, None] < B) & (ok[None, :] < K), other=0.0,
                    cache_modifier=".cg")
 
 
@@ -99,23 +99,24 @@ def mma_acc(acc, wv, xt):
 
 @triton.jit
 def gemv_mma(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-             BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr = 0):
-    """fp32 [16, R] = (norm?)x[B, K] @ W[rows, :]^T on the tensor cores (rows >= B are 0), given the prefetched
+             BLOCK_K: tl.constexpr, NORM: tl.constexpr, STAGES: tl.constexpr = 0, XS: tl.constexpr = 0):
+    """fp32 [16, R] = (norm?)x[B, K] @ W[rows, :]^T on the tensor cores (rows >= B are 0; x's rows XS elements
+    apart, 0: K), given the prefetched
     first weight chunk w0 = W[rows, :BLOCK_K]; rstd [16] from ``rms_rstd`` (unused unless NORM). Weight and
     activation chunks double-buffered: chunk k + 1's loads are issued before chunk k's MMA (STAGES 0), or
     pipelined STAGES deep through shared memory (the ``DEEP`` comment above)."""
     acc = tl.zeros([R, COLS], tl.float32)
     if STAGES > 0:
-        acc = mma_acc(acc, w0, norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, NORM))
+        acc = mma_acc(acc, w0, norm_xt(load_xt(x, B, 0, K, BLOCK_K, XS), nw, rstd, 0, K, BLOCK_K, NORM))
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             wv = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-            acc = mma_acc(acc, wv, norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, NORM))
+            acc = mma_acc(acc, wv, norm_xt(load_xt(x, B, k0, K, BLOCK_K, XS), nw, rstd, k0, K, BLOCK_K, NORM))
     else:
         wv = w0
-        xv = load_xt(x, B, 0, K, BLOCK_K)
+        xv = load_xt(x, B, 0, K, BLOCK_K, XS)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             nxt = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
-            nx = load_xt(x, B, k0, K, BLOCK_K)
+            nx = load_xt(x, B, k0, K, BLOCK_K, XS)
             acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, NORM))
             wv, xv = nxt, nx
         acc = mma_acc(acc, wv, norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, NORM))

@@ -92,6 +92,19 @@ NORM_ELEMS = tl.constexpr(8192)
 
 
 @triton.jit
+def _row_group(x, b0, B: tl.constexpr, k0, K: tl.constexpr, NK: tl.constexpr, RR: tl.constexpr):
+    """Rows b0 .. b0 + RR - 1 of x [B, K] at columns k0 .. k0 + NK - 1: a tuple of RR [NK] vectors in the model
+    dtype (0 for rows >= B and columns >= K; ``.cg``: written by other CTAs), every load of the group issued
+    before any is used."""
+    ok = tl.arange(0, NK)
+    vs = ()
+    for r in tl.static_range(RR):
+        m = tl.where(b0 + r < B, k0 + ok < K, False)
+        vs = vs + (tl.load(x + (b0 + r) * K + k0 + ok, mask=m, other=0.0, cache_modifier=".cg"),)
+    return vs
+
+
+@triton.jit
 def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl.constexpr):
     """fp32 [BLOCK_B]: ``rsqrt(mean_k(x[b, k]^2) + eps)`` for each row b < B of activation x [B, K] (HF
     LlamaRMSNorm); rows >= B are 0. Read row b with ``row_of``.
@@ -103,7 +116,6 @@ def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl
     folded away at B = 1), so a batch of B rows costs ceil(B / RR) memory round trips."""
     NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
     RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK))
-    ok = tl.arange(0, NK)
     ob = tl.arange(0, BLOCK_B)
     rstd = tl.zeros([BLOCK_B], tl.float32)
     for b0 in range(0, B, RR):
@@ -111,10 +123,7 @@ def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl
         for r in tl.static_range(RR):
             ss = ss + (tl.zeros([NK], tl.float32),)
         for k0 in range(0, K, NK):
-            vs = ()
-            for r in tl.static_range(RR):  # every load of the group first, then the arithmetic
-                m = tl.where(b0 + r < B, k0 + ok < K, False)
-                vs = vs + (tl.load(x + (b0 + r) * K + k0 + ok, mask=m, other=0.0, cache_modifier=".cg"),)
+            vs = _row_group(x, b0, B, k0, K, NK, RR)
             nss = ()
             for r in tl.static_range(RR):
                 v = vs[r].to(tl.float32)
@@ -123,6 +132,48 @@ def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl
         for r in tl.static_range(RR):
             rstd = tl.where(ob == b0 + r, tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS), rstd)
     return rstd
+
+
+@triton.jit
+def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr, OS: tl.constexpr):
+    """out[b, :] = LlamaRMSNorm(x[b, :]) for the rows b < B of x [B, K] (model dtype dt; norm weights nw [K]):
+    ``rnd(rnd(x * rstd, dt) * w, dt)`` elementwise (``norm_xt``'s values) with ``rms_rstd``'s rstd (the same loads,
+    squares and 1-D sums: the same bits for every B). out: B rows of K in dt; rows >= B are not written. A row that fits
+    one NK chunk (every benchmark model) is normalised from the values loaded for its sum; a wider one is loaded
+    again. Rows of out are OS elements apart. The caller orders these stores before its loads of ``out`` (a CTA
+    barrier)."""
+    NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
+    RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK))
+    ok = tl.arange(0, NK)
+    for b0 in range(0, B, RR):
+        if K <= NK:
+            vs = _row_group(x, b0, B, 0, K, NK, RR)
+            ss = ()
+            for r in tl.static_range(RR):
+                v = vs[r].to(tl.float32)
+                ss = ss + (tl.zeros([NK], tl.float32) + v * v,)
+        else:
+            ss = ()
+            for r in tl.static_range(RR):
+                ss = ss + (tl.zeros([NK], tl.float32),)
+            for k0 in range(0, K, NK):
+                vs = _row_group(x, b0, B, k0, K, NK, RR)
+                nss = ()
+                for r in tl.static_range(RR):
+                    v = vs[r].to(tl.float32)
+                    nss = nss + (ss[r] + v * v,)
+                ss = nss
+        rs = ()
+        for r in tl.static_range(RR):
+            rs = rs + (tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS),)
+        for k0 in range(0, K, NK):
+            if K > NK:
+                vs = _row_group(x, b0, B, k0, K, NK, RR)
+            g = tl.load(nw + k0 + ok, mask=k0 + ok < K, other=0.0).to(tl.float32)
+            for r in tl.static_range(RR):
+                h = rnd(vs[r].to(tl.float32) * rs[r], vs[r].dtype)
+                tl.store(out + (b0 + r) * OS + k0 + ok, rnd(h * g, vs[r].dtype).to(vs[r].dtype),
+                         mask=(b0 + r < B) & (k0 + ok < K))
 
 
 @triton.jit

@@ -22,6 +22,9 @@ to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (nu
 """
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -30,7 +33,8 @@ from triton.language.extra import libdevice
 
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
-from onekernel.ops.gemv_rows import PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_rstd, rnd, stack_rows
+from onekernel.ops.gemv_rows import (PRECISE_MATH, gemv_rows, gemv_rows_t, load_w_chunk, rms_norm_ref, rms_norm_rows,
+                                     rms_rstd, rnd, stack_rows)
 from onekernel.ops.gemv_mma import gemv_mma, mma_stages
 from onekernel.ops.tiling import (MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, cdiv, check_gemv,
                                   pow2_ceil, region)
@@ -54,32 +58,54 @@ def _qkv_rows(tile, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl
 
 
 @triton.jit
-def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
+def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache, v_cache,
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr,
                       BLOCK_K: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr,
-                      STAGES: tl.constexpr):
+                      STAGES: tl.constexpr, PRENORM: tl.constexpr):
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
     return load_w_chunk(w, rows, live, 0, D, BLOCK_K)
 
 
 @triton.jit
-def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_cache,
+def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache, v_cache,
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr):
+                  EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr,
+                  PRENORM: tl.constexpr):
     UP: tl.constexpr = triton.next_power_of_2(U)
     R: tl.constexpr = 2 * UP * P  # the tile's rows (module doc), U * 2P of them live
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
     dt = q.dtype.element_ty
-    rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
+    ob = tl.arange(0, BLOCK_B)
+    bm = ob < B
+    pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")  # RoPE's inputs before the GEMV: off its tail
+    fi = c * P + (tl.arange(0, R) % P)
+    ang = pos.to(tl.float32)[:, None] * tl.load(inv_freq + fi)[None, :]
+    if PRECISE_MATH:
+        cs = rnd(libdevice.cos(ang), dt)
+        sn = rnd(libdevice.sin(ang), dt)
+    else:
+        cs = rnd(tl.cos(ang), dt)
+        sn = rnd(tl.sin(ang), dt)
+    if PRENORM:  # the tile's own copy of RMSNorm(x) in xn[tile], written once; the chunk loop then only loads it
+        NT: tl.constexpr = ((HQ + 2 * HKV) * (HD // (2 * P)) + U - 1) // U  # the op's tiles
+        xs = xn + tile.to(tl.int64) * D  # xn [B, NT, D]: row b of this tile at (b NT + tile) D
+        rms_norm_rows(x, nw, xs, B, D, EPS, NT * D)
+        tl.debug_barrier()
+        rstd = tl.zeros([BLOCK_B], tl.float32)
+    else:
+        rstd = rms_rstd(x, B, D, BLOCK_B, EPS)
     is_q = h < HQ
     is_k = (h >= HQ) & (h < HQ + HKV)
     is_v = h >= HQ + HKV
     if QK_NORM:  # the tile holds one whole head (P == HD // 2, U == 1): q or k norm weights of its rows
         g = tl.where(is_q, tl.load(qn + hr).to(tl.float32), tl.load(kn + hr).to(tl.float32))
     if MMA:  # tensor cores (ops/gemv_mma.py), BLOCK_B = 16: y [16, R] has the same shape for every B
-        y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, live, B, D, R, BLOCK_K, True, STAGES), dt)
+        if PRENORM:
+            y = rnd(gemv_mma(w0, xs, nw, rstd, w, rows, live, B, D, R, BLOCK_K, False, STAGES, NT * D), dt)
+        else:
+            y = rnd(gemv_mma(w0, x, nw, rstd, w, rows, live, B, D, R, BLOCK_K, True, STAGES), dt)
         if QK_NORM:  # per-row sums over a [16, HD] tile: a shape and layout that never depend on B
             rb = tl.math.rsqrt(tl.sum(y * y, axis=1) / HD + EPS)
             y = tl.where(is_v[None, :], y, rnd(rnd(y * rb[:, None], dt) * g[None, :], dt))
@@ -94,17 +120,6 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, q, k_cache, v_
     else:
         acc = gemv_rows(w0, x, nw, rstd, w, rows, live, B, D, BLOCK_B, R, BLOCK_K, True)
         y = rnd(acc, dt)  # [BLOCK_B, R]
-    ob = tl.arange(0, BLOCK_B)
-    bm = ob < B
-    pos = tl.load(seq_lens + ob, mask=bm, other=0, cache_modifier=".cg")
-    fi = c * P + (tl.arange(0, R) % P)
-    ang = pos.to(tl.float32)[:, None] * tl.load(inv_freq + fi)[None, :]
-    if PRECISE_MATH:
-        cs = rnd(libdevice.cos(ang), dt)
-        sn = rnd(libdevice.sin(ang), dt)
-    else:
-        cs = rnd(tl.cos(ang), dt)
-        sn = rnd(tl.sin(ang), dt)
     y3 = tl.reshape(y, [BLOCK_B, 2, UP * P])  # [half][slot, pair]: each row's rotation partner in the other half
     half = tl.arange(0, 2)[None, :, None]
     lo = tl.sum(tl.where(half == 0, y3, 0.0), axis=1)
@@ -135,7 +150,10 @@ def rope_ref(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torc
 def qkv_rope_reference(op: Op, t: dict) -> None:
     a, p = op.args, op.params
     B, HQ, HKV, HD = p["B"], p["HQ"], p["HKV"], p["HD"]
-    y = F.linear(rms_norm_ref(t[a["x"]], t[a["nw"]], p["EPS"]), t[a["w"]]).view(B, HQ + 2 * HKV, HD)
+    h = rms_norm_ref(t[a["x"]], t[a["nw"]], p["EPS"])
+    if p.get("PRENORM"):  # every tile's scratch row holds the normalised activation
+        t[a["xn"]].copy_(h[:, None, :].expand_as(t[a["xn"]]))
+    y = F.linear(h, t[a["w"]]).view(B, HQ + 2 * HKV, HD)
     qh, kh, vh = y[:, :HQ], y[:, HQ:HQ + HKV], y[:, HQ + HKV:]
     if p["QK_NORM"]:
         qh, kh = rms_norm_ref(qh, t[a["qn"]], p["EPS"]), rms_norm_ref(kh, t[a["kn"]], p["EPS"])
@@ -148,8 +166,8 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
-    ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES"), 1,
+    ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "xn", "q", "k_cache", "v_cache"),
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES", "PRENORM"), 1,
     qkv_rope_reference)
 
 
@@ -190,6 +208,17 @@ def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, 
     return best or (pairs, 1)
 
 
+def prenorm_scratch(graph: Graph, n_tiles: int, B: int, D: int, dtype: torch.dtype) -> Buffer:
+    """The scratch ``qkv_rope.xn`` [B, n_tiles, D] (model dtype) where each PRENORM tile writes its copy of RMSNorm(x)
+    (``qkv_rope_body``): one buffer for every qkv_rope op of the graph, since each tile writes only its own row and
+    its op's regions say so (so a later op's tile t waits for an earlier op's tile t wherever the graph is run as a
+    dependency graph; the separate kernels run the ops in order anyway)."""
+    name = f"qkv_rope.xn.{n_tiles}x{D}"
+    if name not in graph.buffers:
+        return graph.add_buffer(name, (B, n_tiles, D), dtype, "scratch")
+    return graph.buffers[name]
+
+
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
                  kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
@@ -213,6 +242,8 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
     blocks = blocks or {}
+    if mma and tiling.separate and os.environ.get("ONEKERNEL_QKV_BLOCKS"):  # session 28's A/B switch (temporary)
+        blocks = {**json.loads(os.environ["ONEKERNEL_QKV_BLOCKS"]), **blocks}
     P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma) if "P" not in blocks else (blocks["P"], 1)
     U = blocks.get("U", U)
     sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
@@ -220,7 +251,8 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B),
          "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma), **blocks}
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma), "PRENORM": sep, **blocks}
+    p["PRENORM"] = bool(p["PRENORM"])
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
            f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
            f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
@@ -231,9 +263,18 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
         raise ValueError(f"{name}: {bad}")
     es = x.nbytes // (B * D)
     ch = HD // (2 * P)
+    n_tiles = cdiv(NH * ch, U)
+    xn = x  # unread without PRENORM
+    if p["PRENORM"]:
+        if not mma:
+            raise ValueError(f"{name}: PRENORM needs gemv='mma'")
+        xn = prenorm_scratch(graph, n_tiles, B, D, x.dtype)
     tasks = []
-    for t in range(cdiv(NH * ch, U)):
+    for t in range(n_tiles):
         reads, writes = [region(x), region(nw), region(seq_lens)], []
+        if p["PRENORM"]:  # the tile's own row of the scratch: written, then read by its chunk loop
+            reads.append(region(xn, (0, B), (t, t + 1), (0, D)))
+            writes.append(region(xn, (0, B), (t, t + 1), (0, D)))
         if qk_norm:  # the body loads both norm weights for every row (tl.where(is_q, qn, kn)), v heads too
             reads += [region(qn), region(kn)]
         units = range(t * U, min(NH * ch, t * U + U))
@@ -251,8 +292,9 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
         n = 2 * P * len(units)  # live rows
         # weights, x, norm weights, outputs, seq_lens, inv_freq (fp32, one per rotation pair: n / 2)
         nbytes = n * D * es + B * D * es + D * es + B * n * es + B * 4 + (n // 2) * 4
+        nbytes += 2 * B * D * es if p["PRENORM"] else 0  # its scratch row written and read (L2)
         tasks.append(Task(-1, t, tuple(reads), tuple(writes), nbytes, 2 * B * n * D + 12 * B * n))
-    args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "q": q,
+    args = {"x": x, "nw": nw, "w": w, "inv_freq": inv_freq, "seq_lens": seq_lens, "qn": qn, "kn": kn, "xn": xn, "q": q,
             "k_cache": k_cache, "v_cache": v_cache}
     graph.add_op(Op(name, QKV_ROPE, {role: b.name for role, b in args.items()}, p), tasks)
     return q
