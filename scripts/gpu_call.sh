@@ -109,6 +109,34 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+281) # session 28 (~6 min): 280 again after the once-per-tile RMSNorm's groups were pipelined (the next group's loads in
+    # flight, at most B rows a group): qkv_rope swept at batch 1, 8 and 16 over the chunk loop's depth, BLOCK_K and the
+    # tile's rows (Llama-3.1-8B: 128 tiles of 64 register rows or 256 of 32, two a SM); graph mode of both Llama models
+    # under four qkv_rope tilings, each its own process (the A/B switch ONEKERNEL_QKV_BLOCKS)
+    mkdir -p /tmp/warm
+    V='[[{"PRENORM":0},4],[{"STAGES":4},4],[{"STAGES":3,"BLOCK_K":128},4],[{"STAGES":5,"BLOCK_K":128},4],
+        [{"STAGES":8,"BLOCK_K":64},4],[{"P":4,"U":3,"STAGES":5,"BLOCK_K":128},4],[{"P":4,"U":3,"STAGES":4,"BLOCK_K":256},4],
+        [{"P":4,"U":3,"STAGES":0,"BLOCK_K":256},4],[{"P":2,"U":3,"STAGES":5,"BLOCK_K":128},4],
+        [{"P":2,"U":3,"STAGES":4,"BLOCK_K":256},4]]'
+    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph"
+    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
+    CFGS=("{}" '{"PRENORM":0}' '{"STAGES":4}' '{"P":4,"U":3,"STAGES":5,"BLOCK_K":128}')
+    for b in 1 8 16; do for i in 0 1; do
+        (timeout 170 $SW --batch $b --variants "$V" --warm $i/2 >"$W/warm-sw$b-$i.log" 2>&1) &
+    done; done
+    # the other kernels are the same under every tiling, and the sweeps compile each tiling's qkv_rope (two 8B benches
+    # at once would not fit the GPU's memory)
+    WARM_S=170 warm 8b $B8
+    WARM_S=170 warm 1b $B1
+    wait
+    checked 2
+    for b in 1 8 16; do step 70 sweep-$b $SW --batch $b --variants "$V" --out "$W/sweep-qkv-b$b.json"; done
+    for c in 0 1 2 3; do
+        step 40 graph-8b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B8 --steps 50
+        step 30 graph-1b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B1 --steps 50
+    done
+    ;;
 280) # session 28 (~7 min): qkv_rope with its activation normalised once per tile (PRENORM, the new default of the
     # separate tensor-core kernels) swept against the old in-loop RMSNorm over the chunk loop's depth, BLOCK_K and warps
     # (Llama-3.1-8B and -3.2-1B at batch 1 and 8); graph mode with and without it (the A/B switch ONEKERNEL_QKV_BLOCKS,

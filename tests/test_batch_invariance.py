@@ -65,12 +65,12 @@ def b_gate_up(B, gemv="fma", dt=F32):
     return g
 
 
-def _b_qkv(B, qk_norm, gemv, dt, tiling=None):
+def _b_qkv(B, qk_norm, gemv, dt, tiling=None, K=K_BIG):
     HQ, HKV, HD, S = 4, 2, 32, 64
     NH = HQ + 2 * HKV
     g, (x, nw, w, inv, sl, qn, kn, kc, vc) = _graph([
-        ("x", (B, K_BIG), dt, "activation"), ("nw", (K_BIG,), dt, "weight"),
-        ("w", (NH * HD, K_BIG), dt, "weight"), ("inv", (HD // 2,), F32, "weight"),
+        ("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
+        ("w", (NH * HD, K), dt, "weight"), ("inv", (HD // 2,), F32, "weight"),
         ("seq_lens", (B,), torch.int32, "input"), ("qn", (HD,), dt, "weight"),
         ("kn", (HD,), dt, "weight"), ("kc", (B, HKV, S, HD), dt, "kv"), ("vc", (B, HKV, S, HD), dt, "kv")])
     norms = {"qn": qn, "kn": kn} if qk_norm else {}
@@ -93,6 +93,12 @@ def b_qkv_units(B, gemv="fma", dt=F32):
     p = g.ops[0].params
     assert (p["P"], p["U"], g.ops[0].n_tiles) == ((4, 7, 5) if gemv == "mma" else (p["P"], 1, g.ops[0].n_tiles))
     return g
+
+
+def b_qkv_wide(B, gemv="fma", dt=F32):
+    """qkv_rope over rows wider than one RMSNorm chunk (K = 4100 > ``NORM_CHUNK``, the last chunk partial): the
+    tensor-core path's once-per-tile normalisation (``gemv_rows.rms_norm_rows``) sums and loads each row in chunks."""
+    return _b_qkv(B, False, gemv, dt, K=4100)
 
 
 def b_lm_head(B, gemv="fma", dt=F32):
@@ -220,7 +226,8 @@ def test_oproj_merge_every_row_of_b3_matches_batch1():
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).
-MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_lm_head, b_oproj_merge]
+MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_qkv_wide, b_lm_head,
+                b_oproj_merge]
 
 
 def test_every_gemv_kind_has_an_mma_builder():

@@ -137,22 +137,28 @@ def rms_rstd(x, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, EPS: tl
 @triton.jit
 def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr, OS: tl.constexpr):
     """out[b, :] = LlamaRMSNorm(x[b, :]) for the rows b < B of x [B, K] (model dtype dt; norm weights nw [K]):
-    ``rnd(rnd(x * rstd, dt) * w, dt)`` elementwise (``norm_xt``'s values) with ``rms_rstd``'s rstd (the same loads,
-    squares and 1-D sums: the same bits for every B). out: B rows of K in dt; rows >= B are not written. A row that fits
-    one NK chunk (every benchmark model) is normalised from the values loaded for its sum; a wider one is loaded
-    again. Rows of out are OS elements apart. The caller orders these stores before its loads of ``out`` (a CTA
+    ``(rnd(x * rstd, dt) * w).to(dt)`` elementwise (``norm_xt``'s values) with ``rms_rstd``'s rstd (the same loads,
+    squares and 1-D sums: the same bits for every B). out: B rows of K in dt, OS elements apart; rows >= B are not
+    written. Groups of RR rows (RR <= B); where a row fits one NK chunk (every benchmark model) the next group's
+    loads are issued before this group's sums, and each row is normalised from the values loaded for its sum; a
+    wider row is loaded a second time. The caller orders these stores before its loads of ``out`` (a CTA
     barrier)."""
     NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
-    RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK))
+    RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK, triton.next_power_of_2(B)))
     ok = tl.arange(0, NK)
-    for b0 in range(0, B, RR):
-        if K <= NK:
-            vs = _row_group(x, b0, B, 0, K, NK, RR)
-            ss = ()
+    if K <= NK:
+        g = tl.load(nw + ok, mask=ok < K, other=0.0).to(tl.float32)
+        vs = _row_group(x, 0, B, 0, K, NK, RR)
+        for b0 in range(0, B, RR):
+            nvs = _row_group(x, b0 + RR, B, 0, K, NK, RR)  # the next group in flight (masked off past B)
             for r in tl.static_range(RR):
                 v = vs[r].to(tl.float32)
-                ss = ss + (tl.zeros([NK], tl.float32) + v * v,)
-        else:
+                rs = tl.math.rsqrt(tl.sum(tl.zeros([NK], tl.float32) + v * v, axis=0) / K + EPS)
+                tl.store(out + (b0 + r) * OS + ok, (rnd(v * rs, vs[r].dtype) * g).to(vs[r].dtype),
+                         mask=(b0 + r < B) & (ok < K))
+            vs = nvs
+    else:
+        for b0 in range(0, B, RR):
             ss = ()
             for r in tl.static_range(RR):
                 ss = ss + (tl.zeros([NK], tl.float32),)
@@ -163,17 +169,15 @@ def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexp
                     v = vs[r].to(tl.float32)
                     nss = nss + (ss[r] + v * v,)
                 ss = nss
-        rs = ()
-        for r in tl.static_range(RR):
-            rs = rs + (tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS),)
-        for k0 in range(0, K, NK):
-            if K > NK:
-                vs = _row_group(x, b0, B, k0, K, NK, RR)
-            g = tl.load(nw + k0 + ok, mask=k0 + ok < K, other=0.0).to(tl.float32)
+            rs = ()
             for r in tl.static_range(RR):
-                h = rnd(vs[r].to(tl.float32) * rs[r], vs[r].dtype)
-                tl.store(out + (b0 + r) * OS + k0 + ok, rnd(h * g, vs[r].dtype).to(vs[r].dtype),
-                         mask=(b0 + r < B) & (k0 + ok < K))
+                rs = rs + (tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS),)
+            for k0 in range(0, K, NK):
+                vs = _row_group(x, b0, B, k0, K, NK, RR)
+                g = tl.load(nw + k0 + ok, mask=k0 + ok < K, other=0.0).to(tl.float32)
+                for r in tl.static_range(RR):
+                    h = rnd(vs[r].to(tl.float32) * rs[r], vs[r].dtype)
+                    tl.store(out + (b0 + r) * OS + k0 + ok, (h * g).to(vs[r].dtype), mask=(b0 + r < B) & (k0 + ok < K))
 
 
 @triton.jit
