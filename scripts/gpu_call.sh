@@ -109,6 +109,37 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+282) # session 28 (~5 min): qkv_rope's default now 4 deep of 256 columns with the once-per-tile RMSNorm; its prologue
+    # prefetching the next L2PF weight chunks into L2 swept (0, 2, 3, 4) at batch 1, 8, 16 and A/B'd in graph mode (each
+    # its own process); one profiled graph step of Llama-3.2-1B at batch 1 and 8 (per-op spans: what batch 8 adds); beside
+    # the warm-ups, the tensor-core qkv GPU tests and bitwise invariance of graph / eager / pdl-triton on Llama-3.2-1B
+    mkdir -p /tmp/warm
+    V='[[{"L2PF":2},4],[{"L2PF":3},4],[{"L2PF":4},4],[{"PRENORM":0},4]]'
+    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
+    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph"
+    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
+    CFGS=("{}" '{"L2PF":3}')
+    for b in 1 8 16; do (timeout 170 $SW --batch $b --variants "$V" --warm 0/1 >"$W/warm-sw$b.log" 2>&1) & done
+    WARM_S=170 warm 8b $B8
+    WARM_S=170 warm 1b $B1
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager,pdl/triton --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 170 python3 scripts/pdl_probe.py --model llama-3.2-1b --batch 8 --paths mma --modes graph \
+        --out /tmp/warm/p.json >"$W/warm-probe.log" 2>&1) &
+    wait
+    checked 2
+    for b in 1 8 16; do step 40 sweep-$b $SW --batch $b --variants "$V" --out "$W/sweep-qkv-b$b.json"; done
+    for c in 0 1; do
+        step 40 graph-8b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B8 --steps 50
+        step 30 graph-1b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B1 --steps 50
+    done
+    for b in 1 8; do
+        step 40 probe-1b-$b python3 scripts/pdl_probe.py --model llama-3.2-1b --batch $b --paths mma --modes graph \
+            --out "$W/probe-1b-$b.json"
+    done
+    ;;
 281) # session 28 (~6 min): 280 again after the once-per-tile RMSNorm's groups were pipelined (the next group's loads in
     # flight, at most B rows a group): qkv_rope swept at batch 1, 8 and 16 over the chunk loop's depth, BLOCK_K and the
     # tile's rows (Llama-3.1-8B: 128 tiles of 64 register rows or 256 of 32, two a SM); graph mode of both Llama models

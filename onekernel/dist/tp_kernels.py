@@ -30,7 +30,7 @@ import torch
 from onekernel.dist.allreduce import SymmAllReduce, check_allreduce
 from onekernel.dist.process import fault_point
 from onekernel.errors import InputError
-from onekernel.exec import DEFAULT_TILING, make_runner, sm_count
+from onekernel.exec import DEFAULT_TILING, make_runner, sm_count, smem_per_block
 from onekernel.models.decode_graph import build_decode_step, default_gemv
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.reference import prefill
@@ -102,7 +102,7 @@ class TPKernelRunner(TPRankRunner):
         check_mode(mode, dev, interpret)
         self.mode, self.allreduce, self.model, self.cache, self.group = mode, allreduce, model, cache, group
         shard = group.shard
-        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
+        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode], smem_per_block(dev))
         self.bound = build_decode_step(model.config, model.weights, cache, tiling=tiling,
                                        residual=shard.rank == 0, gemv=rank_gemv(group, cache.k.dtype, gemv))
         t = self.bound.tensors

@@ -57,7 +57,7 @@ from onekernel.dist.process import fault_action
 from onekernel.dist.sharding import vocab_range
 from onekernel.dist.tp_kernels import TPRankRunner, rank_gemv
 from onekernel.errors import InputError, ScheduleError
-from onekernel.exec import sm_count
+from onekernel.exec import sm_count, smem_per_block
 from onekernel.exec.megakernel import MegakernelRunner
 from onekernel.models.decode_graph import build_decode_step
 from onekernel.ops.tiling import Tiling
@@ -180,7 +180,7 @@ class TPMegakernelRunner(TPRankRunner):
         for name in ("tok_embeddings", "lm_head"):
             if name in weights:
                 weights[name] = _padded(weights, name, v_pad)
-        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit")
+        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit", smem_per_block(dev))
         self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles,
                                                gemv=rank_gemv(group, cache.k.dtype, gemv))
         g = bound.graph

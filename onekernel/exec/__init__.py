@@ -49,6 +49,16 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
+def smem_per_block(device) -> int:
+    """Bytes of shared memory one CTA may use on ``device`` (``cudaDevAttrMaxSharedMemoryPerBlockOptin``; an H200's
+    227 KB, ``ops.tiling.SM90_SMEM``, for a CPU device, as ``sm_count``)."""
+    import torch
+
+    from onekernel.ops.tiling import SM90_SMEM
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else SM90_SMEM
+
+
 BACKENDS = ("auto", "gluon", "triton")
 
 

@@ -62,9 +62,17 @@ def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr,
                       BLOCK_K: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr,
-                      STAGES: tl.constexpr, PRENORM: tl.constexpr):
+                      STAGES: tl.constexpr, PRENORM: tl.constexpr, L2PF: tl.constexpr):
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
-    return load_w_chunk(w, rows, live, 0, D, BLOCK_K)
+    w0 = load_w_chunk(w, rows, live, 0, D, BLOCK_K)
+    if L2PF > 0 and PRECISE_MATH:  # the next L2PF chunks into L2 (the interpreter has no inline PTX)
+        LINE: tl.constexpr = 128 // (w.dtype.element_ty.primitive_bitwidth // 8)  # elements of one 128-byte line
+        for ci in tl.static_range(1, L2PF + 1):
+            ok = ci * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
+            m = live[:, None] & (ok[None, :] < D)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [tl.where(m, w + rows[:, None] * D + ok[None, :], w)],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    return w0
 
 
 @triton.jit
@@ -72,7 +80,7 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
                   EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr,
-                  PRENORM: tl.constexpr):
+                  PRENORM: tl.constexpr, L2PF: tl.constexpr):
     UP: tl.constexpr = triton.next_power_of_2(U)
     R: tl.constexpr = 2 * UP * P  # the tile's rows (module doc), U * 2P of them live
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
@@ -167,7 +175,8 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "xn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES", "PRENORM"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES", "PRENORM",
+     "L2PF"), 1,
     qkv_rope_reference)
 
 
@@ -219,6 +228,27 @@ def prenorm_scratch(graph: Graph, n_tiles: int, B: int, D: int, dtype: torch.dty
     return graph.buffers[name]
 
 
+# A PRENORM tile's chunk pipelines, deepest first: (STAGES, BLOCK_K). Measured (H200, run 28 call 281,
+# scripts/gemv_sweep.py, us per op at batch 1 / 8 / 16): Llama-3.1-8B (64-row tiles) 4 deep of 256 columns 18.5 / 23.5 /
+# 29.0, 5 deep of 128 18.9 / 23.8 / 29.5, 3 deep of 128 22.2 / 27.2 / 33.4, in registers 26.0 / 24.0 / 29.9 (the
+# in-loop RMSNorm in registers: 25.4 / 28.0 / 30.4); Llama-3.2-1B (32-row tiles) 4 deep of 256 8.9 / 10.9 / 12.8, in
+# registers 8.5 / 11.2 / 13.2 (in-loop 10.9 / 13.6 / 15.7).
+QKV_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
+
+
+def qkv_pipeline(rows: int, elem: int, k: int, smem: int) -> tuple[int, int]:
+    """(STAGES, BLOCK_K) of a PRENORM qkv_rope tile of ``rows`` register rows over K = k columns of ``elem``-byte
+    weights: the first of ``QKV_PIPELINES`` whose shared memory, (STAGES + 1) (rows + 16) BLOCK_K elem bytes (what
+    Triton allocates for a 64-row wgmma tile; smaller tiles take less), fits ``smem`` bytes (``Tiling.smem``: an H200
+    takes 4 deep of 256 columns, a 99 KB GPU 3 deep of 128 for 64 rows); chunks no wider than K rounded up to a power
+    of two (>= 16); the register double buffer (STAGES 0) where none fits."""
+    for st, bk in QKV_PIPELINES:
+        bk = min(bk, max(MMA_MIN, pow2_ceil(k)))
+        if (st + 1) * (rows + MMA_COLS) * bk * elem <= smem:
+            return st, bk
+    return 0, min(256, max(MMA_MIN, pow2_ceil(k)))
+
+
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
                  kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
@@ -248,11 +278,13 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     U = blocks.get("U", U)
     sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
+    es = x.nbytes // (B * D)
+    prenorm = bool(blocks.get("PRENORM", sep))
+    stages, bk = (qkv_pipeline(R, es, D, tiling.smem) if prenorm else
+                  (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
-         "BLOCK_B": MMA_COLS if mma else batch_block(B),
-         "BLOCK_K": block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma), "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": mma_stages("qkv_rope", R, mma), "PRENORM": sep, **blocks}
-    p["PRENORM"] = bool(p["PRENORM"])
+         "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": bk, "EPS": float(eps),
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": stages, "L2PF": 0, **blocks, "PRENORM": prenorm}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
            f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
            f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
@@ -261,7 +293,6 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
            if mma and R < MMA_MIN else None)
     if bad:
         raise ValueError(f"{name}: {bad}")
-    es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     n_tiles = cdiv(NH * ch, U)
     xn = x  # unread without PRENORM

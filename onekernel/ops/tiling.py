@@ -37,6 +37,9 @@ MMA_COLS = 16
 MMA_MIN = 16
 MAX_TILE_ELEMS = 8192
 TILINGS = ("cover", "fit")
+# Shared memory one CTA may use on an H100 / H200 (sm_90: 227 KB, ``cudaDevAttrMaxSharedMemoryPerBlockOptin``); an
+# sm_86 / sm_89 GPU has 99 KB, an A100 163 KB (``exec.smem_per_block`` reads the device's).
+SM90_SMEM = 232448
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,13 @@ class Tiling:
     """How finely the decode step's ops are split into tiles on a GPU of ``n_sm`` SMs (module doc).
 
     policy: "cover" (>= n_sm tiles per op) or "fit" (n_sm // 2 + 1 .. n_sm tiles where the tile-size limits
-    allow). Raises InputError for another policy or n_sm < 1."""
+    allow). smem: bytes of shared memory one CTA may use (default an H100 / H200's, ``SM90_SMEM``), which bounds the
+    depth of the chunk pipelines that go through shared memory (``ops.qkv.qkv_pipeline``). Raises InputError for
+    another policy, n_sm < 1 or smem < 1."""
 
     n_sm: int = 132
     policy: str = "cover"
+    smem: int = SM90_SMEM
 
     def __post_init__(self):
         if self.policy not in TILINGS:
@@ -55,6 +61,8 @@ class Tiling:
                              "separate kernels' choice) or 'fit' (at most one tile per SM, the megakernel's)")
         if self.n_sm < 1:
             raise InputError(f"Tiling needs n_sm >= 1, got {self.n_sm}")
+        if self.smem < 1:
+            raise InputError(f"Tiling needs smem >= 1 (bytes of shared memory per CTA), got {self.smem}")
 
     @property
     def min_tiles(self) -> int:
@@ -74,7 +82,7 @@ class Tiling:
         "cover" / single wave): Llama-3.1-8B qkv_rope 25.4 / 24.5, o_proj 13.7 / 12.4, down 36.6 / 31.5, gate_up
         65.0 / 61.1 (with the chunk sizes of ``block_k_for``'s callers there); Llama-3.2-1B qkv_rope 11.6 / 12.0,
         gate_up 24.7 / 22.3 (o_proj and down already had one wave of 16-row tiles)."""
-        return Tiling(self.n_sm, "fit").min_tiles if mma and self.separate else self.min_tiles
+        return Tiling(self.n_sm, "fit", self.smem).min_tiles if mma and self.separate else self.min_tiles
 
 
 def pow2_ceil(n: int) -> int:

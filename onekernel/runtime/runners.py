@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from onekernel.errors import InputError
-from onekernel.exec import DEFAULT_TILING, STEP_MODES, auto_streams, check_device, make_runner, sm_count
+from onekernel.exec import (DEFAULT_TILING, STEP_MODES, auto_streams, check_device, make_runner, sm_count,
+                             smem_per_block)
 from onekernel.models.decode_graph import build_decode_step, default_gemv
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.args import check_flag, check_int, check_model
@@ -75,7 +76,8 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
         return ReferenceRunner(model, cache)
     if n_sm is not None:
         check_int("n_sm", n_sm)
-    tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode])
+    tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode],
+                    smem_per_block(cache.k.device))
     if mode == "megakernel" and gemv is None and not interpret:
         from onekernel.exec.megakernel import MegakernelRunner
 
