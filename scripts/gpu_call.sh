@@ -51,6 +51,9 @@
 # 261 + 262 (session 26's final tables) and 270 (session 27: qkv_rope's units per tile, ops.qkv.qkv_tiles, swept and
 # A/B'd against U = 1 with the switch ONEKERNEL_QKV_UNITS=0, since removed): in git history (`git show
 # 87cef85:scripts/gpu_call.sh`); 271 + 275 replace them (274: the Qwen3 and SmolLM2 tables on the same kernels, not run yet).
+# 280, 281, 282 (session 28: qkv_rope's once-per-tile RMSNorm swept and A/B'd in graph mode through the switch
+# ONEKERNEL_QKV_BLOCKS, since removed; the L2 prefetch of its next chunks, dropped): in git history (`git show
+# 170ba5f:scripts/gpu_call.sh`). 290 (+ 274, the other tables) is session 28's final commit.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -109,102 +112,29 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-282) # session 28 (~5 min): qkv_rope's default now 4 deep of 256 columns with the once-per-tile RMSNorm; its prologue
-    # prefetching the next L2PF weight chunks into L2 swept (0, 2, 3, 4) at batch 1, 8, 16 and A/B'd in graph mode (each
-    # its own process); one profiled graph step of Llama-3.2-1B at batch 1 and 8 (per-op spans: what batch 8 adds); beside
-    # the warm-ups, the tensor-core qkv GPU tests and bitwise invariance of graph / eager / pdl-triton on Llama-3.2-1B
-    mkdir -p /tmp/warm
-    V='[[{"L2PF":2},4],[{"L2PF":3},4],[{"L2PF":4},4],[{"PRENORM":0},4]]'
-    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
-    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph"
-    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
-    CFGS=("{}" '{"L2PF":3}')
-    for b in 1 8 16; do (timeout 170 $SW --batch $b --variants "$V" --warm 0/1 >"$W/warm-sw$b.log" 2>&1) & done
-    WARM_S=170 warm 8b $B8
-    WARM_S=170 warm 1b $B1
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
-        >"$W/gpu-tests.log" 2>&1) &
-    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager,pdl/triton --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 170 python3 scripts/pdl_probe.py --model llama-3.2-1b --batch 8 --paths mma --modes graph \
-        --out /tmp/warm/p.json >"$W/warm-probe.log" 2>&1) &
-    wait
-    checked 2
-    for b in 1 8 16; do step 40 sweep-$b $SW --batch $b --variants "$V" --out "$W/sweep-qkv-b$b.json"; done
-    for c in 0 1; do
-        step 40 graph-8b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B8 --steps 50
-        step 30 graph-1b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B1 --steps 50
-    done
-    for b in 1 8; do
-        step 40 probe-1b-$b python3 scripts/pdl_probe.py --model llama-3.2-1b --batch $b --paths mma --modes graph \
-            --out "$W/probe-1b-$b.json"
-    done
-    ;;
-281) # session 28 (~6 min): 280 again after the once-per-tile RMSNorm's groups were pipelined (the next group's loads in
-    # flight, at most B rows a group): qkv_rope swept at batch 1, 8 and 16 over the chunk loop's depth, BLOCK_K and the
-    # tile's rows (Llama-3.1-8B: 128 tiles of 64 register rows or 256 of 32, two a SM); graph mode of both Llama models
-    # under four qkv_rope tilings, each its own process (the A/B switch ONEKERNEL_QKV_BLOCKS)
-    mkdir -p /tmp/warm
-    V='[[{"PRENORM":0},4],[{"STAGES":4},4],[{"STAGES":3,"BLOCK_K":128},4],[{"STAGES":5,"BLOCK_K":128},4],
-        [{"STAGES":8,"BLOCK_K":64},4],[{"P":4,"U":3,"STAGES":5,"BLOCK_K":128},4],[{"P":4,"U":3,"STAGES":4,"BLOCK_K":256},4],
-        [{"P":4,"U":3,"STAGES":0,"BLOCK_K":256},4],[{"P":2,"U":3,"STAGES":5,"BLOCK_K":128},4],
-        [{"P":2,"U":3,"STAGES":4,"BLOCK_K":256},4]]'
-    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
-    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph"
-    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
-    CFGS=("{}" '{"PRENORM":0}' '{"STAGES":4}' '{"P":4,"U":3,"STAGES":5,"BLOCK_K":128}')
-    for b in 1 8 16; do for i in 0 1; do
-        (timeout 170 $SW --batch $b --variants "$V" --warm $i/2 >"$W/warm-sw$b-$i.log" 2>&1) &
-    done; done
-    # the other kernels are the same under every tiling, and the sweeps compile each tiling's qkv_rope (two 8B benches
-    # at once would not fit the GPU's memory)
-    WARM_S=170 warm 8b $B8
-    WARM_S=170 warm 1b $B1
-    wait
-    checked 2
-    for b in 1 8 16; do step 70 sweep-$b $SW --batch $b --variants "$V" --out "$W/sweep-qkv-b$b.json"; done
-    for c in 0 1 2 3; do
-        step 40 graph-8b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B8 --steps 50
-        step 30 graph-1b-$c env ONEKERNEL_QKV_BLOCKS="${CFGS[$c]}" $bench/c$c $B1 --steps 50
-    done
-    ;;
-280) # session 28 (~7 min): qkv_rope with its activation normalised once per tile (PRENORM, the new default of the
-    # separate tensor-core kernels) swept against the old in-loop RMSNorm over the chunk loop's depth, BLOCK_K and warps
-    # (Llama-3.1-8B and -3.2-1B at batch 1 and 8); graph mode with and without it (the A/B switch ONEKERNEL_QKV_BLOCKS,
-    # each its own process); one profiled graph step of Llama-3.1-8B (per-op spans and gaps); beside the warm-ups, the
-    # tensor-core qkv GPU tests and graph / eager bitwise invariance on Llama-3.2-1B
+290) # session 28's final commit (~8 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode; graph, eager and
+    # pdl-triton with qkv_rope's once-per-tile RMSNorm, 4 deep of 256 columns) beside 1,000 replays of graph / pdl /
+    # megakernel with the forced timeout, the tensor-core qkv GPU tests and graph / eager / pdl-triton bitwise invariance on
+    # Llama-3.2-1B; then both tables and the per-op GEMV table (gpu_suite ops)
     mkdir -p "$W/bench" /tmp/warm
-    V='[[{"PRENORM":0},4],[{"PRENORM":0},8],[{},8],[{"STAGES":2},4],[{"STAGES":3},4],[{"STAGES":4},4],
-        [{"STAGES":3,"BLOCK_K":128},4],[{"STAGES":4,"BLOCK_K":128},4],[{"STAGES":5,"BLOCK_K":128},4],
-        [{"STAGES":3},8],[{"STAGES":3,"BLOCK_K":128},8],[{"BLOCK_K":512},8],[{"STAGES":3,"BLOCK_K":512},8]]'
-    SW="python3 scripts/gemv_sweep.py --kinds qkv_rope --models llama-3.1-8b,llama-3.2-1b"
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    OFF='{"PRENORM":0}'
-    for i in 0 1 2; do
-        (timeout 200 $SW --batch 1 --variants "$V" --warm $i/3 >"$W/warm-sw1-$i.log" 2>&1) &
-        (timeout 200 $SW --batch 8 --variants "$V" --warm $i/3 >"$W/warm-sw8-$i.log" 2>&1) &
-    done
-    WARM_S=200 warm 8b $B8 --batch 1,8 --modes graph
-    (timeout 200 env ONEKERNEL_QKV_BLOCKS=$OFF python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/8b-off $B8 \
-        --batch 1,8 --modes graph >"$W/warm-8b-off.log" 2>&1) &
-    WARM_S=200 warm 1b $B1 --batch 1,8,16 --modes graph
-    (timeout 200 env ONEKERNEL_QKV_BLOCKS=$OFF python3 -m onekernel.cli bench --steps 2 --out /tmp/warm/1b-off $B1 \
-        --batch 1,8,16 --modes graph >"$W/warm-1b-off.log" 2>&1) &
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
+    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
+    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
+    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
         >"$W/gpu-tests.log" 2>&1) &
-    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager --out "$W/inv-1b.json" \
+    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager,pdl/triton --out "$W/inv-1b.json" \
         >"$W/inv-1b.log" 2>&1) &
-    (timeout 200 python3 scripts/pdl_probe.py --model llama-3.1-8b --paths mma --modes graph --out /tmp/warm/p.json \
-        >"$W/warm-probe.log" 2>&1) &
     wait
     checked 4
-    step 90 sweep-1 $SW --batch 1 --variants "$V" --out "$W/sweep-qkv-b1.json"
-    step 90 sweep-8 $SW --batch 8 --variants "$V" --out "$W/sweep-qkv-b8.json"
-    step 45 graph-8b $bench/bench $B8 --batch 1,8 --modes graph --steps 50
-    step 45 graph-8b-off env ONEKERNEL_QKV_BLOCKS=$OFF $bench/off $B8 --batch 1,8 --modes graph --steps 50
-    step 80 probe-8b python3 scripts/pdl_probe.py --model llama-3.1-8b --paths mma --modes graph --out "$W/probe-8b.json"
-    step 35 graph-1b $bench/bench $B1 --batch 1,8,16 --modes graph --steps 50
-    step 35 graph-1b-off env ONEKERNEL_QKV_BLOCKS=$OFF $bench/off $B1 --batch 1,8,16 --modes graph --steps 50
+    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    step 150 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 110 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 80 ops $suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
     ;;
 271) # session 27's final commit (~9.7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
     # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout

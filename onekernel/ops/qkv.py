@@ -19,11 +19,14 @@ and the q/k RMSNorm sums are per-row reductions of B-independent shape (batch in
 with ``MMA`` the products run on the tensor cores, ops/gemv_mma.py, and the q/k sums reduce each row of a
 [16, hd] tile). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
+
+PRENORM (the separate kernels' tensor-core path, ``add_qkv_rope``'s default there): a tile first writes h =
+LlamaRMSNorm(x) once, rows b < B, to its own row of the scratch ``xn`` [B, n_tiles, D] (``prenorm_scratch``;
+``gemv_rows.rms_norm_rows``: the same values the in-loop normalisation gives), then runs the residual GEMVs' chunk
+loop on it (no norm arithmetic per chunk, so Triton's pipeliner keeps STAGES - 1 chunks in flight: ``qkv_pipeline``).
+Without it the chunk loop normalises each [16, BLOCK_K] activation tile (16 padded rows whatever B is).
 """
 from __future__ import annotations
-
-import json
-import os
 
 import torch
 import torch.nn.functional as F
@@ -62,17 +65,9 @@ def qkv_rope_prologue(tile, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache
                       B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                       S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr,
                       BLOCK_K: tl.constexpr, EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr,
-                      STAGES: tl.constexpr, PRENORM: tl.constexpr, L2PF: tl.constexpr):
+                      STAGES: tl.constexpr, PRENORM: tl.constexpr):
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
-    w0 = load_w_chunk(w, rows, live, 0, D, BLOCK_K)
-    if L2PF > 0 and PRECISE_MATH:  # the next L2PF chunks into L2 (the interpreter has no inline PTX)
-        LINE: tl.constexpr = 128 // (w.dtype.element_ty.primitive_bitwidth // 8)  # elements of one 128-byte line
-        for ci in tl.static_range(1, L2PF + 1):
-            ok = ci * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
-            m = live[:, None] & (ok[None, :] < D)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [tl.where(m, w + rows[:, None] * D + ok[None, :], w)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-    return w0
+    return load_w_chunk(w, rows, live, 0, D, BLOCK_K)
 
 
 @triton.jit
@@ -80,7 +75,7 @@ def qkv_rope_body(tile, w0, x, nw, w, inv_freq, seq_lens, qn, kn, xn, q, k_cache
                   B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   S: tl.constexpr, P: tl.constexpr, U: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
                   EPS: tl.constexpr, QK_NORM: tl.constexpr, MMA: tl.constexpr, STAGES: tl.constexpr,
-                  PRENORM: tl.constexpr, L2PF: tl.constexpr):
+                  PRENORM: tl.constexpr):
     UP: tl.constexpr = triton.next_power_of_2(U)
     R: tl.constexpr = 2 * UP * P  # the tile's rows (module doc), U * 2P of them live
     h, c, hr, rows, live = _qkv_rows(tile, HQ, HKV, HD, P, U)
@@ -175,8 +170,7 @@ def qkv_rope_reference(op: Op, t: dict) -> None:
 QKV_ROPE = OpKind(
     "qkv_rope", qkv_rope_prologue, qkv_rope_body,
     ("x", "nw", "w", "inv_freq", "seq_lens", "qn", "kn", "xn", "q", "k_cache", "v_cache"),
-    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES", "PRENORM",
-     "L2PF"), 1,
+    ("B", "D", "HQ", "HKV", "HD", "S", "P", "U", "BLOCK_B", "BLOCK_K", "EPS", "QK_NORM", "MMA", "STAGES", "PRENORM"), 1,
     qkv_rope_reference)
 
 
@@ -258,8 +252,11 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
     gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs tiles of
     2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U, BLOCK_K,
-    STAGES; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed). Raises
-    ValueError for shapes that do not fit together, an unknown gemv path, or P / U overrides the tiles cannot take."""
+    STAGES, PRENORM; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed).
+    PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv "mma"), with
+    ``qkv_pipeline``'s depth and chunks for ``tiling.smem``; it adds the graph's scratch ``prenorm_scratch``. Raises
+    ValueError for shapes that do not fit together, an unknown gemv path, P / U overrides the tiles cannot take, or
+    PRENORM without gemv "mma"."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
     NH = w.shape[0] // HD
@@ -272,8 +269,6 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
     blocks = blocks or {}
-    if mma and tiling.separate and os.environ.get("ONEKERNEL_QKV_BLOCKS"):  # session 28's A/B switch (temporary)
-        blocks = {**json.loads(os.environ["ONEKERNEL_QKV_BLOCKS"]), **blocks}
     P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma) if "P" not in blocks else (blocks["P"], 1)
     U = blocks.get("U", U)
     sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
@@ -284,7 +279,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
                   (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": bk, "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": stages, "L2PF": 0, **blocks, "PRENORM": prenorm}
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": stages, **blocks, "PRENORM": prenorm}
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
            f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
            f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
