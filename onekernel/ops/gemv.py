@@ -9,6 +9,9 @@ double-buffered: chunk k+1's load is issued before chunk k is reduced, so two ch
 """
 from __future__ import annotations
 
+import json
+import os
+
 import torch.nn.functional as F
 import triton
 import triton.language as tl
@@ -17,8 +20,9 @@ from onekernel.graph.ir import Buffer, Graph, Op
 from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, mma_stages, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
-                                    rms_norm_ref, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
-from onekernel.ops.tiling import MAX_TILE_ELEMS, Tiling, check_gemv, gemv_blocks, gemv_cost, region, row_tiled_tasks
+                                    rms_norm_ref, rms_norm_rows, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
+from onekernel.ops.tiling import (MAX_TILE_ELEMS, Tiling, cdiv, check_gemv, gemv_blocks, gemv_cost, prenorm_pipeline,
+                                  prenorm_scratch, region, row_tiled_tasks)
 
 
 # ----------------------------------------------------------------------------------------- gemv_residual
@@ -101,57 +105,67 @@ def gate_up_mac(ag, au, x, nw, rstd, wg, wu, k0, B: tl.constexpr, BLOCK_B: tl.co
 
 @triton.jit
 def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr = True,
+                XS: tl.constexpr = 0):
     """(gate, up) fp32 [16, BLOCK_N] on the tensor cores (ops/gemv_mma.py ``gemv_mma`` with two weight
-    matrices): each normalized activation tile is made once and feeds both MMAs; the chunk loop double-buffered
-    in registers (STAGES 0) or STAGES deep through shared memory."""
+    matrices): each (NORM: normalized) activation tile is made once and feeds both MMAs; the chunk loop
+    double-buffered in registers (STAGES 0) or STAGES deep through shared memory; x's rows XS elements apart (0: K)."""
     ag = tl.zeros([BLOCK_N, COLS], tl.float32)
     au = tl.zeros([BLOCK_N, COLS], tl.float32)
     if STAGES > 0:  # pipelined STAGES chunks deep through shared memory (ops/gemv_mma.py: DEEP)
-        h = norm_xt(load_xt(x, B, 0, K, BLOCK_K), nw, rstd, 0, K, BLOCK_K, True)
+        h = norm_xt(load_xt(x, B, 0, K, BLOCK_K, XS), nw, rstd, 0, K, BLOCK_K, NORM)
         ag = mma_acc(ag, wg0, h)
         au = mma_acc(au, wu0, h)
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             wg = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
             wu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-            h = norm_xt(load_xt(x, B, k0, K, BLOCK_K), nw, rstd, k0, K, BLOCK_K, True)
+            h = norm_xt(load_xt(x, B, k0, K, BLOCK_K, XS), nw, rstd, k0, K, BLOCK_K, NORM)
             ag = mma_acc(ag, wg, h)
             au = mma_acc(au, wu, h)
         return tl.trans(ag), tl.trans(au)
     wg, wu = wg0, wu0
-    xv = load_xt(x, B, 0, K, BLOCK_K)
+    xv = load_xt(x, B, 0, K, BLOCK_K, XS)
     for k0 in range(BLOCK_K, K, BLOCK_K):  # double-buffered, as in gemv_mma
         ng = load_w_chunk(w, rows, rmask, k0, K, BLOCK_K)
         nu = load_w_chunk(w, rows + N, rmask, k0, K, BLOCK_K)
-        nx = load_xt(x, B, k0, K, BLOCK_K)
-        h = norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, True)
+        nx = load_xt(x, B, k0, K, BLOCK_K, XS)
+        h = norm_xt(xv, nw, rstd, k0 - BLOCK_K, K, BLOCK_K, NORM)
         ag = mma_acc(ag, wg, h)
         au = mma_acc(au, wu, h)
         wg, wu, xv = ng, nu, nx
-    h = norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, True)
+    h = norm_xt(xv, nw, rstd, last_chunk(K, BLOCK_K), K, BLOCK_K, NORM)
     return tl.trans(mma_acc(ag, wg, h)), tl.trans(mma_acc(au, wu, h))
 
 
 @triton.jit
-def gate_up_prologue(tile, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+def gate_up_prologue(tile, x, nw, w, xn, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                     MMA: tl.constexpr, STAGES: tl.constexpr):
+                     MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr):
     rows, rmask = tile_rows(tile, N, BLOCK_N)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
-def gate_up_body(tile, wg0, wu0, x, nw, w, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+def gate_up_body(tile, wg0, wu0, x, nw, w, xn, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                 MMA: tl.constexpr, STAGES: tl.constexpr):
+                 MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr):
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n. MMA: on the tensor cores
-    (BLOCK_B = 16)."""
+    (BLOCK_B = 16). PRENORM (MMA only): h written once into this tile's row of the scratch xn [B, n_tiles, K], the
+    chunk loop loads it (ops/qkv.py's module doc)."""
     rows, rmask = tile_rows(tile, N, BLOCK_N)
-    rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
-    if MMA:
+    if PRENORM:
+        NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N  # the op's tiles
+        xs = xn + tile.to(tl.int64) * K  # row b of this tile at (b NT + tile) K
+        rms_norm_rows(x, nw, xs, B, K, EPS, NT * K)
+        tl.debug_barrier()
+        ag, au = gate_up_mma(wg0, wu0, xs, nw, tl.zeros([BLOCK_B], tl.float32), w, rows, rmask, B, N, K, BLOCK_N,
+                             BLOCK_K, STAGES, False, NT * K)
+    elif MMA:
+        rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
         ag, au = gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B, N, K, BLOCK_N, BLOCK_K, STAGES)
     else:
+        rstd = rms_rstd(x, B, K, BLOCK_B, EPS)
         z = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
         ag, au = z, z
         wg, wu = wg0, wu0
@@ -174,19 +188,23 @@ def gate_up_reference(op: Op, t: dict) -> None:
     a, N = op.args, op.params["N"]
     h = rms_norm_ref(t[a["x"]], t[a["nw"]], op.params["EPS"])
     w = t[a["w"]]
+    if op.params.get("PRENORM"):  # every tile's scratch row holds the normalised activation
+        t[a["xn"]].copy_(h[:, None, :].expand_as(t[a["xn"]]))
     t[a["out"]].copy_(F.silu(F.linear(h, w[:N])) * F.linear(h, w[N:]))
 
 
 GATE_UP = OpKind(
-    "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA", "STAGES"), 2, gate_up_reference)
+    "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "xn", "out"),
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA", "STAGES", "PRENORM"), 2, gate_up_reference)
 
 
 def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
                 tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
     returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``). blocks: overrides of the
-    tiling (BLOCK_N, BLOCK_K, STAGES; tests and tuning)."""
+    tiling (BLOCK_N, BLOCK_K, STAGES, PRENORM; tests and tuning). PRENORM (ops/qkv.py's module doc) defaults to on for
+    the separate kernels' tensor-core path, with ``tiling.prenorm_pipeline``'s depth and chunks; it adds the graph's
+    scratch ``tiling.prenorm_scratch``. Raises ValueError for PRENORM without gemv "mma"."""
     B, K = x.shape
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
@@ -195,13 +213,27 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     # kernels' tensor-core path (one wave of 64-row tiles; ``ops.gemv_mma.mma_stages`` has the measurement)
     elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
-    p = {**p, "STAGES": mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), **(blocks or {})}
+    blocks = blocks or {}
+    if p["MMA"] and tiling.separate and os.environ.get("ONEKERNEL_GATE_UP_BLOCKS"):  # session 28's A/B (temporary)
+        blocks = {**json.loads(os.environ["ONEKERNEL_GATE_UP_BLOCKS"]), **blocks}
+    prenorm = bool(blocks.get("PRENORM", p["MMA"] and tiling.separate))
+    if prenorm and not p["MMA"]:
+        raise ValueError(f"{name}: PRENORM needs gemv='mma'")
+    n_tiles = cdiv(N, blocks.get("BLOCK_N", p["BLOCK_N"]))
+    stages = (prenorm_pipeline(2 * blocks.get("BLOCK_N", p["BLOCK_N"]), es, K, tiling, n_tiles) if prenorm else
+              (mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), p["BLOCK_K"]))
+    p = {**p, "STAGES": stages[0], "BLOCK_K": stages[1], **blocks, "PRENORM": prenorm}
+    xn = prenorm_scratch(graph, n_tiles, B, K, x.dtype) if prenorm else x  # x: unread without PRENORM
 
     def make(t, n0, n1):
         nbytes, flops = gemv_cost(2 * (n1 - n0), K, B, es, K * es + B * (n1 - n0) * es)
-        return ([region(x), region(nw), region(w, (n0, n1), (0, K)), region(w, (N + n0, N + n1), (0, K))],
-                [region(out, (0, B), (n0, n1))], nbytes, flops + 8 * B * (n1 - n0))
+        reads, writes = [region(x), region(nw), region(w, (n0, n1), (0, K)), region(w, (N + n0, N + n1), (0, K))], []
+        if prenorm:  # the tile's own row of the scratch: written, then read by its chunk loop
+            reads.append(region(xn, (0, B), (t, t + 1), (0, K)))
+            writes.append(region(xn, (0, B), (t, t + 1), (0, K)))
+            nbytes += 2 * B * K * es
+        return reads, writes + [region(out, (0, B), (n0, n1))], nbytes, flops + 8 * B * (n1 - n0)
 
-    graph.add_op(Op(name, GATE_UP, {"x": x.name, "nw": nw.name, "w": w.name, "out": out.name}, p),
+    graph.add_op(Op(name, GATE_UP, {"x": x.name, "nw": nw.name, "w": w.name, "xn": xn.name, "out": out.name}, p),
                  row_tiled_tasks(N, p["BLOCK_N"], make))
     return out

@@ -21,9 +21,9 @@ with ``MMA`` the products run on the tensor cores, ops/gemv_mma.py, and the q/k 
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 
 PRENORM (the separate kernels' tensor-core path, ``add_qkv_rope``'s default there): a tile first writes h =
-LlamaRMSNorm(x) once, rows b < B, to its own row of the scratch ``xn`` [B, n_tiles, D] (``prenorm_scratch``;
+LlamaRMSNorm(x) once, rows b < B, to its own row of the scratch ``xn`` [B, n_tiles, D] (``tiling.prenorm_scratch``;
 ``gemv_rows.rms_norm_rows``: the same values the in-loop normalisation gives), then runs the residual GEMVs' chunk
-loop on it (no norm arithmetic per chunk, so Triton's pipeliner keeps STAGES - 1 chunks in flight: ``qkv_pipeline``).
+loop on it (no norm arithmetic per chunk, so Triton's pipeliner keeps STAGES - 1 chunks in flight: ``tiling.prenorm_pipeline``).
 Without it the chunk loop normalises each [16, BLOCK_K] activation tile (16 padded rows whatever B is).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from onekernel.ops.gemv_rows import (PRECISE_MATH, gemv_rows, gemv_rows_t, load_
                                      rms_rstd, rnd, stack_rows)
 from onekernel.ops.gemv_mma import gemv_mma, mma_stages
 from onekernel.ops.tiling import (MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, cdiv, check_gemv,
-                                  pow2_ceil, region)
+                                  pow2_ceil, prenorm_pipeline, prenorm_scratch, region)
 
 @triton.jit
 def _qkv_rows(tile, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr, U: tl.constexpr):
@@ -211,38 +211,6 @@ def qkv_tiles(n_heads_total: int, head_dim: int, qk_norm: bool, tiling: Tiling, 
     return best or (pairs, 1)
 
 
-def prenorm_scratch(graph: Graph, n_tiles: int, B: int, D: int, dtype: torch.dtype) -> Buffer:
-    """The scratch ``qkv_rope.xn`` [B, n_tiles, D] (model dtype) where each PRENORM tile writes its copy of RMSNorm(x)
-    (``qkv_rope_body``): one buffer for every qkv_rope op of the graph, since each tile writes only its own row and
-    its op's regions say so (so a later op's tile t waits for an earlier op's tile t wherever the graph is run as a
-    dependency graph; the separate kernels run the ops in order anyway)."""
-    name = f"qkv_rope.xn.{n_tiles}x{D}"
-    if name not in graph.buffers:
-        return graph.add_buffer(name, (B, n_tiles, D), dtype, "scratch")
-    return graph.buffers[name]
-
-
-# A PRENORM tile's chunk pipelines, deepest first: (STAGES, BLOCK_K). Measured (H200, run 28 call 281,
-# scripts/gemv_sweep.py, us per op at batch 1 / 8 / 16): Llama-3.1-8B (64-row tiles) 4 deep of 256 columns 18.5 / 23.5 /
-# 29.0, 5 deep of 128 18.9 / 23.8 / 29.5, 3 deep of 128 22.2 / 27.2 / 33.4, in registers 26.0 / 24.0 / 29.9 (the
-# in-loop RMSNorm in registers: 25.4 / 28.0 / 30.4); Llama-3.2-1B (32-row tiles) 4 deep of 256 8.9 / 10.9 / 12.8, in
-# registers 8.5 / 11.2 / 13.2 (in-loop 10.9 / 13.6 / 15.7).
-QKV_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
-
-
-def qkv_pipeline(rows: int, elem: int, k: int, smem: int) -> tuple[int, int]:
-    """(STAGES, BLOCK_K) of a PRENORM qkv_rope tile of ``rows`` register rows over K = k columns of ``elem``-byte
-    weights: the first of ``QKV_PIPELINES`` whose shared memory, (STAGES + 1) (rows + 16) BLOCK_K elem bytes (what
-    Triton allocates for a 64-row wgmma tile; smaller tiles take less), fits ``smem`` bytes (``Tiling.smem``: an H200
-    takes 4 deep of 256 columns, a 99 KB GPU 3 deep of 128 for 64 rows); chunks no wider than K rounded up to a power
-    of two (>= 16); the register double buffer (STAGES 0) where none fits."""
-    for st, bk in QKV_PIPELINES:
-        bk = min(bk, max(MMA_MIN, pow2_ceil(k)))
-        if (st + 1) * (rows + MMA_COLS) * bk * elem <= smem:
-            return st, bk
-    return 0, min(256, max(MMA_MIN, pow2_ceil(k)))
-
-
 def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_freq: Buffer, seq_lens: Buffer,
                  k_cache: Buffer, v_cache: Buffer, *, eps: float, qn: Buffer | None = None,
                  kn: Buffer | None = None, tiling: Tiling = Tiling(), gemv: str = "fma",
@@ -254,7 +222,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U, BLOCK_K,
     STAGES, PRENORM; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed).
     PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv "mma"), with
-    ``qkv_pipeline``'s depth and chunks for ``tiling.smem``; it adds the graph's scratch ``prenorm_scratch``. Raises
+    ``tiling.prenorm_pipeline``'s depth and chunks for ``tiling.smem``; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises
     ValueError for shapes that do not fit together, an unknown gemv path, P / U overrides the tiles cannot take, or
     PRENORM without gemv "mma"."""
     B, D = x.shape
@@ -275,7 +243,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     es = x.nbytes // (B * D)
     prenorm = bool(blocks.get("PRENORM", sep))
-    stages, bk = (qkv_pipeline(R, es, D, tiling.smem) if prenorm else
+    stages, bk = (prenorm_pipeline(R, es, D, tiling, cdiv(NH * HD // (2 * P), U)) if prenorm else
                   (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
          "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": bk, "EPS": float(eps),

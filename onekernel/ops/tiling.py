@@ -172,3 +172,39 @@ def row_tiled_tasks(n: int, block_n: int, make) -> list[Task]:
         tasks.append(Task(op=-1, tile=t, reads=tuple(reads), writes=tuple(writes), bytes=int(nbytes),
                           flops=int(flops)))
     return tasks
+
+
+def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
+    """The scratch ``prenorm.xn.{n_tiles}x{D}`` [B, n_tiles, D] (model dtype) where each tile of a PRENORM GEMV op
+    (qkv_rope, gate_up: the separate kernels' tensor-core path) writes its own copy of RMSNorm(x) and its chunk loop
+    reads it back (ops/qkv.py's module doc). One buffer per shape for every such op of the graph: each tile writes and
+    reads only its own row and its op's regions say so, so a later op's tile t is ordered after an earlier op's tile t
+    wherever the graph runs as a dependency graph (the separate kernels run the ops in order anyway)."""
+    name = f"prenorm.xn.{n_tiles}x{D}"
+    if name not in graph.buffers:
+        return graph.add_buffer(name, (B, n_tiles, D), dtype, "scratch")
+    return graph.buffers[name]
+
+
+# A PRENORM tile's chunk pipelines, deepest first: (STAGES, BLOCK_K). Measured on qkv_rope (H200, run 28 call 281,
+# scripts/gemv_sweep.py, us per op at batch 1 / 8 / 16): Llama-3.1-8B (64-row tiles) 4 deep of 256 columns 18.5 / 23.5 /
+# 29.0, 5 deep of 128 18.9 / 23.8 / 29.5, 3 deep of 128 22.2 / 27.2 / 33.4, in registers 26.0 / 24.0 / 29.9 (the
+# in-loop RMSNorm in registers: 25.4 / 28.0 / 30.4); Llama-3.2-1B (32-row tiles) 4 deep of 256 8.9 / 10.9 / 12.8, in
+# registers 8.5 / 11.2 / 13.2 (in-loop 10.9 / 13.6 / 15.7).
+PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
+
+
+def prenorm_pipeline(rows: int, elem: int, k: int, tiling: Tiling, n_tiles: int) -> tuple[int, int]:
+    """(STAGES, BLOCK_K) of a PRENORM tile streaming ``rows`` weight rows per chunk (qkv_rope: its register rows;
+    gate_up: both matrices' rows) over K = k columns of ``elem``-byte weights: the first of ``PRENORM_PIPELINES``
+    whose shared memory, (STAGES + 1) (rows + 16) BLOCK_K elem bytes (what Triton allocates for 64-row wgmma tiles;
+    smaller tiles take less), fits the CTA's share of ``tiling.smem`` (its SM runs ceil(n_tiles / n_sm) CTAs at
+    once); chunks no wider than K rounded up to a power of two (>= 16); the register double buffer (STAGES 0) where
+    none fits. An H200 gives 4 deep of 256 columns to 64-row qkv tiles; a 99 KB GPU 3 deep of 128."""
+    budget = tiling.smem // max(1, -(-n_tiles // tiling.n_sm))
+    kmax = max(MMA_MIN, pow2_ceil(k))
+    for st, bk in PRENORM_PIPELINES:
+        bk = min(bk, kmax)
+        if (st + 1) * (rows + MMA_COLS) * bk * elem <= budget:
+            return st, bk
+    return 0, min(256, kmax)
