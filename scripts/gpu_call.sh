@@ -53,7 +53,8 @@
 # 87cef85:scripts/gpu_call.sh`); 271 + 275 replace them (274: the Qwen3 and SmolLM2 tables on the same kernels, not run yet).
 # 280, 281, 282 (session 28: qkv_rope's once-per-tile RMSNorm swept and A/B'd in graph mode through the switch
 # ONEKERNEL_QKV_BLOCKS, since removed; the L2 prefetch of its next chunks, dropped): in git history (`git show
-# 170ba5f:scripts/gpu_call.sh`). 290 (+ 274, the other tables) is session 28's final commit.
+# 170ba5f:scripts/gpu_call.sh`); 283 (gate_up's, A/B'd through ONEKERNEL_GATE_UP_BLOCKS, since removed: `git show
+# 73e87c6:scripts/gpu_call.sh`). 290 (+ 274, the other tables) is session 28's final commit.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -112,39 +113,10 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-283) # session 28 (~5 min): gate_up with the once-per-tile RMSNorm (PRENORM, tiling.prenorm_pipeline's depth) swept against
-    # the in-loop form at batch 1, 8, 16 (Llama-3.1-8B, -3.2-1B); graph mode with and without it (the A/B switch
-    # ONEKERNEL_GATE_UP_BLOCKS, each its own process); beside the warm-ups the gate_up / qkv tensor-core GPU tests and graph
-    # / eager / pdl-triton bitwise invariance on Llama-3.2-1B
-    mkdir -p /tmp/warm
-    V='[[{"PRENORM":0},4],[{"STAGES":0},4],[{"STAGES":3,"BLOCK_K":64},4],[{"STAGES":5,"BLOCK_K":64},4],
-        [{"STAGES":4,"BLOCK_K":128},4],[{"STAGES":3,"BLOCK_K":128},4],[{"BLOCK_N":32,"STAGES":4,"BLOCK_K":128},4],
-        [{"BLOCK_N":128,"STAGES":3,"BLOCK_K":64},4]]'
-    SW="python3 scripts/gemv_sweep.py --kinds gate_up --models llama-3.1-8b,llama-3.2-1b"
-    B1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph"
-    B8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
-    CFGS=("{}" '{"PRENORM":0}')
-    for b in 1 8 16; do for i in 0 1; do
-        (timeout 170 $SW --batch $b --variants "$V" --warm $i/2 >"$W/warm-sw$b-$i.log" 2>&1) &
-    done; done
-    WARM_S=170 warm 8b $B8
-    WARM_S=170 warm 1b $B1
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "qkv or gate_up" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager,pdl/triton --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    wait
-    checked 2
-    for b in 1 8 16; do step 45 sweep-$b $SW --batch $b --variants "$V" --out "$W/sweep-gu-b$b.json"; done
-    for c in 0 1; do
-        step 40 graph-8b-$c env ONEKERNEL_GATE_UP_BLOCKS="${CFGS[$c]}" $bench/c$c $B8 --steps 50
-        step 30 graph-1b-$c env ONEKERNEL_GATE_UP_BLOCKS="${CFGS[$c]}" $bench/c$c $B1 --steps 50
-    done
-    ;;
-290) # session 28's final commit (~8 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode; graph, eager and
-    # pdl-triton with qkv_rope's once-per-tile RMSNorm, 4 deep of 256 columns) beside 1,000 replays of graph / pdl /
-    # megakernel with the forced timeout, the tensor-core qkv GPU tests and graph / eager / pdl-triton bitwise invariance on
-    # Llama-3.2-1B; then both tables and the per-op GEMV table (gpu_suite ops)
+290) # session 28's final commit (~7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode; graph, eager and
+    # pdl-triton with the once-per-tile RMSNorm of qkv_rope and, on 1B, gate_up) beside 1,000 replays of graph / pdl /
+    # megakernel with the forced timeout and the tensor-core qkv / gate_up GPU tests; then both tables and the per-op GEMV
+    # table (gpu_suite ops). The invariance of these kernels ran in call 283.
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
@@ -153,10 +125,8 @@ case "$1" in
     WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
     WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
     (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k qkv -p no:cacheprovider -rfE \
-        >"$W/gpu-tests.log" 2>&1) &
-    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes graph,eager,pdl/triton --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
+    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "qkv or gate_up" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"

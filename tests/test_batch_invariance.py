@@ -57,11 +57,19 @@ def b_gemv_residual(B, gemv="fma", dt=F32):
     return g
 
 
-def b_gate_up(B, gemv="fma", dt=F32):
+def b_gate_up(B, gemv="fma", dt=F32, tiling=SMALL):
     Fd, K = 48, K_BIG
     g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
                             ("w", (2 * Fd, K), dt, "weight")])
-    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=SMALL, gemv=gemv)
+    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=tiling, gemv=gemv)
+    return g
+
+
+def b_gate_up_wave(B, gemv="fma", dt=F32):
+    """gate_up in one wave (3 tiles on 4 SMs): on the tensor-core path its RMSNorm once per tile (PRENORM), pipelined
+    (b_gate_up's 3 tiles on 2 SMs keep the in-loop form)."""
+    g = b_gate_up(B, gemv, dt, Tiling(4, "cover"))
+    assert g.ops[0].params["PRENORM"] == (gemv == "mma") and g.ops[0].n_tiles == 3
     return g
 
 
@@ -226,8 +234,8 @@ def test_oproj_merge_every_row_of_b3_matches_batch1():
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).
-MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_qkv_wide, b_lm_head,
-                b_oproj_merge]
+MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_gate_up_wave, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_qkv_wide,
+                b_lm_head, b_oproj_merge]
 
 
 def test_every_gemv_kind_has_an_mma_builder():

@@ -16,7 +16,7 @@ from onekernel.models.config import get_config, rope_inv_freq
 from onekernel.models.decode_graph import build_decode_step, decode_graph
 from onekernel.models.random_init import random_weights
 from onekernel.ops.base import run_reference
-from onekernel.ops.tiling import Tiling
+from onekernel.ops.tiling import SM90_SMEM, Tiling
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import decode_one_token
 
@@ -174,28 +174,41 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"])
 def test_separate_tensor_core_gemvs_take_the_measured_chunks(name):
-    """The separate kernels' tensor-core GEMVs (Tiling "cover", ``ops.gemv_mma.mma_stages``): qkv_rope in registers
-    with chunks of up to 16384 weight elements, gate_up in registers with chunks of up to 8192 per matrix, the
-    residual GEMVs DEEP; the megakernel's tiles ("fit") keep the depths they had (qkv_rope and gate_up below 64 rows in
-    registers, chunks of 8192 / 4096). Every chunk within its limit, at every batch the same."""
+    """The separate kernels' tensor-core GEMVs (Tiling "cover"): qkv_rope with its RMSNorm once per tile (PRENORM) and
+    ``tiling.prenorm_pipeline``'s depth (4 deep on an H200, its shared memory within the CTA's share; 3 deep of 128
+    columns for a 64-row tile on a 99 KB GPU), gate_up the same where it is one wave of tiles (Llama-3.2-1B) and in
+    registers with the in-loop RMSNorm where it is not (Llama-3.1-8B's 224 tiles), the residual GEMVs DEEP; the
+    megakernel's tiles ("fit") keep the depths they had (qkv_rope and gate_up below 64 rows in registers, chunks of
+    8192 / 4096) and never PRENORM. At every batch the same."""
     cfg = get_config(name)
-    for b in (1, 16):
-        cover, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "cover"))
-        fit, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "fit"))
-        for c, f in zip(cover.ops, fit.ops):
-            k = c.kind.name
-            if k == "qkv_rope":
-                rows = 2 * c.params["P"] * (1 << (c.params["U"] - 1).bit_length())  # the tile's register rows
-                assert c.params["STAGES"] == 0 and rows * c.params["BLOCK_K"] <= 16384, c.params
-                assert f.params["STAGES"] == 0 and 2 * f.params["P"] * f.params["BLOCK_K"] <= 8192, f.params
-            elif k == "gate_up":
-                assert c.params["STAGES"] == 0 and c.params["BLOCK_N"] * c.params["BLOCK_K"] <= 8192, c.params
-                assert f.params["STAGES"] == (5 if f.params["BLOCK_N"] >= 64 else 0), f.params
-                assert f.params["BLOCK_N"] * f.params["BLOCK_K"] <= 4096, f.params
-            elif k == "gemv_residual":
-                assert c.params["STAGES"] == f.params["STAGES"] == 5
-            if k in ("qkv_rope", "gate_up", "gemv_residual"):
-                assert c.params["MMA"] and f.params["MMA"]
+    for smem in (SM90_SMEM, 101376):
+        for b in (1, 16):
+            cover, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "cover", smem))
+            fit, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "fit", smem))
+            for c, f in zip(cover.ops, fit.ops):
+                k, cp = c.kind.name, c.params
+                if k == "qkv_rope":
+                    rows = 2 * cp["P"] * (1 << (cp["U"] - 1).bit_length())  # the tile's register rows
+                    assert cp["PRENORM"] and (cp["STAGES"] + 1) * (rows + 16) * cp["BLOCK_K"] * 2 <= smem, cp
+                    # (rows: H200, 99 KB): 1B's 32-row tiles, 8B's 64, Qwen3-8B's whole heads of 128
+                    want = {32: ((4, 256), (3, 256)), 64: ((4, 256), (3, 128)), 128: ((4, 128), (4, 64))}[rows]
+                    assert (cp["STAGES"], cp["BLOCK_K"]) == want[smem != SM90_SMEM], cp
+                    assert not f.params["PRENORM"] and f.params["STAGES"] == 0
+                    assert 2 * f.params["P"] * f.params["BLOCK_K"] <= 8192, f.params
+                elif k == "gate_up":
+                    if c.n_tiles <= 132:
+                        assert cp["PRENORM"] and cp["STAGES"] >= 3, cp
+                        assert (cp["STAGES"] + 1) * (2 * cp["BLOCK_N"] + 16) * cp["BLOCK_K"] * 2 <= smem, cp
+                    else:
+                        assert not cp["PRENORM"] and cp["STAGES"] == 0 and cp["BLOCK_N"] * cp["BLOCK_K"] <= 8192, cp
+                    assert not f.params["PRENORM"] and f.params["STAGES"] == (5 if f.params["BLOCK_N"] >= 64 else 0)
+                    assert f.params["BLOCK_N"] * f.params["BLOCK_K"] <= 4096, f.params
+                elif k == "gemv_residual":
+                    assert cp["STAGES"] == f.params["STAGES"] == 5
+                if k in ("qkv_rope", "gate_up", "gemv_residual"):
+                    assert cp["MMA"] and f.params["MMA"]
+    gate_up = next(op for op in cover.ops if op.kind.name == "gate_up")
+    assert gate_up.params["PRENORM"] == (name == "llama-3.2-1b")  # 8B and Qwen3-8B: 224 / 194 tiles, two waves
 
 
 def test_unknown_tiling_is_refused():

@@ -51,12 +51,14 @@ def sm_count(device) -> int:
 
 def smem_per_block(device) -> int:
     """Bytes of shared memory one CTA may use on ``device`` (``cudaDevAttrMaxSharedMemoryPerBlockOptin``; an H200's
-    227 KB, ``ops.tiling.SM90_SMEM``, for a CPU device, as ``sm_count``)."""
+    227 KB, ``ops.tiling.SM90_SMEM``, for a CPU device or where CUDA is not available)."""
     import torch
 
     from onekernel.ops.tiling import SM90_SMEM
     device = torch.device(device)
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else SM90_SMEM
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return SM90_SMEM
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 BACKENDS = ("auto", "gluon", "triton")

@@ -9,9 +9,6 @@ double-buffered: chunk k+1's load is issued before chunk k is reduced, so two ch
 """
 from __future__ import annotations
 
-import json
-import os
-
 import torch.nn.functional as F
 import triton
 import triton.language as tl
@@ -203,8 +200,9 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
     returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``). blocks: overrides of the
     tiling (BLOCK_N, BLOCK_K, STAGES, PRENORM; tests and tuning). PRENORM (ops/qkv.py's module doc) defaults to on for
-    the separate kernels' tensor-core path, with ``tiling.prenorm_pipeline``'s depth and chunks; it adds the graph's
-    scratch ``tiling.prenorm_scratch``. Raises ValueError for PRENORM without gemv "mma"."""
+    the separate kernels' tensor-core path where the op's tiles fit one wave (at most ``tiling.n_sm``), with
+    ``tiling.prenorm_pipeline``'s depth and chunks; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises
+    ValueError for PRENORM without gemv "mma"."""
     B, K = x.shape
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
@@ -214,12 +212,12 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
-    if p["MMA"] and tiling.separate and os.environ.get("ONEKERNEL_GATE_UP_BLOCKS"):  # session 28's A/B (temporary)
-        blocks = {**json.loads(os.environ["ONEKERNEL_GATE_UP_BLOCKS"]), **blocks}
-    prenorm = bool(blocks.get("PRENORM", p["MMA"] and tiling.separate))
+    n_tiles = cdiv(N, blocks.get("BLOCK_N", p["BLOCK_N"]))
+    # PRENORM where the op is one wave of tiles: with two CTAs a SM (Llama-3.1-8B's 224 tiles) it was slower at batch 8
+    # and 16 (tiling.PRENORM_PIPELINES' comment)
+    prenorm = bool(blocks.get("PRENORM", p["MMA"] and tiling.separate and n_tiles <= tiling.n_sm))
     if prenorm and not p["MMA"]:
         raise ValueError(f"{name}: PRENORM needs gemv='mma'")
-    n_tiles = cdiv(N, blocks.get("BLOCK_N", p["BLOCK_N"]))
     stages = (prenorm_pipeline(2 * blocks.get("BLOCK_N", p["BLOCK_N"]), es, K, tiling, n_tiles) if prenorm else
               (mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), p["BLOCK_K"]))
     p = {**p, "STAGES": stages[0], "BLOCK_K": stages[1], **blocks, "PRENORM": prenorm}

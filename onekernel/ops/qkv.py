@@ -221,7 +221,8 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs tiles of
     2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U, BLOCK_K,
     STAGES, PRENORM; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed).
-    PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv "mma"), with
+    PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv "mma") where the
+    tiles fit one wave (at most ``tiling.n_sm``), with
     ``tiling.prenorm_pipeline``'s depth and chunks for ``tiling.smem``; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises
     ValueError for shapes that do not fit together, an unknown gemv path, P / U overrides the tiles cannot take, or
     PRENORM without gemv "mma"."""
@@ -242,7 +243,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
     R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
     es = x.nbytes // (B * D)
-    prenorm = bool(blocks.get("PRENORM", sep))
+    prenorm = bool(blocks.get("PRENORM", sep and cdiv(NH * HD // (2 * P), U) <= tiling.n_sm))  # one wave (gate_up's rule)
     stages, bk = (prenorm_pipeline(R, es, D, tiling, cdiv(NH * HD // (2 * P), U)) if prenorm else
                   (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
     p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,

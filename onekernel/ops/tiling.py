@@ -190,7 +190,9 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 # scripts/gemv_sweep.py, us per op at batch 1 / 8 / 16): Llama-3.1-8B (64-row tiles) 4 deep of 256 columns 18.5 / 23.5 /
 # 29.0, 5 deep of 128 18.9 / 23.8 / 29.5, 3 deep of 128 22.2 / 27.2 / 33.4, in registers 26.0 / 24.0 / 29.9 (the
 # in-loop RMSNorm in registers: 25.4 / 28.0 / 30.4); Llama-3.2-1B (32-row tiles) 4 deep of 256 8.9 / 10.9 / 12.8, in
-# registers 8.5 / 11.2 / 13.2 (in-loop 10.9 / 13.6 / 15.7).
+# registers 8.5 / 11.2 / 13.2 (in-loop 10.9 / 13.6 / 15.7). gate_up (call 283): Llama-3.2-1B (128 tiles of 2 x 64 rows)
+# 4 deep of 128 21.2 / 23.6 / 26.8 against the in-loop form's 22.2 / 26.2 / 27.6; Llama-3.1-8B (224 tiles, two CTAs a
+# SM, so 4 deep of 64) 59.6 / 69.0 / 79.5 against 60.0 / 63.5 / 66.5, so gate_up takes PRENORM only in one wave.
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 
 
