@@ -115,25 +115,25 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 case "$1" in
 290) # session 28's final commit (~7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode; graph, eager and
     # pdl-triton with the once-per-tile RMSNorm of qkv_rope and, on 1B, gate_up) beside 1,000 replays of graph / pdl /
-    # megakernel with the forced timeout and the tensor-core qkv / gate_up GPU tests; then both tables and the per-op GEMV
-    # table (gpu_suite ops). The invariance of these kernels ran in call 283.
+    # megakernel with the forced timeout and the tensor-core qkv / gate_up GPU tests; then both tables. The invariance of
+    # these kernels ran in call 283.
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
-    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
-    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "qkv or gate_up" -p no:cacheprovider \
+    WARM_S=170 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=170 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=170 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=170 warm 8b-16 $B8 --batch 16 --modes $MK
+    (timeout 170 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "qkv or gate_up" -p no:cacheprovider \
         -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    step 150 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    step 110 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    step 80 ops $suite ops
-    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .  # after every step: a call cut short still brings its tables back
+    step 140 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 100 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
 271) # session 27's final commit (~9.7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (graph / eager /
     # pdl-triton with qkv_rope's units per tile) beside 1,000 replays of graph / pdl / megakernel with the forced timeout
