@@ -174,3 +174,36 @@ def test_qkv_tiles_fill_one_wave_with_the_fewest_rows(model, n_sm):
         assert max(len(t) for t in tiles) * 2 * P <= max(16, 8 * math.ceil(nh * hd / n_sm / 8)), (P, U)
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "fit"), True)[1] == 1
     assert qkv_tiles(nh, hd, False, Tiling(n_sm, "cover"), False)[1] == 1
+
+
+def test_prenorm_options_are_checked_and_its_scratch_fits_each_op():
+    """PRENORM's choices on the tensor-core path: bad P / U overrides and PRENORM on the CUDA cores are refused with a
+    ValueError naming them (and leave no buffer behind); two qkv_rope ops of different batch in one graph each get a
+    scratch of their own shape [B, n_tiles, D], one op's tiles reading and writing only their own rows of it."""
+    from test_batch_invariance import _b_qkv
+    from onekernel.ops.qkv import add_qkv_rope
+
+    g = _b_qkv(2, False, "mma", torch.float32)
+    qkv = g.ops[0]
+    args = [g.buffers[qkv.args[r]] for r in ("x", "nw", "w", "inv_freq", "seq_lens", "k_cache", "v_cache")]
+    before = set(g.buffers)
+    for blocks, msg in (({"P": 0}, "P=0 and U=1 must be >= 1"), ({"P": 4, "U": 0}, "must be >= 1"),
+                        ({"P": 3}, "must divide hd/2")):
+        with pytest.raises(ValueError, match=msg):
+            add_qkv_rope(g, "bad", *args, eps=1e-6, gemv="mma", tiling=Tiling(132, "cover"), blocks=blocks)
+    with pytest.raises(ValueError, match="PRENORM needs gemv='mma'"):
+        add_qkv_rope(g, "bad", *args, eps=1e-6, gemv="fma", tiling=Tiling(132, "cover"), blocks={"PRENORM": 1})
+    assert set(g.buffers) == before
+    x, nw, w, inv, sl, kc, vc = args  # a second op of batch 4 in the batch-2 graph, on the same weights
+    a4 = [g.add_buffer(f"{b.name}4", (4, *b.shape[1:]), b.dtype, b.kind) if b.shape[0] == 2 else b
+          for b in (x, nw, w, inv, sl, kc, vc)]
+    add_qkv_rope(g, "qkv4", *a4, eps=1e-6, gemv="mma", tiling=Tiling(132, "cover"))
+    xn2, xn4 = (g.buffers[op.args["xn"]] for op in g.ops)
+    assert xn2.name != xn4.name and xn2.shape[0] == 2 and xn4.shape[0] == 4
+    for op, xn in zip(g.ops, (xn2, xn4)):
+        assert op.params["PRENORM"] and xn.shape[1] == op.n_tiles
+        for t in op.task_ids:
+            task = g.tasks[t]
+            mine = [r for r in (*task.reads, *task.writes) if r.buffer == xn.name]
+            assert len(mine) == 2 and all(r.box == ((0, xn.shape[0]), (task.tile, task.tile + 1), (0, xn.shape[2]))
+                                          for r in mine)

@@ -69,7 +69,8 @@ def load_xt(x, B: tl.constexpr, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, XS: 
     0 for rows >= B and columns >= K (``.cg``: written by other CTAs)."""
     ob = tl.arange(0, COLS)
     ok = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x + ob[:, None] * (K if XS == 0 else XS) + ok[None, :], mask=(ob[:, None] < B) & (ok[None, :] < K), other=0.0,
+    xs: tl.constexpr = K if XS == 0 else XS
+    return tl.load(x + ob[:, None] * xs + ok[None, :], mask=(ob[:, None] < B) & (ok[None, :] < K), other=0.0,
                    cache_modifier=".cg")
 
 

@@ -139,10 +139,10 @@ def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexp
     """out[b, :] = LlamaRMSNorm(x[b, :]) for the rows b < B of x [B, K] (model dtype dt; norm weights nw [K]):
     ``(rnd(x * rstd, dt) * w).to(dt)`` elementwise (``norm_xt``'s values) with ``rms_rstd``'s rstd (the same loads,
     squares and 1-D sums: the same bits for every B). out: B rows of K in dt, OS elements apart; rows >= B are not
-    written. Groups of RR rows (RR <= B); where a row fits one NK chunk (every benchmark model) the next group's
-    loads are issued before this group's sums, and each row is normalised from the values loaded for its sum; a
-    wider row is loaded a second time. The caller orders these stores before its loads of ``out`` (a CTA
-    barrier)."""
+    written. Groups of RR rows (at most 4 and at most next_pow2(B)); where a row fits one NK chunk (every benchmark
+    model) the next group's loads are issued before this group's sums, and each row is normalised from the values
+    loaded for its sum; a wider row is loaded a second time. The caller orders these stores before its loads of
+    ``out`` (a CTA barrier)."""
     NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
     RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK, triton.next_power_of_2(B)))
     ok = tl.arange(0, NK)

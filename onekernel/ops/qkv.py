@@ -20,11 +20,12 @@ with ``MMA`` the products run on the tensor cores, ops/gemv_mma.py, and the q/k 
 [16, hd] tile). cos/sin use libdevice (exact range reduction, positions up
 to 128k) on the GPU; the interpreter has no libdevice and uses tl.cos/tl.sin (numpy).
 
-PRENORM (the separate kernels' tensor-core path, ``add_qkv_rope``'s default there): a tile first writes h =
-LlamaRMSNorm(x) once, rows b < B, to its own row of the scratch ``xn`` [B, n_tiles, D] (``tiling.prenorm_scratch``;
-``gemv_rows.rms_norm_rows``: the same values the in-loop normalisation gives), then runs the residual GEMVs' chunk
-loop on it (no norm arithmetic per chunk, so Triton's pipeliner keeps STAGES - 1 chunks in flight: ``tiling.prenorm_pipeline``).
-Without it the chunk loop normalises each [16, BLOCK_K] activation tile (16 padded rows whatever B is).
+PRENORM (the separate kernels' tensor-core path in one wave of tiles, ``add_qkv_rope``'s default there; gate_up's too):
+a tile first writes h = LlamaRMSNorm(x) once, rows b < B, to its own row of the scratch ``xn`` [B, n_tiles, D]
+(``tiling.prenorm_scratch``; ``gemv_rows.rms_norm_rows``: the values the in-loop normalisation gives), then runs the
+residual GEMVs' chunk loop on it: no norm arithmetic per chunk, so Triton's pipeliner keeps STAGES - 1 chunks in flight
+(``tiling.prenorm_pipeline``). Without it the chunk loop normalises each [16, BLOCK_K] activation tile (16 padded rows
+whatever B is). docs/DESIGN.md, "qkv_rope's and gate_up's RMSNorm once per tile", has the measurements.
 """
 from __future__ import annotations
 
@@ -219,13 +220,12 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     into ``k_cache``/``v_cache`` [B, Hkv, S, hd]. The head counts come from the shapes: Hkv and hd from the
     cache, Hq = rows(w) / hd - 2 Hkv. qn/kn (Qwen3's per-head q/k RMSNorm weights [hd]) turn QK_NORM on.
     gemv: "fma" | "mma" (CUDA cores or tensor cores, ops/tiling.py ``check_gemv``; the MMA path needs tiles of
-    2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U, BLOCK_K,
-    STAGES, PRENORM; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units existed).
-    PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv "mma") where the
-    tiles fit one wave (at most ``tiling.n_sm``), with
-    ``tiling.prenorm_pipeline``'s depth and chunks for ``tiling.smem``; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises
-    ValueError for shapes that do not fit together, an unknown gemv path, P / U overrides the tiles cannot take, or
-    PRENORM without gemv "mma"."""
+    2 next_pow2(U) P >= 16 rows, which ``qkv_tiles`` always gives). blocks: overrides of the tiling (ints P, U,
+    BLOCK_K, STAGES, PRENORM; tests and tuning); a P given without U means U = 1 (one unit per tile, as before units
+    existed). PRENORM (module doc) defaults to on for the separate kernels' tensor-core path (Tiling "cover", gemv
+    "mma") where the tiles fit one wave (at most ``tiling.n_sm``), with ``tiling.prenorm_pipeline``'s depth and chunks
+    for ``tiling.smem``; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises ValueError for shapes that do
+    not fit together, an unknown gemv path, P / U overrides the tiles cannot take, or PRENORM without gemv "mma"."""
     B, D = x.shape
     _, HKV, S, HD = k_cache.shape
     NH = w.shape[0] // HD
@@ -234,21 +234,12 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     if w.shape != (NH * HD, D) or HQ < 1 or v_cache.shape != k_cache.shape or (qk_norm and kn is None):
         raise ValueError(f"{name}: x {x.shape}, w {w.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape} do "
                          f"not fit [B, D], [(Hq + 2 Hkv) hd, D], [B, Hkv, S, hd] (qn and kn come together)")
-    q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
     qn, kn = (qn, kn) if qk_norm else (nw, nw)  # unread without QK_NORM: any model-dtype buffer
     mma = check_gemv(gemv, B)
     blocks = blocks or {}
     P, U = qkv_tiles(NH, HD, qk_norm, tiling, mma) if "P" not in blocks else (blocks["P"], 1)
     U = blocks.get("U", U)
-    sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
-    R = 2 * pow2_ceil(U) * P  # the tile's rows in registers (U * 2P live)
-    es = x.nbytes // (B * D)
-    prenorm = bool(blocks.get("PRENORM", sep and cdiv(NH * HD // (2 * P), U) <= tiling.n_sm))  # one wave (gate_up's rule)
-    stages, bk = (prenorm_pipeline(R, es, D, tiling, cdiv(NH * HD // (2 * P), U)) if prenorm else
-                  (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
-    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
-         "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": bk, "EPS": float(eps),
-         "QK_NORM": qk_norm, "MMA": mma, "STAGES": stages, **blocks, "PRENORM": prenorm}
+    R = 2 * pow2_ceil(max(U, 1)) * P  # the tile's rows in registers (U * 2P live)
     bad = (f"P={P} and U={U} must be >= 1" if P < 1 or U < 1 else
            f"P={P} must divide hd/2={HD // 2}" if HD % (2 * P) else
            f"with qk_norm a tile is one whole head (P = hd/2 = {HD // 2}, U = 1), not P={P}, U={U}"
@@ -257,17 +248,24 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
            if mma and R < MMA_MIN else None)
     if bad:
         raise ValueError(f"{name}: {bad}")
+    sep = mma and tiling.separate  # one wave of tiles (qkv_tiles): chunks of up to twice the elements
+    es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     n_tiles = cdiv(NH * ch, U)
-    xn = x  # unread without PRENORM
-    if p["PRENORM"]:
-        if not mma:
-            raise ValueError(f"{name}: PRENORM needs gemv='mma'")
-        xn = prenorm_scratch(graph, n_tiles, B, D, x.dtype)
+    prenorm = bool(blocks.get("PRENORM", sep and n_tiles <= tiling.n_sm))  # in one wave of tiles (gate_up's rule)
+    if prenorm and not mma:
+        raise ValueError(f"{name}: PRENORM needs gemv='mma'")
+    stages, bk = (prenorm_pipeline(R, es, D, tiling, n_tiles) if prenorm else
+                  (mma_stages("qkv_rope", R, mma), block_k_for(D, R, MAX_TILE_ELEMS * (2 if sep else 1), mma=mma)))
+    p = {"B": B, "D": D, "HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "P": P, "U": U,
+         "BLOCK_B": MMA_COLS if mma else batch_block(B), "BLOCK_K": bk, "EPS": float(eps),
+         "QK_NORM": qk_norm, "MMA": mma, "STAGES": stages, **blocks, "PRENORM": prenorm}
+    q = graph.add_buffer(f"{name}.q", (B, HQ, HD), x.dtype, "activation")
+    xn = prenorm_scratch(graph, n_tiles, B, D, x.dtype) if prenorm else x  # x: unread without PRENORM
     tasks = []
     for t in range(n_tiles):
         reads, writes = [region(x), region(nw), region(seq_lens)], []
-        if p["PRENORM"]:  # the tile's own row of the scratch: written, then read by its chunk loop
+        if prenorm:  # the tile's own row of the scratch: written, then read by its chunk loop
             reads.append(region(xn, (0, B), (t, t + 1), (0, D)))
             writes.append(region(xn, (0, B), (t, t + 1), (0, D)))
         if qk_norm:  # the body loads both norm weights for every row (tl.where(is_q, qn, kn)), v heads too

@@ -48,7 +48,7 @@ class Tiling:
 
     policy: "cover" (>= n_sm tiles per op) or "fit" (n_sm // 2 + 1 .. n_sm tiles where the tile-size limits
     allow). smem: bytes of shared memory one CTA may use (default an H100 / H200's, ``SM90_SMEM``), which bounds the
-    depth of the chunk pipelines that go through shared memory (``ops.qkv.qkv_pipeline``). Raises InputError for
+    depth of the chunk pipelines that go through shared memory (``prenorm_pipeline``). Raises InputError for
     another policy, n_sm < 1 or smem < 1."""
 
     n_sm: int = 132
@@ -181,9 +181,11 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
     reads only its own row and its op's regions say so, so a later op's tile t is ordered after an earlier op's tile t
     wherever the graph runs as a dependency graph (the separate kernels run the ops in order anyway)."""
     name = f"prenorm.xn.{n_tiles}x{D}"
-    if name not in graph.buffers:
-        return graph.add_buffer(name, (B, n_tiles, D), dtype, "scratch")
-    return graph.buffers[name]
+    b = graph.buffers.get(name)
+    if b is not None and (b.shape != (B, n_tiles, D) or b.dtype != dtype):  # another batch or dtype: its own buffer
+        name = f"{name}.b{B}.{str(dtype).removeprefix('torch.')}"
+        b = graph.buffers.get(name)
+    return b if b is not None else graph.add_buffer(name, (B, n_tiles, D), dtype, "scratch")
 
 
 # A PRENORM tile's chunk pipelines, deepest first: (STAGES, BLOCK_K). Measured on qkv_rope (H200, run 28 call 281,
