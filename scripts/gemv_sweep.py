@@ -5,9 +5,9 @@
 
 For each model and op kind: every layer's op of that kind (its own random bf16 weights) back to back in one CUDA
 graph, L2 flushed before each timed replay, median us per op (``bench.timing.graph_median_ms``), for each variant
-of the op's ``blocks`` overrides (qkv_rope: P, U, BLOCK_K, STAGES; gemv_residual and gate_up: BLOCK_N, BLOCK_K,
-STAGES) and of the launch's ``num_warps``, on the tensor-core path (gemv="mma"). The first variant of each kind is
-the default tiling. Each variant's first op is checked against its PyTorch reference (relative error < 2e-2) before
+of the op's ``blocks`` overrides (qkv_rope: P, U, BLOCK_K, STAGES, PRENORM; gemv_residual and gate_up: BLOCK_N,
+BLOCK_K, STAGES, gate_up also PRENORM) and of the launch's ``num_warps``, on the tensor-core path (gemv="mma"); or the
+``--variants`` list, [[blocks, num_warps], ...]. The first variant of each kind is the default tiling. Each variant's first op is checked against its PyTorch reference (relative error < 2e-2) before
 it is timed; a variant that does not compile or launch (shared memory, registers) is recorded with its error.
 ``--warm I/N``: only compile and run once the I-th of N slices of the variants (run N such processes at once to
 warm the compile cache, then one timing process). Writes every record to ``--out`` (JSON) and prints the best
