@@ -141,8 +141,8 @@ def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexp
     squares and 1-D sums: the same bits for every B). out: B rows of K in dt, OS elements apart; rows >= B are not
     written. Groups of RR rows (at most 4 and at most next_pow2(B)); where a row fits one NK chunk (every benchmark
     model) the next group's loads are issued before this group's sums, and each row is normalised from the values
-    loaded for its sum; a wider row is loaded a second time. The caller orders these stores before its loads of
-    ``out`` (a CTA barrier)."""
+    loaded for its sum; wider rows take ``rms_rstd`` and are loaded a second time. The caller orders these stores
+    before its loads of ``out`` (a CTA barrier)."""
     NK: tl.constexpr = min(triton.next_power_of_2(K), NORM_CHUNK)
     RR: tl.constexpr = max(1, min(4, NORM_ELEMS // NK, triton.next_power_of_2(B)))
     ok = tl.arange(0, NK)
@@ -157,26 +157,16 @@ def rms_norm_rows(x, nw, out, B: tl.constexpr, K: tl.constexpr, EPS: tl.constexp
                 tl.store(out + (b0 + r) * OS + ok, (rnd(v * rs, vs[r].dtype) * g).to(vs[r].dtype),
                          mask=(b0 + r < B) & (ok < K))
             vs = nvs
-    else:
+    else:  # wider rows: every row's rstd by rms_rstd, then each group loaded again and normalised
+        BB: tl.constexpr = triton.next_power_of_2(B)
+        ob = tl.arange(0, BB)
+        rstd = rms_rstd(x, B, K, BB, EPS)
         for b0 in range(0, B, RR):
-            ss = ()
-            for r in tl.static_range(RR):
-                ss = ss + (tl.zeros([NK], tl.float32),)
-            for k0 in range(0, K, NK):
-                vs = _row_group(x, b0, B, k0, K, NK, RR)
-                nss = ()
-                for r in tl.static_range(RR):
-                    v = vs[r].to(tl.float32)
-                    nss = nss + (ss[r] + v * v,)
-                ss = nss
-            rs = ()
-            for r in tl.static_range(RR):
-                rs = rs + (tl.math.rsqrt(tl.sum(ss[r], axis=0) / K + EPS),)
             for k0 in range(0, K, NK):
                 vs = _row_group(x, b0, B, k0, K, NK, RR)
                 g = tl.load(nw + k0 + ok, mask=k0 + ok < K, other=0.0).to(tl.float32)
                 for r in tl.static_range(RR):
-                    h = rnd(vs[r].to(tl.float32) * rs[r], vs[r].dtype)
+                    h = rnd(vs[r].to(tl.float32) * row_of(rstd, ob, b0 + r), vs[r].dtype)
                     tl.store(out + (b0 + r) * OS + k0 + ok, (h * g).to(vs[r].dtype), mask=(b0 + r < B) & (k0 + ok < K))
 
 
