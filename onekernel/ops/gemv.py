@@ -18,8 +18,8 @@ from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, mma_stages, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_norm_rows, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
-from onekernel.ops.tiling import (MAX_TILE_ELEMS, Tiling, cdiv, check_gemv, gemv_blocks, gemv_cost, prenorm_pipeline,
-                                  prenorm_scratch, region, row_tiled_tasks)
+from onekernel.ops.tiling import (MAX_TILE_ELEMS, Tiling, cdiv, check_gemv, gemv_blocks, gemv_cost, prenorm_default,
+                                  prenorm_pipeline, prenorm_scratch, region, row_tiled_tasks)
 
 
 # ----------------------------------------------------------------------------------------- gemv_residual
@@ -213,9 +213,7 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
     n_tiles = cdiv(N, blocks.get("BLOCK_N", p["BLOCK_N"]))
-    # PRENORM where the op is one wave of tiles: with two CTAs a SM (Llama-3.1-8B's 224 tiles) it was slower at batch 8
-    # and 16 (tiling.PRENORM_PIPELINES' comment)
-    prenorm = bool(blocks.get("PRENORM", p["MMA"] and tiling.separate and n_tiles <= tiling.n_sm))
+    prenorm = bool(blocks.get("PRENORM", prenorm_default(p["MMA"], tiling, n_tiles)))
     if prenorm and not p["MMA"]:
         raise ValueError(f"{name}: PRENORM needs gemv='mma'")
     stages = (prenorm_pipeline(2 * blocks.get("BLOCK_N", p["BLOCK_N"]), es, K, tiling, n_tiles) if prenorm else

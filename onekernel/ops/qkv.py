@@ -41,7 +41,7 @@ from onekernel.ops.gemv_rows import (PRECISE_MATH, gemv_rows, gemv_rows_t, load_
                                      rms_rstd, rnd, stack_rows)
 from onekernel.ops.gemv_mma import gemv_mma, mma_stages
 from onekernel.ops.tiling import (MAX_TILE_ELEMS, MMA_COLS, MMA_MIN, Tiling, batch_block, block_k_for, cdiv, check_gemv,
-                                  pow2_ceil, prenorm_pipeline, prenorm_scratch, region)
+                                  pow2_ceil, prenorm_default, prenorm_pipeline, prenorm_scratch, region)
 
 @triton.jit
 def _qkv_rows(tile, HQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr, U: tl.constexpr):
@@ -252,7 +252,7 @@ def add_qkv_rope(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, inv_
     es = x.nbytes // (B * D)
     ch = HD // (2 * P)
     n_tiles = cdiv(NH * ch, U)
-    prenorm = bool(blocks.get("PRENORM", sep and n_tiles <= tiling.n_sm))  # in one wave of tiles (gate_up's rule)
+    prenorm = bool(blocks.get("PRENORM", prenorm_default(mma, tiling, n_tiles)))
     if prenorm and not mma:
         raise ValueError(f"{name}: PRENORM needs gemv='mma'")
     stages, bk = (prenorm_pipeline(R, es, D, tiling, n_tiles) if prenorm else

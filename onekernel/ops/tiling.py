@@ -198,6 +198,13 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 
 
+def prenorm_default(mma: bool, tiling: Tiling, n_tiles: int) -> bool:
+    """Whether a GEMV op with an RMSNorm (qkv_rope, gate_up) of ``n_tiles`` tiles normalises once per tile (PRENORM)
+    unless told: on the separate kernels' tensor-core path, where its tiles fit one wave (at most ``tiling.n_sm``);
+    with two CTAs a SM (Llama-3.1-8B's gate_up) it was slower (``PRENORM_PIPELINES``' comment)."""
+    return mma and tiling.separate and n_tiles <= tiling.n_sm
+
+
 def prenorm_pipeline(rows: int, elem: int, k: int, tiling: Tiling, n_tiles: int) -> tuple[int, int]:
     """(STAGES, BLOCK_K) of a PRENORM tile streaming ``rows`` weight rows per chunk (qkv_rope: its register rows;
     gate_up: both matrices' rows) over K = k columns of ``elem``-byte weights: the first of ``PRENORM_PIPELINES``
