@@ -113,6 +113,35 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+300) # session 29's first call (~8.5 min): the three tables run 28 left at runs 25 / 26 (Qwen3-8B, SmolLM2-135M and
+    # Qwen3-0.6B, random weights, 274's rows) on today's kernels, and pdl on the Triton per-op kernels with each kernel's
+    # dependent launched right after its gdc_wait (pdl-triton-wait) beside the default trigger after the body, Llama-3.2-1B
+    # and Llama-3.1-8B at batch 1 / 8 / 16; the tensor-core gate_up GPU tests (b_gate_up_wave's bf16 comparison never ran)
+    mkdir -p /tmp/warm "$W/bench"
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,pdl-triton,megakernel"
+    B0="--model smollm2-135m --random-weights --batch 1,2,4,8,16 --modes torch+graph,torch+compile,graph,pdl,megakernel,megakernel-triton"
+    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,torch+compile,graph,pdl,megakernel"
+    T1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes graph,pdl-triton,pdl-triton-wait"
+    T8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph,pdl-triton,pdl-triton-wait"
+    WARM_S=180 warm q8 $Q8
+    WARM_S=180 warm smol $B0
+    WARM_S=180 warm q0 $Q0
+    WARM_S=180 warm t1 $T1
+    WARM_S=180 warm t8 $T8
+    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "gate_up" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 5
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 60 trig-1b $bench/bench $T1 --steps 50
+    step 70 trig-8b $bench/bench $T8 --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 90 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 70 bench-smol $bench/bench $B0 --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 70 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    ;;
 290) # session 28's final commit (~7 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode; graph, eager and
     # pdl-triton with the once-per-tile RMSNorm of qkv_rope and, on 1B, gate_up) beside 1,000 replays of graph / pdl /
     # megakernel with the forced timeout and the tensor-core qkv / gate_up GPU tests; then both tables. The invariance of
