@@ -7,7 +7,8 @@
 Random weights (bf16), random KV cache and positions, two steps per run (``gpu_full.batch_invariance_check``);
 a mode written ``megakernel/triton`` passes ``backend="triton"`` (the Triton megakernel, not the streaming one),
 ``megakernel/gluon`` ``backend="gluon"`` (the streaming Gluon kernel, with its tensor-core body under ``--gemv
-mma``; plain ``megakernel`` is "auto", which takes it for a model that prefers streaming, either GEMV path);
+mma``; plain ``megakernel`` is "auto", which takes it for a model that prefers streaming, either GEMV path); a
+``onekernel bench`` row of ``bench.modes.MODE_VARIANTS`` (e.g. pdl-triton) runs its mode with its options;
 ``--gemv`` picks the GEMV path (fma: CUDA cores, mma: tensor cores; default: the model's, recorded as None);
 prints one JSON line per (mode, batch) and writes them all to ``--out``.
 """
@@ -35,6 +36,7 @@ def main() -> None:
     import torch
 
     from gpu_full import batch_invariance_check
+    from onekernel.bench.modes import MODE_VARIANTS
     from onekernel.models.load import load_model
 
     m = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda")
@@ -45,6 +47,9 @@ def main() -> None:
             try:
                 name, _, backend = mode.partition("/")
                 opts = {"backend": backend} if backend else {}
+                if mode in MODE_VARIANTS:  # a bench row: its mode and fixed options
+                    name, fixed = MODE_VARIANTS[mode]
+                    opts = dict(fixed)
                 if a.gemv:
                     opts["gemv"] = a.gemv
                 rec = {"model": a.model, "mode": mode, "batch": b, "gemv": a.gemv,
