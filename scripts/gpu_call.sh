@@ -125,7 +125,7 @@ case "$1" in
     WARM_S=170 warm 8b $B8 --batch 1,8 --modes $MK
     WARM_S=170 warm 8b-16 $B8 --batch 16 --modes $MK
     (timeout 170 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold.py -p no:cacheprovider \
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold_gpu.py -p no:cacheprovider \
         -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
     checked 4

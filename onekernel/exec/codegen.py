@@ -103,8 +103,10 @@ def eager_source(kind: OpKind) -> str:
     are resident, so the launches cascade down the chain. H200, Llama-3.2-1B (scripts/pdl_probe.py, run 8 call
     2, ba23584), ms per step entry / wait / end (graph): CUDA-core GEMVs batch 1 1.123 / 1.052 / 1.019 (1.027),
     batch 8 4.018 / 3.885 / 3.164 (3.150); tensor-core GEMVs batch 1 2.347 / 1.423 / 1.231 (1.240), batch 8
-    2.126 / 1.613 / 1.365 (1.354). With "end" a tile still loads its first weight chunk before ``gdc_wait``,
-    but only once the previous grid has finished its bodies.
+    2.126 / 1.613 / 1.365 (1.354). Again with one-wave tensor-core grids (run 29 call 300, bench rows pdl-triton
+    and pdl-triton-wait, ms at batch 1 / 8 / 16): "wait" Llama-3.2-1B 1.283 / 1.412 / 1.589 against "end" 1.004 /
+    1.168 / 1.327, Llama-3.1-8B 5.082 / 5.514 / 5.916 against 4.517 / 4.952 / 5.453. With "end" a tile still loads
+    its first weight chunk before ``gdc_wait``, but only once the previous grid has finished its bodies.
     PROFILE (constexpr): write (start, deps satisfied, end, SM id) as int64 to ``prof + (prof_base + tile) * 4``.
     """
     args = ", ".join(kind.args)
