@@ -102,38 +102,62 @@ def derive_dependencies(graph: Graph, full: bool = False) -> list[list[int]]:
     for items in _accesses(graph).values():
         ndim = len(items[0][2])
         cuts = [sorted({b[d][k] for _, _, b, _ in items for k in (0, 1)}) for d in range(ndim)]
-        writers: dict[tuple, list[int]] = {}
+        if any(it[1] == SHARED for it in items):
+            _shared_cell_deps(items, cuts, deps)
+            continue
+        writer: dict[tuple, int] = {}
         readers: dict[tuple, list[int]] = {}
-        # cell -> (op of its shared-write set, what its first member depended on, its members that also read or
-        # wrote the cell plainly: the later members depend on them)
-        sets: dict[tuple, tuple[int, list[int], list[int]]] = {}
-        for t, kind, box, op in items:  # per task, reads come before writes
+        for t, kind, box, _ in items:  # per task, reads come before writes
             ranges = [range(bisect_left(cuts[d], lo), bisect_left(cuts[d], hi)) for d, (lo, hi) in enumerate(box)]
             for cell in product(*ranges):
-                last, rs = writers.get(cell, ()), readers.setdefault(cell, [])
+                last, rs = writer.get(cell, -1), readers.setdefault(cell, [])
                 if kind == READ:
-                    deps[t].update(w for w in last if w != t)
+                    if last >= 0 and last != t:
+                        deps[t].add(last)
                     if not rs or rs[-1] != t:
                         rs.append(t)
                     continue
                 others = [r for r in rs if r != t]
-                cur = sets.get(cell)
-                if kind == SHARED and cur is not None and cur[0] == op and not others:  # joins the set
-                    deps[t].update(p for p in (*cur[1], *cur[2]) if p != t)
-                    if last[-1] != t:
-                        last.append(t)
-                    if rs:  # t read the cell too (a plain read): the later members write after it
-                        cur[2].append(t)
-                        readers[cell] = []
-                    continue
-                base = others or [w for w in last if w != t]
-                deps[t].update(base)
-                if kind == SHARED:
-                    sets[cell] = (op, base, [t] if (rs and rs[-1] == t) or t in last else [])  # t's own access
-                else:
-                    sets.pop(cell, None)
-                writers[cell], readers[cell] = [t], []
+                deps[t].update(others)
+                if not others and last >= 0 and last != t:
+                    deps[t].add(last)
+                writer[cell], readers[cell] = t, []
     return [sorted(d) for d in deps]
+
+
+def _shared_cell_deps(items: list, cuts: list, deps: list[set[int]]) -> None:
+    """``derive_dependencies``' cell walk for one buffer with shared writes: a cell's last writers are a list (a
+    shared-write set's members), and shared writes of one op in a row join the set (module doc)."""
+    writers: dict[tuple, list[int]] = {}
+    readers: dict[tuple, list[int]] = {}
+    # cell -> (op of its shared-write set, what its first member depended on, its members that also read or wrote
+    # the cell plainly: the later members depend on them)
+    sets: dict[tuple, tuple[int, list[int], list[int]]] = {}
+    for t, kind, box, op in items:  # per task, reads come before writes
+        for cell in product(*[range(bisect_left(c, lo), bisect_left(c, hi)) for c, (lo, hi) in zip(cuts, box)]):
+            last, rs = writers.get(cell, ()), readers.setdefault(cell, [])
+            if kind == READ:
+                deps[t].update(w for w in last if w != t)
+                if not rs or rs[-1] != t:
+                    rs.append(t)
+                continue
+            others = [r for r in rs if r != t]
+            cur = sets.get(cell)
+            if kind == SHARED and cur is not None and cur[0] == op and not others:  # joins the set
+                deps[t].update(p for p in (*cur[1], *cur[2]) if p != t)
+                if last[-1] != t:
+                    last.append(t)
+                if rs:  # t read the cell too (a plain read): the later members write after it
+                    cur[2].append(t)
+                    readers[cell] = []
+                continue
+            base = others or [w for w in last if w != t]
+            deps[t].update(base)
+            if kind == SHARED:
+                sets[cell] = (op, base, [t] if (rs and rs[-1] == t) or t in last else [])  # t's own access
+            else:
+                sets.pop(cell, None)
+            writers[cell], readers[cell] = [t], []
 
 
 def transitive_reduction(deps: list[list[int]]) -> list[list[int]]:
