@@ -127,6 +127,8 @@ case "$1" in
     (timeout 170 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
     (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold_gpu.py -p no:cacheprovider \
         -rfE >"$W/gpu-tests.log" 2>&1) &
+    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes graph-fold,pdl-triton-fold \
+        --out "$W/inv-fold.json" >"$W/inv-fold.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
@@ -135,19 +137,15 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 130 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-302) # session 29's final commit, call 2 of 2 (~5 min, at once after 301 or cold): the per-op GEMV table (gpu_suite ops:
-    # every layer's op of a kind in one CUDA graph, L2 flushed, against the copy bandwidth of the same run), one profiled
-    # Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for) and at 16, and graph-fold's invariance
+302) # session 29's final commit, call 2 of 2 (~4 min, at once after 301 or cold): the per-op GEMV table (gpu_suite ops:
+    # every layer's op of a kind in one CUDA graph, L2 flushed, against the copy bandwidth of the same run) and one
+    # profiled Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for) and at 16
     mkdir -p "$W/profile"
-    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes graph-fold,pdl-triton-fold \
-        --out "$W/inv-fold.json" >"$W/inv-fold.log" 2>&1) &
     step 120 ops $suite ops
     [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 60 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
     step 60 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
-    wait
-    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
     ;;
 300) # session 29's first call (~8.5 min): the three tables run 28 left at runs 25 / 26 (Qwen3-8B, SmolLM2-135M and
     # Qwen3-0.6B, random weights, 274's rows) on today's kernels, and pdl on the Triton per-op kernels with each kernel's
