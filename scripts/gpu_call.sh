@@ -120,22 +120,22 @@ case "$1" in
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,graph-fold,pdl,pdl-triton,pdl-triton-fold,megakernel" MT="torch+graph,torch+compile"
-    WARM_S=170 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=170 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=170 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=170 warm 8b-16 $B8 --batch 16 --modes $MK
-    (timeout 170 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold_gpu.py -p no:cacheprovider \
+    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
+    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold_gpu.py -p no:cacheprovider \
         -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 170 python3 scripts/invariance_check.py llama-3.2-1b --modes graph-fold,pdl-triton-fold \
+    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes graph-fold,pdl-triton-fold \
         --out "$W/inv-fold.json" >"$W/inv-fold.log" 2>&1) &
     wait
     checked 4
     tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 170 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 130 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
 302) # session 29's final commit, call 2 of 2 (~4 min, at once after 301 or cold): the per-op GEMV table (gpu_suite ops:
     # every layer's op of a kind in one CUDA graph, L2 flushed, against the copy bandwidth of the same run) and one
