@@ -130,9 +130,8 @@ def _run_profile(args) -> int:
 
 BASELINE_MODES = tuple(BASELINES)
 BENCH_MODES = (*BASELINE_MODES, *GPU_MODES, "megakernel-triton")   # the default --modes
-# on request: the other MODE_VARIANTS rows (Hopper): the streaming megakernel where "auto" keeps the Triton one,
-# graph / pdl on the streaming kernel's bodies, one kernel per op (pdl-gluon-layer: per layer), and graph /
-# pdl-triton with the attention merge folded into the attention kernel (graph-fold, pdl-triton-fold)
+# on request: the other MODE_VARIANTS rows (Hopper): the streaming megakernel where "auto" keeps the Triton one, and
+# graph / pdl on the streaming kernel's bodies, one kernel per op (pdl-gluon-layer: per layer)
 EXTRA_MODES = tuple(m for m in MODE_VARIANTS if m not in BENCH_MODES)
 
 

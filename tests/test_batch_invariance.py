@@ -24,7 +24,6 @@ from onekernel.graph.ir import Graph
 from onekernel.models.decode_graph import OP_KINDS
 from onekernel.models.load import load_model
 from onekernel.ops.attention import add_attn_merge, add_attn_partial
-from onekernel.ops.attention_fold import add_attn_partial_fold
 from onekernel.ops.embed import add_embed
 from onekernel.ops.gemv import add_gate_up, add_gemv_residual
 from onekernel.ops.lm_head import add_lm_head
@@ -118,29 +117,16 @@ def b_lm_head(B, gemv="fma", dt=F32):
     return g
 
 
-def _attn_inputs(B, dt=F32):
-    """q [B, 8, 16] and a 160-position cache of 2 KV heads (default split: 3 splits of 64; random seq_lens: empty
-    splits)."""
-    return _graph([("q", (B, 8, 16), dt, "activation"), ("kc", (B, 2, 160, 16), dt, "kv"),
-                   ("vc", (B, 2, 160, 16), dt, "kv"), ("seq_lens", (B,), torch.int32, "input")])
-
-
 def _b_partials(B, dt=F32):
-    """attn_partial over ``_attn_inputs``."""
-    g, bufs = _attn_inputs(B, dt)
-    return g, add_attn_partial(g, "attn", *bufs)
+    """attn_partial over a 160-position cache (default split: 3 splits of 64; random seq_lens: empty splits)."""
+    g, (q, kc, vc, sl) = _graph([("q", (B, 8, 16), dt, "activation"), ("kc", (B, 2, 160, 16), dt, "kv"),
+                                 ("vc", (B, 2, 160, 16), dt, "kv"), ("seq_lens", (B,), torch.int32, "input")])
+    return g, add_attn_partial(g, "attn", q, kc, vc, sl)
 
 
 def b_attention(B):
     g, (o_part, lse_part) = _b_partials(B)
     add_attn_merge(g, "merge", o_part, lse_part, F32)
-    return g
-
-
-def b_attention_fold(B):
-    """attn_partial_fold over ``_attn_inputs`` (the last split of each group merges; counters zeroed)."""
-    g, bufs = _attn_inputs(B)
-    add_attn_partial_fold(g, "attn", *bufs, F32)
     return g
 
 
@@ -169,8 +155,8 @@ def b_allreduce(B, dt=F32):
     return g
 
 
-BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_attention_fold,
-            b_oproj_merge, b_embed, b_allreduce]
+BUILDERS = [b_gemv_residual, b_gate_up, b_qkv_llama, b_qkv_qwen3, b_lm_head, b_attention, b_oproj_merge, b_embed,
+            b_allreduce]
 
 
 def test_every_op_kind_is_covered():
@@ -188,9 +174,7 @@ def _inputs(g, gen):
     written = _written(g)
     t = {}
     for name, b in g.buffers.items():
-        if b.kind == "counter":  # zero before a step, as build_decode_step binds them
-            t[name] = torch.zeros(b.shape, dtype=b.dtype)
-        elif name in written and b.kind != "kv":
+        if name in written and b.kind != "kv":
             t[name] = torch.full(b.shape, float("nan"), dtype=b.dtype) if b.dtype.is_floating_point else \
                 torch.full(b.shape, -1, dtype=b.dtype)
         elif name == "seq_lens":

@@ -16,17 +16,14 @@ def K(name):
 
 
 def oracle_deps(graph):
-    """O(n^2) reference: RAW, WAR and WAW against every earlier task, with Region.overlaps; two shared writes
-    (Region.shared) of tasks of one op never conflict."""
+    """O(n^2) reference: RAW, WAR and WAW against every earlier task, with Region.overlaps."""
     out = []
     for c, tc in enumerate(graph.tasks):
         s = []
         for p in range(c):
             tp = graph.tasks[p]
-            same = tc.op == tp.op
             raw = any(r.overlaps(w) for r in tc.reads for w in tp.writes)
-            war_waw = any(w.overlaps(x) and not (same and w.shared and x.shared)
-                          for w in tc.writes for x in (*tp.reads, *tp.writes))
+            war_waw = any(w.overlaps(x) for w in tc.writes for x in (*tp.reads, *tp.writes))
             if raw or war_waw:
                 s.append(p)
         out.append(s)
@@ -79,18 +76,17 @@ def random_region_graph(rng):
         g.add_buffer(f"b{b}", shape, torch.float32, rng.choice(["activation", "weight", "kv", "scratch"]))
         names.append(f"b{b}")
 
-    def region(shared=False):
+    def region():
         buf = g.buffers[rng.choice(names)]
         box = []
         for s in buf.shape:
             lo = rng.randrange(s)
             box.append((lo, rng.randint(lo + 1, s)))
-        return Region(buf.name, tuple(box), shared)
+        return Region(buf.name, tuple(box))
 
     for o in range(rng.randint(1, 8)):
-        p_shared = rng.choice([0.0, 0.0, 0.5, 1.0])  # shared writes (Region.shared) in some ops
         tasks = [Task(0, j, tuple(region() for _ in range(rng.randint(0, 3))),
-                      tuple(region(rng.random() < p_shared) for _ in range(rng.randint(0, 2))), bytes=rng.randint(0, 100))
+                      tuple(region() for _ in range(rng.randint(0, 2))), bytes=rng.randint(0, 100))
                  for j in range(rng.randint(1, 10))]
         g.add_op(Op(f"op{o}", K(rng.choice(["gemv", "norm", "attn"])), {}, {}), tasks)
     return g

@@ -19,10 +19,10 @@ def fake_hopper(monkeypatch):
     arguments build_decode_step was called with."""
     calls = []
 
-    def build(cfg, weights, cache, *, tiling, fuse_merge=False, fold_merge=False, gemv=None):
+    def build(cfg, weights, cache, *, tiling, fuse_merge=False, gemv=None):
         calls.append(gemv)
         g, _, _ = decode_graph(cfg, cache.batch, cache.max_seq_len, cache.k.dtype, tiling=tiling,
-                               fuse_merge=fuse_merge, fold_merge=fold_merge, gemv=gemv)
+                               fuse_merge=fuse_merge, gemv=gemv)
         return SimpleNamespace(graph=g, batch=cache.batch, device=cache.k.device)
     monkeypatch.setattr(runners, "build_decode_step", build)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))

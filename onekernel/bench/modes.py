@@ -25,18 +25,14 @@ BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+c
 # streaming Gluon kernel where exec.megakernel_class's "auto" does), the streaming kernel where "auto" keeps the
 # Triton one (small models: stream_support.prefer_stream), graph / pdl on the streaming kernel's Gluon bodies, one
 # kernel per op (exec.stream_segments), and pdl on the Triton per-op kernels where "auto" takes the Gluon bodies
-# (tensor-core steps: exec.pdl_streams); graph and pdl-triton with the attention merge folded into the attention
-# kernel (fold_merge: ops/attention_fold.py), to time beside graph and pdl-triton in one process; pdl-triton-wait
-# triggers each kernel's dependent launch right after its ``gdc_wait`` instead of after its body
-# (exec/codegen.eager_source's TRIGGER, a study row).
+# (tensor-core steps: exec.pdl_streams); pdl-triton-wait triggers each kernel's dependent launch right after its
+# ``gdc_wait`` instead of after its body (exec/codegen.eager_source's TRIGGER, a study row).
 MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),
                  "megakernel-gluon": ("megakernel", {"backend": "gluon"}),
                  "graph-gluon": ("graph", {"backend": "gluon"}), "pdl-gluon": ("pdl", {"backend": "gluon"}),
                  "pdl-triton": ("pdl", {"backend": "triton"}),
                  "pdl-triton-wait": ("pdl", {"backend": "triton", "trigger": "wait"}),
-                 "pdl-gluon-layer": ("pdl", {"backend": "gluon", "segment": "layer"}),
-                 "graph-fold": ("graph", {"fold_merge": True}),
-                 "pdl-triton-fold": ("pdl", {"backend": "triton", "fold_merge": True})}
+                 "pdl-gluon-layer": ("pdl", {"backend": "gluon", "segment": "layer"})}
 
 
 def make_bench_runner(mode, model, cache, **opts):

@@ -97,10 +97,8 @@ class TPGroup:
         (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``). Both kernel
         runners take ``gemv`` ("fma" | "mma" | None: the unsharded model's path, ``dist.tp_kernels.rank_gemv``). Raises
         InputError for an unknown mode, options given to the reference mode, ``allreduce`` given to the
-        megakernel, ``fold_merge`` (not built at TP > 1), and as the runner classes."""
+        megakernel, and as the runner classes."""
         check_tp_mode(mode)
-        if options.get("fold_merge"):
-            raise InputError("fold_merge=True is not built for tensor parallelism; drop it at --tp > 1")
         if mode == "reference":
             if options or allreduce is not None:
                 raise InputError(f"the tensor-parallel reference mode takes no runner options, got "

@@ -122,21 +122,6 @@ def pdl_streams(graph, batch: int, device, options: dict) -> bool:
     return auto_streams(graph, batch, device, {k: v for k, v in options.items() if k not in ("backend", "segment")})
 
 
-FOLD_KIND = "attn_partial_fold"  # the op kind of fold_merge=True (ops/attention_fold.py)
-
-
-def check_fold_backend(mode: str, backend: str | None, interpret: bool) -> None:
-    """InputError unless a step with the folded attention merge (``fold_merge=True``: ``FOLD_KIND`` ops) runs on
-    the Triton kernels: the streaming (Gluon) kernels fold the merge their own way (``exec.stream_fold``) and have
-    no body for it, so ``backend="gluon"`` is refused, and so is "auto" where it may pick them (megakernel and pdl
-    on a GPU; the interpreter runs Triton only, graph's "auto" is Triton). ``backend``: None for eager."""
-    if backend == "gluon" or (backend == "auto" and mode in ("megakernel", "pdl") and not interpret):
-        raise InputError(f"fold_merge=True runs on the Triton kernels only; {mode} with backend={backend!r} "
-                         f"{'runs' if backend == 'gluon' else 'may run'} the streaming (Gluon) kernels, which fold "
-                         "the attention merge their own way (exec/stream_fold.py): pass backend='triton', or drop "
-                         "fold_merge")
-
-
 def _build_or_fall_back(build, what: str, instead: str, fall_back):
     """``build()``; if it raises a compile error of any kind (not onekernel's own errors, not out of memory), log it
     and return ``fall_back()``: backend "auto" must not cost the user the mode when a Triton's Gluon API moved again
@@ -168,7 +153,7 @@ RUNNER_OPTIONS = {
                    "num_warps", "check_every", "comm_workers", "wait_ms", "schedule"),
 }
 SEGMENT_OPTIONS = ("backend", "profile", "use_cuda_graph", "segment", "n_workers", "wait_ms", "check_every")
-STEP_OPTIONS = ("gemv", "tiles", "n_sm", "fuse_merge", "fold_merge", "interpret")
+STEP_OPTIONS = ("gemv", "tiles", "n_sm", "fuse_merge", "interpret")
 
 
 def _check_options(mode: str, cls, options: dict, public) -> None:
@@ -189,8 +174,7 @@ def _check_options(mode: str, cls, options: dict, public) -> None:
 def make_runner(mode: str, step, *, interpret: bool = False, **options):
     """The runner of ``mode`` over ``step`` (a BoundStep). options: the runner's keyword options (see each
     runner class; the megakernel also takes ``backend``: see ``megakernel_class``). Raises InputError for an
-    option the mode does not take (naming the ones it does), as ``check_device``, and as ``check_fold_backend``
-    for a step with the folded attention merge."""
+    option the mode does not take (naming the ones it does), and as ``check_device``."""
     import inspect
 
     from onekernel.exec.kernels import CudaGraphRunner, EagerRunner, PdlRunner
@@ -203,8 +187,6 @@ def make_runner(mode: str, step, *, interpret: bool = False, **options):
                          f"{type(step).__name__}")
     cls = {"eager": EagerRunner, "graph": CudaGraphRunner, "pdl": PdlRunner, "megakernel": MegakernelRunner}[mode]
     backend = options.pop("backend", "auto") if mode in ("megakernel", "graph", "pdl") else None
-    if any(op.kind.name == FOLD_KIND for op in step.graph.ops):
-        check_fold_backend(mode, backend, interpret)
     auto_pdl = (mode == "pdl" and backend == "auto" and not interpret
                 and pdl_streams(step.graph, step.batch, step.device, options))
     if auto_pdl:

@@ -64,7 +64,7 @@ def graph_digest(graph) -> str:
     for t in graph.tasks:
         ext((-1, t.id, t.op, t.tile, t.bytes, t.flops, len(t.reads), len(t.writes)))
         for r in (*t.reads, *t.writes):
-            ext((names.get(r.buffer, -2), len(r.box), r.shared))
+            ext((names.get(r.buffer, -2), len(r.box)))
             for b in r.box:
                 ext(b)
     h.update(np.asarray(flat, dtype=np.int64).tobytes())

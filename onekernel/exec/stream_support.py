@@ -72,8 +72,7 @@ def unsupported_graph(g: Graph, batch: int) -> str | None:
     kinds = {op.kind.name for op in g.ops}
     extra = kinds - set(GEMV_KINDS) - set(OTHER_KINDS)
     if extra:
-        return (f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge, fold_merge=True "
-                "attn_partial_fold: the streaming kernels fold the merge their own way)")
+        return f"op kinds {sorted(extra)} have no streaming body (fuse_merge=True uses oproj_merge)"
     qkn = [op.params["HD"] for op in g.ops if op.params.get("QK_NORM")]
     if qkn and g.meta.get("gemv") != "mma":
         return "Qwen3's per-head q/k RMSNorm streams only on the tensor-core path (this step has gemv='fma'; ask gemv='mma')"

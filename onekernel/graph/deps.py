@@ -33,18 +33,14 @@ def _check_deps(n: int, deps: list[list[int]]) -> None:
         raise ValueError(f"task {bad[0]} depends on invalid task {bad[1]} (must be another id in [0, {n}))")
 
 
-READ, WRITE, SHARED = 0, 1, 2  # access kinds: a read, a write, a shared write (Region.shared)
-
-
-def _accesses(graph: Graph) -> dict[str, list[tuple[int, int, tuple, int]]]:
-    """Buffer name -> (task id, access kind, box, op index) in program order, a task's reads first; buffers nobody
-    writes are left out."""
-    acc: dict[str, list[tuple[int, int, tuple, int]]] = {}
+def _accesses(graph: Graph) -> dict[str, list[tuple[int, bool, tuple]]]:
+    """Buffer name -> (task id, is_write, box) in program order; buffers nobody writes are left out."""
+    acc: dict[str, list[tuple[int, bool, tuple]]] = {}
     for t in graph.tasks:
         for r in t.reads:
-            acc.setdefault(r.buffer, []).append((t.id, READ, r.box, t.op))
+            acc.setdefault(r.buffer, []).append((t.id, False, r.box))
         for r in t.writes:
-            acc.setdefault(r.buffer, []).append((t.id, SHARED if r.shared else WRITE, r.box, t.op))
+            acc.setdefault(r.buffer, []).append((t.id, True, r.box))
     for name, items in list(acc.items()):
         if not any(it[1] for it in items):
             del acc[name]  # read only (weights, inputs): no dependencies
@@ -57,20 +53,16 @@ def _full_dependencies(graph: Graph) -> list[list[int]]:
     """Every overlapping conflict, as codes ``c * n + p`` (p < c) from blocked numpy box comparisons."""
     n, codes = len(graph.tasks), []
     for items in _accesses(graph).values():
-        kind = np.array([it[1] for it in items], dtype=np.int64)
-        w = kind != READ
-        # a shared write's group: its op (shared writes of one op do not conflict); -1 / -2 never match
-        grp = np.where(kind == SHARED, np.array([it[3] for it in items], dtype=np.int64), -1)
+        w = np.array([it[1] for it in items], dtype=bool)
         tid = np.array([it[0] for it in items], dtype=np.int64)
         box = np.array([it[2] for it in items], dtype=np.int64).reshape(len(items), len(items[0][2]), 2)
         lo, hi = box[..., 0], box[..., 1]
         # RAW + WAW: every access (q) against earlier writes (k). WAR: every write against earlier reads.
         for q, k in ((slice(None), w), (w, ~w)):
             qt, ql, qh, kt, kl, kh = tid[q], lo[q], hi[q], tid[k], lo[k], hi[k]
-            qg, kg = np.where(grp[q] < 0, -2, grp[q]), grp[k]
             step = max(1, _BLOCK_ELEMS // max(len(kt), 1))
             for b in (slice(s, s + step) for s in range(0, len(qt), step)):
-                m = (kt[None] < qt[b, None]) & (kg[None] != qg[b, None])
+                m = kt[None] < qt[b, None]
                 for d in range(lo.shape[1]):
                     m &= (kl[None, :, d] < qh[b, None, d]) & (ql[b, None, d] < kh[None, :, d])
                 qi, ki = np.nonzero(m)
@@ -91,27 +83,22 @@ def derive_dependencies(graph: Graph, full: bool = False) -> list[list[int]]:
     buffer; millions of edges when a buffer is reused by every layer). ``full=False`` (default): a subset with the
     same transitive closure, by last-writer / readers-since-last-write tracking (as task runtimes such as StarPU
     do) on *cells*, the grid of elementary intervals between all region bounds of a buffer: per cell a read
-    depends on the last writers, a write on the readers since them (if none, on the last writers). Shared writes
-    (``Region.shared``) of one op in a row form a set: each member depends on what the first one did, and the set
-    is the cell's last writers. Cost ~ cells touched. Empty boxes touch nothing. ValueError if one buffer's
-    regions differ in number of dimensions.
+    depends on the last writer, a write on the readers since it (if none, on the last writer). Cost ~ cells
+    touched. Empty boxes touch nothing. ValueError if one buffer's regions differ in number of dimensions.
     """
     if full:
         return _full_dependencies(graph)
     deps: list[set[int]] = [set() for _ in graph.tasks]
     for items in _accesses(graph).values():
         ndim = len(items[0][2])
-        cuts = [sorted({b[d][k] for _, _, b, _ in items for k in (0, 1)}) for d in range(ndim)]
-        if any(it[1] == SHARED for it in items):
-            _shared_cell_deps(items, cuts, deps)
-            continue
+        cuts = [sorted({b[d][k] for _, _, b in items for k in (0, 1)}) for d in range(ndim)]
         writer: dict[tuple, int] = {}
         readers: dict[tuple, list[int]] = {}
-        for t, kind, box, _ in items:  # per task, reads come before writes
+        for t, is_w, box in items:  # per task, reads come before writes
             ranges = [range(bisect_left(cuts[d], lo), bisect_left(cuts[d], hi)) for d, (lo, hi) in enumerate(box)]
             for cell in product(*ranges):
                 last, rs = writer.get(cell, -1), readers.setdefault(cell, [])
-                if kind == READ:
+                if not is_w:
                     if last >= 0 and last != t:
                         deps[t].add(last)
                     if not rs or rs[-1] != t:
@@ -123,41 +110,6 @@ def derive_dependencies(graph: Graph, full: bool = False) -> list[list[int]]:
                     deps[t].add(last)
                 writer[cell], readers[cell] = t, []
     return [sorted(d) for d in deps]
-
-
-def _shared_cell_deps(items: list, cuts: list, deps: list[set[int]]) -> None:
-    """``derive_dependencies``' cell walk for one buffer with shared writes: a cell's last writers are a list (a
-    shared-write set's members), and shared writes of one op in a row join the set (module doc)."""
-    writers: dict[tuple, list[int]] = {}
-    readers: dict[tuple, list[int]] = {}
-    # cell -> (op of its shared-write set, what its first member depended on, its members that also read or wrote
-    # the cell plainly: the later members depend on them)
-    sets: dict[tuple, tuple[int, list[int], list[int]]] = {}
-    for t, kind, box, op in items:  # per task, reads come before writes
-        for cell in product(*[range(bisect_left(c, lo), bisect_left(c, hi)) for c, (lo, hi) in zip(cuts, box)]):
-            last, rs = writers.get(cell, ()), readers.setdefault(cell, [])
-            if kind == READ:
-                deps[t].update(w for w in last if w != t)
-                if not rs or rs[-1] != t:
-                    rs.append(t)
-                continue
-            others = [r for r in rs if r != t]
-            cur = sets.get(cell)
-            if kind == SHARED and cur is not None and cur[0] == op and not others:  # joins the set
-                deps[t].update(p for p in (*cur[1], *cur[2]) if p != t)
-                if last[-1] != t:
-                    last.append(t)
-                if rs:  # t read the cell too (a plain read): the later members write after it
-                    cur[2].append(t)
-                    readers[cell] = []
-                continue
-            base = others or [w for w in last if w != t]
-            deps[t].update(base)
-            if kind == SHARED:
-                sets[cell] = (op, base, [t] if (rs and rs[-1] == t) or t in last else [])  # t's own access
-            else:
-                sets.pop(cell, None)
-            writers[cell], readers[cell] = [t], []
 
 
 def transitive_reduction(deps: list[list[int]]) -> list[list[int]]:

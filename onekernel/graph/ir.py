@@ -33,9 +33,6 @@ def gc_paused():
             gc.enable()
 
 
-BUFFER_KINDS = ("weight", "input", "activation", "kv", "output", "scratch", "counter", "peer")  # Buffer.kind
-
-
 @dataclass(frozen=True)
 class Buffer:
     """A named device tensor that the step reads or writes.
@@ -43,8 +40,6 @@ class Buffer:
     kind: "weight" (read only, ready before the step), "input" (written by the host before the step:
     tokens, sequence lengths), "activation" (written inside the step), "kv" (KV cache: appended inside the
     step, read by attention), "output" (logits, next tokens), "scratch" (split-KV partials and the like),
-    "counter" (int32 arrival counters that tasks of one op add to and the last arrival resets: zero when the step
-    is bound, zero again after every step; ``ops.attention_fold``),
     "peer" (another tensor-parallel rank's copy of one of this graph's buffers, read only here: written by that
     rank's own step; ``graph.meta["peers"][name] = (rank, buffer)`` says which, see ``deps.derive_remote_dependencies``).
     """
@@ -68,16 +63,10 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Region:
-    """A box inside one buffer: ``box[d] = (lo, hi)`` half-open along dimension d.
-
-    ``shared`` (a write region only): the task reads and writes the box together with the other tasks of its op
-    that list a shared write of the same cells, concurrently and in any order, an order the op keeps itself (an
-    atomic counter; rows that whichever of them finishes last writes): no dependency among those tasks; every
-    other access orders against all of them (OpenMP 5.1's ``depend(inoutset: ...)``; ``graph.deps``)."""
+    """A box inside one buffer: ``box[d] = (lo, hi)`` half-open along dimension d."""
 
     buffer: str
     box: tuple[tuple[int, int], ...]
-    shared: bool = False
 
     def overlaps(self, other: "Region") -> bool:
         if self.buffer != other.buffer:
@@ -137,12 +126,9 @@ class Graph:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def add_buffer(self, name: str, shape, dtype: torch.dtype, kind: str) -> Buffer:
-        """Declare a buffer and return its handle (raises ValueError when ``name`` is taken or ``kind`` is not one
-        of BUFFER_KINDS)."""
+        """Declare a buffer and return its handle (raises ValueError when ``name`` is taken)."""
         if name in self.buffers:
             raise ValueError(f"buffer {name!r} defined twice")
-        if kind not in BUFFER_KINDS:
-            raise ValueError(f"buffer {name!r}: unknown kind {kind!r}; one of {', '.join(BUFFER_KINDS)}")
         b = Buffer(name, tuple(int(s) for s in shape), dtype, kind)
         self.buffers[name] = b
         return b

@@ -9,9 +9,6 @@ Program order (layer i = 0..L-1); each builder names its outputs after its op (`
     or (separate)
     attn_merge.{i}             attn_i = merge(partials)
     o_proj.{i}  gemv_residual  h_i = x_i + attn_i @ wo^T
-    or, with ``fold_merge=True``, one op in place of attn_partial and attn_merge (ops/attention_fold.py)
-    attn_partial.{i} attn_partial_fold  attn_i = the partials, merged by the last split of each (b, KV head)
-    o_proj.{i}  gemv_residual  h_i = x_i + attn_i @ wo^T
     gate_up.{i}                act_i = silu(norm(h_i) Wg^T) * (norm(h_i) Wu^T)
     down.{i}    gemv_residual  x_{i+1} = h_i + act_i @ w_down^T
     lm_head, lm_head.argmax    x_L, norm, lm_head -> logits fp32 [B, V], next_tokens int32 [B]
@@ -39,7 +36,6 @@ from onekernel.graph.step import BoundStep
 from onekernel.models.config import rope_inv_freq
 from onekernel.ops.allreduce import ALLREDUCE, MAX_RANKS, add_allreduce, add_peer_buffer
 from onekernel.ops.attention import ATTN_MERGE, ATTN_PARTIAL, add_attn_merge, add_attn_partial
-from onekernel.ops.attention_fold import ATTN_PARTIAL_FOLD, add_attn_partial_fold
 from onekernel.ops.embed import EMBED, add_embed
 from onekernel.ops.gemv import GATE_UP, GEMV_RESIDUAL, add_gate_up, add_gemv_residual
 from onekernel.ops.lm_head import ARGMAX, LM_HEAD, add_lm_head
@@ -48,8 +44,8 @@ from onekernel.ops.qkv import QKV_ROPE, add_qkv_rope
 from onekernel.ops.tiling import GEMV_PATHS, MAX_BATCH, Tiling
 
 # Every op kind a decode step is made of (the explicit list; nothing registers itself at import).
-OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, ATTN_PARTIAL_FOLD, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP,
-            LM_HEAD, ARGMAX, ALLREDUCE)
+OP_KINDS = (EMBED, QKV_ROPE, ATTN_PARTIAL, ATTN_MERGE, OPROJ_MERGE, GEMV_RESIDUAL, GATE_UP, LM_HEAD, ARGMAX,
+            ALLREDUCE)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -114,17 +110,13 @@ MMA_MIN_DIM = 2048  # default_gemv: the smallest hidden size that takes the tens
 
 @gc_paused()
 def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.bfloat16, *,
-                 tiling: Tiling = Tiling(), fuse_merge: bool = False, fold_merge: bool = False,
+                 tiling: Tiling = Tiling(), fuse_merge: bool = False,
                  residual: bool = True, gemv: str | None = None,
                  tp: tuple[int, int] | None = None, ar_tiles: int | None = None) -> tuple[Graph, dict, dict]:
     """The decode-step Graph of ``cfg`` for ``batch`` sequences, a KV cache of ``max_seq_len`` positions and
     model dtype ``dtype``, tiled by ``tiling`` (``Tiling(n_sm, "cover"|"fit")``, ops/tiling.py).
     ``fuse_merge``: merge the attention partials inside the O-projection (``oproj_merge``) instead of
     ``attn_merge`` + ``gemv_residual``; measured slower on the H200, so off by default (docs/DESIGN.md).
-    ``fold_merge``: one ``attn_partial_fold`` op per layer instead of ``attn_partial`` + ``attn_merge`` (the last
-    split of each (sequence, KV head) merges it: ops/attention_fold.py; the separate-kernel modes and the Triton
-    megakernel run it, the streaming kernels do not: they fold the merge themselves). Excludes ``fuse_merge``, and
-    tensor parallelism (``tp`` with n > 1).
     ``residual``: False makes o_proj and down add zeros (``residual.zero``) in place of the residual stream
     (their output is then a partial sum a tensor-parallel all-reduce completes; see the module doc).
     ``gemv``: "fma" (CUDA cores, ops/gemv_rows.py) or "mma" (tensor cores, ops/gemv_mma.py) for every GEMV op;
@@ -137,13 +129,12 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     Returns ``(graph, weight_sources, cache_sources)``: buffer name -> ``WeightSource`` / ``f(cache)`` giving
     the tensor a weight buffer / a caller-owned cache buffer is bound to (``build_decode_step`` applies them). The
     graph's ``io`` meta names the tokens input and the logits / next_tokens outputs. Raises
-    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch, an
-    unknown gemv path, or ``fold_merge`` with ``fuse_merge`` or at TP > 1."""
+    UnsupportedModelError for an unsupported head_dim / hidden size / dtype, InputError for a bad batch or an
+    unknown gemv path."""
     check_supported(cfg, batch, max_seq_len, dtype)
     rank, n_ranks = tp if tp is not None else (0, 1)
     if not (isinstance(n_ranks, int) and 1 <= n_ranks <= MAX_RANKS and isinstance(rank, int) and 0 <= rank < n_ranks):
         raise InputError(f"tp must be (rank, n) with 1 <= n <= {MAX_RANKS} and 0 <= rank < n, got {tp!r}")
-    check_fold(fold_merge, fuse_merge, n_ranks)
     if n_ranks > 1:
         residual = False
     ar_block = None
@@ -162,7 +153,7 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     HQ, HKV, HD = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     g = Graph()
     g.meta.update(model=cfg.name, batch=B, max_seq_len=S, dtype=dtype, tiling=tiling, fuse_merge=bool(fuse_merge),
-                  fold_merge=bool(fold_merge), gemv=gemv, tp=(rank, n_ranks))
+                  gemv=gemv, tp=(rank, n_ranks))
     wsrc: dict = {}
     csrc: dict = {}
 
@@ -202,18 +193,13 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
                                                                     (p + "wq", p + "wk", p + "wv")),
                          inv_freq, seq_lens, k_cache, v_cache, eps=cfg.norm_eps, qn=qn, kn=kn, tiling=tiling,
                          gemv=gemv)
-        if fold_merge:
-            attn = add_attn_partial_fold(g, f"attn_partial.{i}", q, k_cache, v_cache, seq_lens, dtype,
-                                         n_sm=tiling.n_sm)
-        else:
-            o_part, lse_part = add_attn_partial(g, f"attn_partial.{i}", q, k_cache, v_cache, seq_lens,
-                                                n_sm=tiling.n_sm)
+        o_part, lse_part = add_attn_partial(g, f"attn_partial.{i}", q, k_cache, v_cache, seq_lens,
+                                            n_sm=tiling.n_sm)
         wo = weight(p + "wo", (D, HQ * HD))
         if fuse_merge:
             h = add_oproj_merge(g, f"o_proj.{i}", o_part, lse_part, wo, res(x), tiling=tiling, gemv=gemv)
         else:
-            if not fold_merge:
-                attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
+            attn = add_attn_merge(g, f"attn_merge.{i}", o_part, lse_part, dtype)
             h = add_gemv_residual(g, f"o_proj.{i}", attn, wo, res(x), tiling=tiling, gemv=gemv)
         h = reduce(f"o_proj.{i}", h, x)
         act = add_gate_up(g, f"gate_up.{i}", h, weight(p + "ffn_norm", (D,)),
@@ -227,16 +213,6 @@ def decode_graph(cfg, batch: int, max_seq_len: int, dtype: torch.dtype = torch.b
     return g, wsrc, csrc
 
 
-def check_fold(fold_merge: bool, fuse_merge: bool, n_ranks: int = 1) -> None:
-    """InputError when ``fold_merge`` is asked with ``fuse_merge`` (both replace attn_merge, one by the attention
-    tiles, one by the O-projection's) or at tensor-parallel size ``n_ranks`` > 1 (not built there)."""
-    if fold_merge and fuse_merge:
-        raise InputError("fold_merge=True and fuse_merge=True exclude each other (the attention tiles or the "
-                         "O-projection merge the partials, not both); pass one of them")
-    if fold_merge and n_ranks > 1:
-        raise InputError("fold_merge=True is not built for tensor parallelism; drop it at --tp > 1")
-
-
 def _poisoned(shape, dtype, device) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
@@ -244,18 +220,17 @@ def _poisoned(shape, dtype, device) -> torch.Tensor:
 
 
 def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
-                      fuse_merge: bool = False, fold_merge: bool = False, residual: bool = True, gemv: str | None = None,
+                      fuse_merge: bool = False, residual: bool = True, gemv: str | None = None,
                       tp: tuple[int, int] | None = None, ar_tiles: int | None = None) -> BoundStep:
     """The decode step of ``cfg`` bound to ``weights`` and ``cache``: what ``onekernel.exec.make_runner`` takes.
 
     weights: canonical name -> tensor (docs/DESIGN.md), cast to the cache's dtype and device if needed; the
     fused ``wqkv``/``w_gate_up`` are concatenated here, once. cache: a KV cache (``k``, ``v`` [L, B, Hkv, S, hd],
     ``seq_lens`` int32 [B]; runtime.kv_cache.KVCache) whose batch, length, dtype and device set the graph's.
-    ``tokens`` and the counters (kind "counter") are zeroed; activations, outputs and scratch are poisoned (NaN, or
-    -1 for integers) so a missed write shows (peer buffers too: the tensor-parallel runner binds them to the peers'
-    memory). tiling, fuse_merge, fold_merge, residual, gemv, tp, ar_tiles: as ``decode_graph``. Raises InputError (a
-    missing weight, a cache or weight of the wrong shape, an unknown gemv path, ``check_fold``),
-    UnsupportedModelError (see ``check_supported``)."""
+    ``tokens`` is zeroed; activations, outputs and scratch are poisoned (NaN, or -1 for integers) so a missed
+    write shows (peer buffers too: the tensor-parallel runner binds them to the peers' memory). tiling,
+    fuse_merge, residual, gemv, tp, ar_tiles: as ``decode_graph``. Raises InputError (a missing weight, a
+    cache or weight of the wrong shape, an unknown gemv path), UnsupportedModelError (see ``check_supported``)."""
     if not isinstance(tiling, Tiling):
         raise InputError(f"tiling must be an ops.tiling.Tiling (e.g. Tiling(132, 'fit')), got {tiling!r:.40}")
     L, B, HKV, S, HD = cache.k.shape
@@ -263,14 +238,14 @@ def build_decode_step(cfg, weights: dict, cache, *, tiling: Tiling = Tiling(),
         raise InputError(f"KV cache {tuple(cache.k.shape)} does not match {cfg.name} ({cfg.n_layers} layers, "
                          f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}); build the cache from the same config")
     g, wsrc, csrc = decode_graph(cfg, B, S, cache.k.dtype, tiling=tiling, fuse_merge=fuse_merge,
-                                 fold_merge=fold_merge, residual=residual, gemv=gemv, tp=tp, ar_tiles=ar_tiles)
+                                 residual=residual, gemv=gemv, tp=tp, ar_tiles=ar_tiles)
     dev = cache.k.device
     tensors = {name: src.tensor(weights).to(device=dev, dtype=g.buffers[name].dtype).contiguous()
                for name, src in wsrc.items()}
     tensors.update({name: f(cache) for name, f in csrc.items()})
     io = g.meta["io"]
     for name, buf in g.buffers.items():
-        if name == io["tokens"] or buf.kind == "counter":
+        if name == io["tokens"]:
             tensors[name] = torch.zeros(buf.shape, dtype=buf.dtype, device=dev)
         elif name not in tensors:
             tensors[name] = _poisoned(buf.shape, buf.dtype, dev)

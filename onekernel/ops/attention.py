@@ -111,11 +111,9 @@ def attn_merge_prologue(tile, o_part, lse_part, out, HQ: tl.constexpr, HD: tl.co
 
 
 @triton.jit
-def merge_row(o_part, lse_part, out, row, HD: tl.constexpr, NSPLIT: tl.constexpr, NSP2: tl.constexpr,
-              CH: tl.constexpr):
-    """out[row] = the merge of row ``row`` (= b * Hq + h) of the partials (module doc), in out's dtype: the one
-    definition of the merge, for ``attn_merge`` and ``attention_fold``'s last arrival. Partials read with
-    ``cache_modifier=".cg"`` (written by other CTAs)."""
+def attn_merge_body(tile, b, h, o_part, lse_part, out, HQ: tl.constexpr, HD: tl.constexpr,
+                    NSPLIT: tl.constexpr, NSP2: tl.constexpr, CH: tl.constexpr):
+    row = b * HQ + h
     sp = tl.arange(0, NSP2)
     lse = tl.load(lse_part + row * NSPLIT + sp, mask=sp < NSPLIT, other=float("-inf"), cache_modifier=".cg")
     mx = tl.max(lse, 0)
@@ -135,15 +133,7 @@ def merge_row(o_part, lse_part, out, row, HD: tl.constexpr, NSPLIT: tl.constexpr
     tl.store(out + row * HD + d, res.to(out.dtype.element_ty))
 
 
-@triton.jit
-def attn_merge_body(tile, b, h, o_part, lse_part, out, HQ: tl.constexpr, HD: tl.constexpr,
-                    NSPLIT: tl.constexpr, NSP2: tl.constexpr, CH: tl.constexpr):
-    merge_row(o_part, lse_part, out, b * HQ + h, HD, NSPLIT, NSP2, CH)
-
-
-def partial_reference(op: Op, t: dict) -> None:
-    """PyTorch reference of the partials (module doc): o_part / lse_part from q, the caches and seq_lens (``op``'s
-    args and params; empty splits O = 0, lse = -inf)."""
+def _partial_reference(op: Op, t: dict) -> None:
     p = op.params
     a = op.args
     q, k, v, sl = t[a["q"]].float(), t[a["k_cache"]].float(), t[a["v_cache"]].float(), t[a["seq_lens"]]
@@ -180,7 +170,7 @@ def _merge_reference(op: Op, t: dict) -> None:
 ATTN_PARTIAL = OpKind(
     "attn_partial", attn_partial_prologue, attn_partial_body,
     ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part"),
-    ("HQ", "HKV", "HD", "S", "SPLIT", "NSPLIT", "GP", "BLOCK_N", "SM_SCALE"), 4, partial_reference)
+    ("HQ", "HKV", "HD", "S", "SPLIT", "NSPLIT", "GP", "BLOCK_N", "SM_SCALE"), 4, _partial_reference)
 ATTN_MERGE = OpKind(
     "attn_merge", attn_merge_prologue, attn_merge_body, ("o_part", "lse_part", "out"),
     ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference)
@@ -215,16 +205,6 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
     Task costs at full context (every split full): bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) +
     R*(hd+1)*4 (partials), flops = 4*R*rows*hd (QK^T and PV) + 5*R*rows (softmax), rows = KV rows in the split,
     R = Hq/Hkv, e = element size."""
-    args, params, tasks = partial_tasks(graph, name, q, k_cache, v_cache, seq_lens, split, n_sm)
-    graph.add_op(Op(name, ATTN_PARTIAL, {role: b.name for role, b in args.items()}, params), tasks)
-    return args["o_part"], args["lse_part"]
-
-
-def partial_tasks(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cache: Buffer, seq_lens: Buffer,
-                  split: int | None, n_sm: int) -> tuple[dict, dict, list[Task]]:
-    """What ``add_attn_partial`` appends (and ``ops.attention_fold`` extends): (argument role -> Buffer, the
-    constexpr params, one Task per tile (b, g, s) in tile order), the partials ``{name}.o_part`` /
-    ``{name}.lse_part`` declared. Checks and costs: ``add_attn_partial``."""
     B, HQ, HD = q.shape
     _, HKV, S, _ = k_cache.shape
     if HQ % HKV or HD & (HD - 1) or HD < 16 or k_cache.shape != (B, HKV, S, HD) or v_cache.shape != k_cache.shape:
@@ -252,16 +232,11 @@ def partial_tasks(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cache: 
                     flops=4 * R * (hi - lo) * HD + 5 * R * (hi - lo)))
     args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "seq_lens": seq_lens, "o_part": o_part,
             "lse_part": lse_part}
-    params = {"HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "SPLIT": SPLIT, "NSPLIT": NSPLIT,
-              "GP": max(16, triton.next_power_of_2(R)), "BLOCK_N": min(BLOCK_N, SPLIT), "SM_SCALE": 1.0 / math.sqrt(HD)}
-    return args, params, tasks
-
-
-def merge_params(nsplit: int, hd: int) -> dict:
-    """The merge's constexprs: NSP2 = next power of two >= NSPLIT, CH = splits per [CH, hd] tile (<= 4096
-    elements), never batch-dependent."""
-    nsp2 = triton.next_power_of_2(nsplit)
-    return {"NSP2": nsp2, "CH": min(nsp2, max(1, 4096 // hd))}
+    graph.add_op(Op(name, ATTN_PARTIAL, {role: b.name for role, b in args.items()},
+                    {"HQ": HQ, "HKV": HKV, "HD": HD, "S": S, "SPLIT": SPLIT, "NSPLIT": NSPLIT,
+                     "GP": max(16, triton.next_power_of_2(R)), "BLOCK_N": min(BLOCK_N, SPLIT),
+                     "SM_SCALE": 1.0 / math.sqrt(HD)}), tasks)
+    return o_part, lse_part
 
 
 def add_attn_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, dtype: torch.dtype) -> Buffer:
@@ -270,6 +245,7 @@ def add_attn_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, dt
     B, HQ, NSPLIT, HD = o_part.shape
     out = graph.add_buffer(f"{name}.out", (B, HQ * HD), dtype, "activation")
     e = out.nbytes // (B * HQ * HD)
+    NSP2 = triton.next_power_of_2(NSPLIT)
     tasks = [Task(0, b * HQ + h,
                   reads=(region(o_part, (b, b + 1), (h, h + 1), (0, NSPLIT), (0, HD)),
                          region(lse_part, (b, b + 1), (h, h + 1), (0, NSPLIT))),
@@ -277,6 +253,6 @@ def add_attn_merge(graph: Graph, name: str, o_part: Buffer, lse_part: Buffer, dt
                   bytes=NSPLIT * (HD + 1) * 4 + HD * e, flops=2 * NSPLIT * HD + 3 * NSPLIT)
              for b in range(B) for h in range(HQ)]
     graph.add_op(Op(name, ATTN_MERGE, {"o_part": o_part.name, "lse_part": lse_part.name, "out": out.name},
-                    {"HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, **merge_params(NSPLIT, HD)}),
+                    {"HQ": HQ, "HD": HD, "NSPLIT": NSPLIT, "NSP2": NSP2, "CH": min(NSP2, max(1, 4096 // HD))}),
                  tasks)
     return out

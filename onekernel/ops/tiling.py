@@ -146,15 +146,14 @@ def gemv_blocks(n: int, k: int, batch: int, tiling: Tiling, lo: int = 4, hi: int
             "BLOCK_K": block_k_for(k, bn, max_elems, mma), "MMA": mma}
 
 
-def region(buffer: Buffer, *box, shared: bool = False) -> Region:
-    """The box ``((lo, hi), ...)`` of ``buffer`` as a Region (ints); no box means the whole buffer. ``shared``: a
-    shared write (``Region.shared``)."""
+def region(buffer: Buffer, *box) -> Region:
+    """The box ``((lo, hi), ...)`` of ``buffer`` as a Region (ints); no box means the whole buffer."""
     if not box:
-        return Region(buffer.name, buffer.full().box, shared)
+        return buffer.full()
     for p in box:  # fast path (a decode graph makes ~10^5 regions): already (int, int) tuples, kept as they are
         if type(p) is not tuple or len(p) != 2 or type(p[0]) is not int or type(p[1]) is not int:
-            return Region(buffer.name, tuple((int(lo), int(hi)) for lo, hi in box), shared)
-    return Region(buffer.name, box, shared)
+            return Region(buffer.name, tuple((int(lo), int(hi)) for lo, hi in box))
+    return Region(buffer.name, box)
 
 
 def gemv_cost(rows: int, k: int, batch: int, elem: int, extra_bytes: int = 0) -> tuple[int, int]:

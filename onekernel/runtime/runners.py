@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from onekernel.errors import InputError
-from onekernel.exec import (DEFAULT_TILING, STEP_MODES, auto_streams, check_device, check_fold_backend, make_runner,
-                             sm_count, smem_per_block)
-from onekernel.models.decode_graph import build_decode_step, check_fold, default_gemv
+from onekernel.exec import (DEFAULT_TILING, STEP_MODES, auto_streams, check_device, make_runner, sm_count,
+                             smem_per_block)
+from onekernel.models.decode_graph import build_decode_step, default_gemv
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.args import check_flag, check_int, check_model
 from onekernel.runtime.kv_cache import KVCache
@@ -48,19 +48,17 @@ def check_mode(mode: str, device, interpret: bool = False) -> None:
 
 
 def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles: str | None = None,
-                     n_sm: int | None = None, fuse_merge: bool = False, fold_merge: bool = False,
-                     gemv: str | None = None, **options):
+                     n_sm: int | None = None, fuse_merge: bool = False, gemv: str | None = None, **options):
     """The runner of ``mode`` for ``model`` (a LoadedModel) over ``cache`` (a KVCache of the model's dtype and
     device; its batch is the step's).
 
     tiles: "cover" | "fit" (default per mode, ``exec.DEFAULT_TILING``), for a GPU of ``n_sm`` SMs (default:
-    the cache's device); fuse_merge, fold_merge, gemv ("fma" | "mma" | None: the model's default, ``megakernel_step``
-    for the megakernel on a Hopper GPU): see ``models.decode_graph.decode_graph`` (fold_merge runs on the Triton
-    kernels only, ``exec.check_fold_backend``: pdl and the megakernel on a GPU need backend="triton"); interpret:
-    run a Triton mode in the Triton interpreter on the CPU; options: the executor's own (``exec.make_runner``).
+    the cache's device); fuse_merge, gemv ("fma" | "mma" | None: the model's default, ``megakernel_step`` for the
+    megakernel on a Hopper GPU): see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
+    the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
     Raises InputError (unknown mode or option value; model not a LoadedModel, or a tensor-parallel shard; cache
-    not a KVCache of the model's config, dtype and device; a flag not a bool; fold_merge with fuse_merge, or with a
-    backend that may stream), DeviceError (a Triton mode without a GPU),
+    not a KVCache of the model's config, dtype and device; a flag not a bool), DeviceError (a Triton mode without
+    a GPU),
     UnsupportedModelError (a model the kernels can't run)."""
     check_model(model)
     if getattr(model, "shard", None) is not None:
@@ -69,17 +67,13 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     _check_cache(model, cache)
     check_flag("interpret", interpret)
     check_flag("fuse_merge", fuse_merge)
-    check_flag("fold_merge", fold_merge)
-    check_fold(fold_merge, fuse_merge)
     check_mode(mode, cache.k.device, interpret)
     if mode == "reference":
         given = [k for k, v in (("tiles", tiles), ("n_sm", n_sm), ("fuse_merge", fuse_merge or None),
-                                ("fold_merge", fold_merge or None), ("gemv", gemv)) if v is not None]
+                                ("gemv", gemv)) if v is not None]
         if options or given:
             raise InputError(f"the reference mode takes no runner options, got {', '.join(given + sorted(options))}")
         return ReferenceRunner(model, cache)
-    if fold_merge:
-        check_fold_backend(mode, options.get("backend", "auto") if mode != "eager" else None, interpret)
     if n_sm is not None:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode],
@@ -87,7 +81,7 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     if mode == "megakernel" and gemv is None and not interpret:
         from onekernel.exec.megakernel import MegakernelRunner
 
-        step = megakernel_step(model, cache, tiling, fuse_merge, options, fold_merge)
+        step = megakernel_step(model, cache, tiling, fuse_merge, options)
         r = make_runner(mode, step, **options)
         if step.graph.meta["gemv"] == default_gemv(model.config, cache.k.dtype) or not isinstance(r, MegakernelRunner):
             return r
@@ -95,12 +89,11 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
         # path there, not the tensor cores megakernel_step chose for the streaming kernel (0.896 against 0.671 ms
         # on SmolLM2-135M, run 19 call 190)
         del r, step  # gemv is None: the model's own path
-    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge,
-                             fold_merge=fold_merge, gemv=gemv)
+    step = build_decode_step(model.config, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv=gemv)
     return make_runner(mode, step, interpret=interpret, **options)
 
 
-def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dict, fold_merge: bool = False):
+def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dict):
     """The megakernel's bound step on a Hopper GPU when no GEMV path is asked for: on the tensor cores ("mma")
     where the megakernel then runs the streaming kernel (backend "gluon", or "auto" as ``exec.auto_streams`` decides;
     ``stream_support.prefer_stream`` always streams a tensor-core step), else on the model's own path (``default_gemv``;
@@ -114,9 +107,8 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
     (tensor-core step first, freed, then its own path). ``make_step_runner`` also rebinds the model's own path when
     "auto" falls back to the Triton megakernel because the streaming kernel did not build. Tensor-parallel ranks
     keep the model's own path (``dist.tp_kernels.rank_gemv``), so a small model's TP megakernel runs its CUDA-core
-    path. ``fold_merge``: as ``build_decode_step``."""
+    path."""
     cfg, dev = model.config, cache.k.device
-    merge = {"fuse_merge": fuse_merge, "fold_merge": fold_merge}
     backend = options.get("backend", "auto")
     if (default_gemv(cfg, cache.k.dtype) == "fma" and backend in ("auto", "gluon")
             and (backend == "gluon" or not options.get("profile"))  # "auto" profiles on the Triton kernel
@@ -124,8 +116,8 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
         from onekernel.exec.stream_support import unsupported, unsupported_device
 
         if unsupported_device(dev):
-            return build_decode_step(cfg, model.weights, cache, tiling=tiling, **merge)
-        step = build_decode_step(cfg, model.weights, cache, tiling=tiling, gemv="mma", **merge)
+            return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
+        step = build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge, gemv="mma")
         if backend == "gluon":
             streams = unsupported(step) is None
         else:
@@ -133,4 +125,4 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
         if streams:
             return step
         del step  # its buffers go before the model's own step is bound
-    return build_decode_step(cfg, model.weights, cache, tiling=tiling, **merge)
+    return build_decode_step(cfg, model.weights, cache, tiling=tiling, fuse_merge=fuse_merge)
