@@ -113,6 +113,27 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+303) # session 29 (~6.5 min): SmolLM2-135M and Qwen3-0.6B (random weights) at batch 1-16 with their separate kernels on
+    # the tensor cores (graph-mma, pdl-mma, pdl-triton-mma) beside their default CUDA-core path (graph, pdl), one process
+    # per model: the A/B for default_gemv's MMA_MIN_DIM, and the rows of call 300's tables that ran out of time
+    mkdir -p "$W/bench" /tmp/warm
+    S="--model smollm2-135m --random-weights"
+    Q="--model qwen3-0.6b --random-weights"
+    SM="torch+graph,graph,pdl,graph-mma,pdl-mma,pdl-triton-mma,megakernel,megakernel-triton"
+    QM="torch+graph,graph,pdl,graph-mma,pdl-mma,pdl-triton-mma,megakernel"
+    WARM_S=170 warm s-a $S --batch 1,2,4 --modes $SM
+    WARM_S=170 warm s-b $S --batch 8,16 --modes $SM
+    WARM_S=170 warm q-a $Q --batch 1,2,4 --modes $QM
+    WARM_S=170 warm q-b $Q --batch 8,16 --modes $QM
+    (timeout 170 python3 scripts/invariance_check.py smollm2-135m --modes graph-mma,pdl-mma \
+        --out "$W/inv-smol-mma.json" >"$W/inv-smol-mma.log" 2>&1) &
+    wait
+    checked 4
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 110 bench-smol $bench/bench $S --batch 1,2,4,8,16 --modes $SM --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 110 bench-qwen3-0.6b $bench/bench $Q --batch 1,2,4,8,16 --modes $QM --steps 50
+    ;;
 301) # session 29's final commit, call 1 of 2 (~8 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode,
     # graph and pdl-triton also with the attention merge folded into attn_partial: graph-fold, pdl-triton-fold) beside
     # the folded attention's GPU tests and 1,000 replays of graph / pdl / megakernel with the forced timeout; then both

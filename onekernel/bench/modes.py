@@ -26,13 +26,17 @@ BASELINES = {"torch": ReferenceRunner, "torch+graph": TorchGraphRunner, "torch+c
 # Triton one (small models: stream_support.prefer_stream), graph / pdl on the streaming kernel's Gluon bodies, one
 # kernel per op (exec.stream_segments), and pdl on the Triton per-op kernels where "auto" takes the Gluon bodies
 # (tensor-core steps: exec.pdl_streams); pdl-triton-wait triggers each kernel's dependent launch right after its
-# ``gdc_wait`` instead of after its body (exec/codegen.eager_source's TRIGGER, a study row).
+# ``gdc_wait`` instead of after its body (exec/codegen.eager_source's TRIGGER, a study row); graph-mma, pdl-mma and
+# pdl-triton-mma run a small model's separate kernels on the tensor cores, where its default path is the CUDA cores
+# (models.decode_graph.default_gemv).
 MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),
                  "megakernel-gluon": ("megakernel", {"backend": "gluon"}),
                  "graph-gluon": ("graph", {"backend": "gluon"}), "pdl-gluon": ("pdl", {"backend": "gluon"}),
                  "pdl-triton": ("pdl", {"backend": "triton"}),
                  "pdl-triton-wait": ("pdl", {"backend": "triton", "trigger": "wait"}),
-                 "pdl-gluon-layer": ("pdl", {"backend": "gluon", "segment": "layer"})}
+                 "pdl-gluon-layer": ("pdl", {"backend": "gluon", "segment": "layer"}),
+                 "graph-mma": ("graph", {"gemv": "mma"}), "pdl-mma": ("pdl", {"gemv": "mma"}),
+                 "pdl-triton-mma": ("pdl", {"backend": "triton", "gemv": "mma"})}
 
 
 def make_bench_runner(mode, model, cache, **opts):
