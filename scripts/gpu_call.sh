@@ -113,6 +113,12 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+304) # session 29 (~2.5 min): Qwen3-0.6B on its new default path (the tensor cores, MMA_MIN_DIM 1024): bitwise batch
+    # invariance at 2 / 8 / 16 in eager, graph, pdl (its streaming bodies), pdl-triton and the megakernel
+    step 170 inv-qwen3-0.6b python3 scripts/invariance_check.py qwen3-0.6b --modes eager,graph,pdl,pdl-triton,megakernel \
+        --out "$W/inv-qwen3-0.6b.json"
+    grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"
+    ;;
 303) # session 29 (~6.5 min): SmolLM2-135M and Qwen3-0.6B (random weights) at batch 1-16 with their separate kernels on
     # the tensor cores (graph-mma, pdl-mma, pdl-triton-mma) beside their default CUDA-core path (graph, pdl), one process
     # per model: the A/B for default_gemv's MMA_MIN_DIM, and the rows of call 300's tables that ran out of time

@@ -16,7 +16,7 @@ from onekernel.models.config import get_config, rope_inv_freq
 from onekernel.models.decode_graph import build_decode_step, decode_graph
 from onekernel.models.random_init import random_weights
 from onekernel.ops.base import run_reference
-from onekernel.ops.tiling import SM90_SMEM, Tiling
+from onekernel.ops.tiling import MMA_MIN, SM90_SMEM, Tiling
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import decode_one_token
 
@@ -163,7 +163,9 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
     cover, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "cover"))
     for f, c in zip(fit.ops, cover.ops):
         if f.kind.name in ("gemv_residual", "gate_up", "lm_head") and f.params["BLOCK_N"] < 64:
-            assert sms // 2 < f.n_tiles <= sms, (f.name, f.n_tiles)
+            assert f.n_tiles <= sms, (f.name, f.n_tiles)
+            # more than half the SMs, unless the tiles already have tl.dot's 16 rows (Qwen3-0.6B's o_proj: 1024 / 16)
+            assert f.n_tiles > sms // 2 or (f.params["MMA"] and f.params["BLOCK_N"] == MMA_MIN), (f.name, f.n_tiles)
         if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["MMA"]:
             assert c.n_tiles == f.n_tiles, (c.name, c.n_tiles, f.n_tiles)
         elif c.kind.name == "qkv_rope" and c.params["MMA"]:  # qkv_tiles: one wave of units, U > 1

@@ -110,7 +110,7 @@ def pdl_streams(graph, batch: int, device, options: dict) -> bool:
     """Whether mode "pdl" with backend "auto" runs on the streaming kernel's bodies (``exec.stream_segments``: one
     persistent kernel per op, each loader streaming its op's weights through the shared-memory ring before the op's
     inputs exist; issue 11 item 4) instead of the Triton per-op kernels: a tensor-core step (``graph.meta["gemv"]``
-    "mma": the model's own path for bf16 / fp16 models of hidden size >= 2048) that ``auto_streams`` would stream, and
+    "mma": the model's own path for bf16 / fp16 models of hidden size >= 1024) that ``auto_streams`` would stream, and
     only options those kernels take (SEGMENT_OPTIONS; ``after``, ``prologue_split``, ``trigger`` and ``profile`` keep
     the Triton kernels). A property of the model and options, never of the batch (``auto_streams`` answers the same
     for batches 1..16), so every batch of a model runs the same kernels and keeps its batch-1 bits. Measured (H200,

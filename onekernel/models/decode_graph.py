@@ -96,8 +96,13 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
     093e3f3, benchmarks/README.md), ms per step fma -> mma: Llama-3.1-8B batch 1 graph 5.411 -> 4.961, pdl
     5.347 -> 4.894, megakernel 4.794 -> 4.714, batch 4 graph 10.15 -> 5.12; Llama-3.2-1B batch 1 graph 1.020 ->
     1.126 (10% slower), batch 8 3.179 -> 1.266, megakernel batch 8 4.237 -> 2.124, batch 16 (cold compile runs)
-    24.4 -> 3.5. Small models (SmolLM2-135M, hidden size 576) were not measured with mma in every mode and keep
-    "fma"; fp32 models keep "fma" in any case (``input_precision="ieee"`` fp32 dots run on CUDA cores). A
+    24.4 -> 3.5. Run 29 call 303 (d7a115a, one process per model, graph / pdl with the model's fma path against
+    the bench rows graph-mma / pdl-mma, batch 1 / 8 / 16): Qwen3-0.6B (hidden size 1024) graph 1.255 / 3.501 / 7.456
+    -> 1.222 / 1.509 / 1.777, pdl 1.228 / 3.474 / 7.422 -> 1.202 / 1.477 / 2.039, so 1024 takes "mma" since then
+    (it was 2048); SmolLM2-135M (576) graph 0.568 / 1.568 / 2.601 -> 0.830 / 0.934 / 1.069, pdl 0.544 / 1.533 /
+    2.559 -> 0.674 / 0.865 / 1.058: slower at batch 1 (46% in graph), faster from batch 4, so it keeps "fma" (a
+    choice by batch would break batch invariance). fp32 models keep "fma" in any case (``input_precision="ieee"``
+    fp32 dots run on CUDA cores). A
     tensor-parallel rank takes the unsharded model's path (``dist.tp_kernels.rank_gemv``; the hidden size is not
     sharded, so a model runs one path at every TP size)."""
     if dtype in (torch.bfloat16, torch.float16) and cfg.dim >= MMA_MIN_DIM:
@@ -105,7 +110,7 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
     return "fma"
 
 
-MMA_MIN_DIM = 2048  # default_gemv: the smallest hidden size that takes the tensor-core GEMVs by default
+MMA_MIN_DIM = 1024  # default_gemv: the smallest hidden size that takes the tensor-core GEMVs by default
 
 
 @gc_paused()

@@ -29,7 +29,7 @@ def check_int(name: str, value) -> int:
 
 
 GEMV_HELP = ("GEMV path of the Triton modes: fma (CUDA cores) or mma (tensor cores, the batch padded to 16); default: "
-             "the model's (mma for bf16/fp16 models with a hidden size >= 2048, else fma: "
+             "the model's (mma for bf16/fp16 models with a hidden size >= 1024, else fma: "
              "models.decode_graph.default_gemv)")
 
 

@@ -97,7 +97,7 @@ def megakernel_step(model, cache, tiling: Tiling, fuse_merge: bool, options: dic
     """The megakernel's bound step on a Hopper GPU when no GEMV path is asked for: on the tensor cores ("mma")
     where the megakernel then runs the streaming kernel (backend "gluon", or "auto" as ``exec.auto_streams`` decides;
     ``stream_support.prefer_stream`` always streams a tensor-core step), else on the model's own path (``default_gemv``;
-    "mma" already for bf16 / fp16 models of a hidden size >= 2048). So it changes the path only for smaller bf16 /
+    "mma" already for bf16 / fp16 models of a hidden size >= 1024). So it changes the path only for smaller bf16 /
     fp16 models the streaming kernel supports. SmolLM2-135M (H200, run 19 call 190, ms per step at batch 1 / 8 / 16):
     the streaming tensor-core megakernel 0.613 / 0.745 / 0.975, the Triton megakernel on CUDA cores 0.671 at batch 1
     (run 16: 1.888 at batch 8, the real model). graph, eager and pdl keep the model's path: their tensor-core kernels
