@@ -143,7 +143,7 @@ case "$1" in
 301) # session 29's final commit, call 1 of 2 (~8 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode,
     # graph and pdl-triton also with the attention merge folded into attn_partial: graph-fold, pdl-triton-fold) beside
     # the folded attention's GPU tests and 1,000 replays of graph / pdl / megakernel with the forced timeout; then both
-    # tables
+    # tables. Runs only at 0d5ad75: the fold (its bench rows and tests/test_attention_fold_gpu.py) was reverted after it
     mkdir -p "$W/bench" /tmp/warm
     B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
     MK="graph,graph-fold,pdl,pdl-triton,pdl-triton-fold,megakernel" MT="torch+graph,torch+compile"

@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     from gpu_full import batch_invariance_check
-    from onekernel.bench.modes import MODE_VARIANTS
+    from onekernel.bench.modes import MODE_VARIANTS, variant_options
     from onekernel.models.load import load_model
 
     m = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda")
@@ -47,12 +47,11 @@ def main() -> None:
             try:
                 name, _, backend = mode.partition("/")
                 opts = {"backend": backend} if backend else {}
-                if mode in MODE_VARIANTS:  # a bench row: its mode and fixed options
-                    name, fixed = MODE_VARIANTS[mode]
-                    opts = dict(fixed)
                 if a.gemv:
                     opts["gemv"] = a.gemv
-                rec = {"model": a.model, "mode": mode, "batch": b, "gemv": a.gemv,
+                if mode in MODE_VARIANTS:  # a bench row: its mode and fixed options (InputError on a clash)
+                    name, opts = variant_options(mode, opts)
+                rec = {"model": a.model, "mode": mode, "batch": b, "gemv": opts.get("gemv"),
                        **batch_invariance_check(m, name, batch=b, **opts)}
             except Exception as e:  # noqa: BLE001 (recorded, the next case runs)
                 rec = {"model": a.model, "mode": mode, "batch": b, "gemv": a.gemv, "error": f"{type(e).__name__}: {e}"[:300]}

@@ -16,6 +16,7 @@ import torch
 
 from onekernel.bench.baselines import TorchCompileRunner, TorchGraphRunner
 from onekernel.bench.timing import floor_ms, median_ms, step_bytes
+from onekernel.errors import InputError
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import ReferenceRunner
 from onekernel.runtime.runners import make_step_runner
@@ -39,15 +40,26 @@ MODE_VARIANTS = {"megakernel-triton": ("megakernel", {"backend": "triton"}),
                  "pdl-triton-mma": ("pdl", {"backend": "triton", "gemv": "mma"})}
 
 
+def variant_options(mode: str, opts: dict) -> tuple[str, dict]:
+    """(mode, options) of a MODE_VARIANTS row run with the caller's ``opts`` (a plain mode: itself and ``opts``).
+    Raises InputError when ``opts`` sets an option the row fixes (e.g. ``--gemv fma`` with ``graph-mma``)."""
+    if mode not in MODE_VARIANTS:
+        return mode, dict(opts)
+    base, fixed = MODE_VARIANTS[mode]
+    clash = sorted(k for k in fixed if k in opts)
+    if clash:
+        raise InputError(f"bench row {mode!r} fixes {', '.join(f'{k}={fixed[k]!r}' for k in clash)}; leave "
+                         f"{', '.join(clash)} out, or time the mode {base!r} with it")
+    return base, {**fixed, **opts}
+
+
 def make_bench_runner(mode, model, cache, **opts):
-    """A runner of ``mode``: one of the PyTorch baselines (BASELINES), a MODE_VARIANTS row, or a mode of
-    ``make_step_runner``."""
+    """A runner of ``mode``: one of the PyTorch baselines (BASELINES), a MODE_VARIANTS row (``variant_options``:
+    InputError when ``opts`` sets an option the row fixes), or a mode of ``make_step_runner``."""
     if mode in BASELINES:
         return BASELINES[mode](model, cache, **opts)
-    if mode in MODE_VARIANTS:
-        base, fixed = MODE_VARIANTS[mode]
-        return make_step_runner(base, model, cache, **fixed, **opts)
-    return make_step_runner(mode, model, cache, **opts)
+    base, merged = variant_options(mode, opts)
+    return make_step_runner(base, model, cache, **merged)
 
 
 def runner_gemv(runner) -> str | None:

@@ -115,8 +115,8 @@ def pdl_streams(graph, batch: int, device, options: dict) -> bool:
     the Triton kernels). A property of the model and options, never of the batch (``auto_streams`` answers the same
     for batches 1..16), so every batch of a model runs the same kernels and keeps its batch-1 bits. Measured (H200,
     run 26 call 260, ms per step at batch 1 / 8): Llama-3.2-1B 0.990 / 1.163 against the Triton kernels' 1.094 /
-    1.242; Llama-3.1-8B 4.213 / 4.662 against 4.914 / 5.315. CUDA-core steps (SmolLM2-135M, Qwen3-0.6B) keep the
-    Triton kernels: there the streaming bodies would change the path (docs/DESIGN.md, "Small models")."""
+    1.242; Llama-3.1-8B 4.213 / 4.662 against 4.914 / 5.315. CUDA-core steps (SmolLM2-135M; Qwen3-0.6B until run
+    29) keep the Triton kernels: there the streaming bodies would change the path (docs/DESIGN.md, "Small models")."""
     if graph.meta.get("gemv") != "mma" or set(options) - set(SEGMENT_OPTIONS) or options.get("profile"):
         return False
     return auto_streams(graph, batch, device, {k: v for k, v in options.items() if k not in ("backend", "segment")})

@@ -57,8 +57,8 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
     megakernel on a Hopper GPU): see ``models.decode_graph.decode_graph``; interpret: run a Triton mode in
     the Triton interpreter on the CPU; options: the executor's own (``onekernel.exec.make_runner``).
     Raises InputError (unknown mode or option value; model not a LoadedModel, or a tensor-parallel shard; cache
-    not a KVCache of the model's config, dtype and device; a flag not a bool), DeviceError (a Triton mode without
-    a GPU),
+    not a KVCache of the model's config, dtype and device; a flag not a bool; ``interpret`` with a bf16 model on the
+    tensor-core path, which the interpreter computes wrongly), DeviceError (a Triton mode without a GPU),
     UnsupportedModelError (a model the kernels can't run)."""
     check_model(model)
     if getattr(model, "shard", None) is not None:
@@ -74,6 +74,10 @@ def make_step_runner(mode: str, model, cache, *, interpret: bool = False, tiles:
         if options or given:
             raise InputError(f"the reference mode takes no runner options, got {', '.join(given + sorted(options))}")
         return ReferenceRunner(model, cache)
+    if interpret and cache.k.dtype == torch.bfloat16 and (gemv or default_gemv(model.config, cache.k.dtype)) == "mma":
+        raise InputError("the Triton interpreter has no bf16 tensor-core dot (tl.dot on bf16 gives wrong values on the "
+                         "CPU): interpret the tensor-core path in fp32 (--dtype fp32), or take the CUDA-core path "
+                         "(--gemv fma)")
     if n_sm is not None:
         check_int("n_sm", n_sm)
     tiling = Tiling(sm_count(cache.k.device) if n_sm is None else n_sm, tiles or DEFAULT_TILING[mode],
