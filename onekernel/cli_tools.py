@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from onekernel.bench.modes import BASELINES, MODE_VARIANTS
+from onekernel.bench.modes import BASELINES, MODE_VARIANTS, variant_options
 from onekernel.cli_tp import add_tp_argument
 from onekernel.errors import DeviceError, InputError
 from onekernel.exec import MODES as GPU_MODES
@@ -191,10 +191,9 @@ def _run_bench(args) -> int:
         return run_bench_tp(args, batches, lambda cfg: _context(args, cfg), args.modes != ",".join(BENCH_MODES))
     if args.gemv is not None and args.study:
         raise InputError("--gemv applies to the bench's modes; the --study variants use the model's default path")
-    fixed = [m for m in modes if "gemv" in MODE_VARIANTS.get(m, ("", {}))[1]]
-    if args.gemv is not None and fixed:
-        raise InputError(f"--gemv {args.gemv} with the bench rows {', '.join(fixed)}, which fix their GEMV path; "
-                         f"leave --gemv out, or drop those rows")
+    if args.gemv is not None:  # a bench row that fixes its GEMV path refuses --gemv before anything loads
+        for m in modes:
+            variant_options(m, {"gemv": args.gemv})
     if args.variants is not None and not args.study:
         raise InputError("--variants selects study variants; add --study, or use --modes for the bench")
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132

@@ -55,6 +55,9 @@
 # ONEKERNEL_QKV_BLOCKS, since removed; the L2 prefetch of its next chunks, dropped): in git history (`git show
 # 170ba5f:scripts/gpu_call.sh`); 283 (gate_up's, A/B'd through ONEKERNEL_GATE_UP_BLOCKS, since removed: `git show
 # 73e87c6:scripts/gpu_call.sh`). 290 (+ 274, the other tables) is session 28's final commit.
+# 301 (session 29: both Llama tables with the folded attention merge, graph-fold / pdl-triton-fold, measured slower and
+# reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
+# 304 are session 29's other calls.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -139,30 +142,6 @@ case "$1" in
     step 110 bench-smol $bench/bench $S --batch 1,2,4,8,16 --modes $SM --steps 50
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 110 bench-qwen3-0.6b $bench/bench $Q --batch 1,2,4,8,16 --modes $QM --steps 50
-    ;;
-301) # session 29's final commit, call 1 of 2 (~8 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables (every mode,
-    # graph and pdl-triton also with the attention merge folded into attn_partial: graph-fold, pdl-triton-fold) beside
-    # the folded attention's GPU tests and 1,000 replays of graph / pdl / megakernel with the forced timeout; then both
-    # tables. Runs only at 0d5ad75: the fold (its bench rows and tests/test_attention_fold_gpu.py) was reverted after it
-    mkdir -p "$W/bench" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,graph-fold,pdl,pdl-triton,pdl-triton-fold,megakernel" MT="torch+graph,torch+compile"
-    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
-    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_attention_fold_gpu.py -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes graph-fold,pdl-triton-fold \
-        --out "$W/inv-fold.json" >"$W/inv-fold.log" 2>&1) &
-    wait
-    checked 4
-    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
 302) # session 29's final commit, call 2 of 2 (~4 min, at once after 301 or cold): the per-op GEMV table (gpu_suite ops:
     # every layer's op of a kind in one CUDA graph, L2 flushed, against the copy bandwidth of the same run) and one

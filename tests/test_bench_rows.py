@@ -59,7 +59,8 @@ def test_an_option_the_row_fixes_is_refused(tiny):
 def test_bench_cli_refuses_gemv_with_a_row_that_fixes_it(capsys):
     assert main(["bench", "--model", "tiny", "--random-weights", "--modes", "graph,pdl-mma", "--gemv", "fma"]) != 0
     err = capsys.readouterr().err
-    assert "--gemv fma with the bench rows pdl-mma, which fix their GEMV path" in err  # before any GPU check
+    # refused before any GPU check
+    assert "bench row 'pdl-mma' fixes gemv='mma'; leave gemv out, or time the mode 'pdl' with it" in err
 
 
 def test_the_interpreter_refuses_its_wrong_bf16_tensor_core_dot(tiny):

@@ -102,9 +102,8 @@ def default_gemv(cfg, dtype: torch.dtype) -> str:
     (it was 2048); SmolLM2-135M (576) graph 0.568 / 1.568 / 2.601 -> 0.830 / 0.934 / 1.069, pdl 0.544 / 1.533 /
     2.559 -> 0.674 / 0.865 / 1.058: slower at batch 1 (46% in graph), faster from batch 4, so it keeps "fma" (a
     choice by batch would break batch invariance). fp32 models keep "fma" in any case (``input_precision="ieee"``
-    fp32 dots run on CUDA cores). A
-    tensor-parallel rank takes the unsharded model's path (``dist.tp_kernels.rank_gemv``; the hidden size is not
-    sharded, so a model runs one path at every TP size)."""
+    fp32 dots run on CUDA cores). A tensor-parallel rank takes the unsharded model's path
+    (``dist.tp_kernels.rank_gemv``; the hidden size is not sharded, so a model runs one path at every TP size)."""
     if dtype in (torch.bfloat16, torch.float16) and cfg.dim >= MMA_MIN_DIM:
         return "mma"
     return "fma"
