@@ -24,6 +24,8 @@ P rounded). docs/DESIGN.md, "Attention on the tensor cores, the warps splitting 
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -33,6 +35,9 @@ from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_stage import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
+# a measurement switch: the run's first K/V block by cp.async (this step's row after the wait) instead of loads into
+# registers before the wait and a store after it (docs/DESIGN.md, "Attention on the tensor cores ...", session 21's lead)
+CP0 = gl.constexpr(os.environ.get("STREAM_ATTN_CP0", "0") == "1")
 
 
 @gluon.constexpr_function
@@ -116,11 +121,13 @@ def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.conste
 
 @gluon.jit
 def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr):
+           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, PART: gl.constexpr = 0):
     """Block idx of the run (warp w: its 16 positions of tile u0 + idx // NB, block idx % NB) copied into buffer
     idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a time, K and V,
     dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
-    shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them)."""
+    shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them).
+    PART (CP0): 1 = every row but the one this step writes (issued before the dependency wait; that row is not
+    written), 2 = only that row (after the wait): two commit groups, disjoint bytes."""
     CV: gl.constexpr = _copy_layout(HD)
     b, g, s, end = _tile_end(u0, idx // NB, posv, jv, HKV, S, SPLIT, NSPLIT)
     w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CV)))[:, None, None]
@@ -130,10 +137,21 @@ def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.cons
     goff = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + u * 8
     src = gl.where((rows < end) & (idx < total), 16, 0)
     soff = kv0 + (idx % NBUF) * (2 * 4 * BLK * HD * 2) + ((w * BLK + n) * HD + (u ^ (n & 7)) * 8) * 2
-    gl.inline_asm_elementwise(
-        "cp.async.cg.shared.global [$1], [$2], 16, $5; cp.async.cg.shared.global [$3], [$4], 16, $5; "
-        "mov.b32 $0, 0;", "=r,r,l,r,l,r", [soff, kc + goff, soff + 4 * BLK * HD * 2, vc + goff, src],
-        dtype=gl.int32, is_pure=False, pack=1)
+    if PART == 0:
+        gl.inline_asm_elementwise(
+            "cp.async.cg.shared.global [$1], [$2], 16, $5; cp.async.cg.shared.global [$3], [$4], 16, $5; "
+            "mov.b32 $0, 0;", "=r,r,l,r,l,r", [soff, kc + goff, soff + 4 * BLK * HD * 2, vc + goff, src],
+            dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        cur = rows == _pick(posv, jv, idx // NB)
+        if PART == 1:
+            go = gl.where(cur, 0, 1)
+        else:
+            go = gl.where(cur & (src > 0), 1, 0)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p cp.async.cg.shared.global [$1], [$2], 16, $5;"
+            " @p cp.async.cg.shared.global [$3], [$4], 16, $5; } mov.b32 $0, 0;", "=r,r,l,r,l,r,r",
+            [soff, kc + goff, soff + 4 * BLK * HD * 2, vc + goff, src, go], dtype=gl.int32, is_pure=False, pack=1)
     gl.inline_asm_elementwise("cp.async.commit_group; mov.b32 $0, 0;", "=r,r", [idx], dtype=gl.int32,
                               is_pure=False, pack=1)
 
@@ -224,18 +242,29 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     ws = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))[:, None, None] * (SPLIT // 4)
     cs = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
-    # block 0 before the wait: its old rows (every row but seq_lens[b], which this step's qkv task writes)
-    k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
-    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-    if PROFILE:
-        t_r = now()
-    k1, v1, cur = _first_block(kc, vc, u0, nu, posv, jv, True, HKV, HD, S, SPLIT, NSPLIT)
-    k0 = gl.where(cur, k1, k0)
-    v0 = gl.where(cur, v1, v0)
-    q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
-    q_n = q_c
-    view(kvv.index(0), dt, [4, BLK, HD], KVL).store(k0)  # xbuf is free: the worker loop's barrier after the last task
-    view(kvv.index(1), dt, [4, BLK, HD], KVL).store(v0)
+    if CP0:  # block 0 by cp.async into buffer 0 (xbuf is free: the worker loop's barrier after the last task):
+        # every row but seq_lens[b] before the wait, that row after it (no loads into registers in flight while the
+        # spin's acquire waits)
+        _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 1)
+        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        if PROFILE:
+            t_r = now()
+        _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 2)
+        q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
+        q_n = q_c
+    else:
+        # block 0 before the wait: its old rows (every row but seq_lens[b], which this step's qkv task writes)
+        k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
+        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+        if PROFILE:
+            t_r = now()
+        k1, v1, cur = _first_block(kc, vc, u0, nu, posv, jv, True, HKV, HD, S, SPLIT, NSPLIT)
+        k0 = gl.where(cur, k1, k0)
+        v0 = gl.where(cur, v1, v0)
+        q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
+        q_n = q_c
+        view(kvv.index(0), dt, [4, BLK, HD], KVL).store(k0)  # xbuf is free: the worker loop's barrier after the last task
+        view(kvv.index(1), dt, [4, BLK, HD], KVL).store(v0)
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
         _issue(kv0, kc, vc, u0, p, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
