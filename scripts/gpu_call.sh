@@ -116,6 +116,47 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+306) # session 30's final commit, call 1 of 2 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
+    # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /
+    # megakernel with the forced timeout; then both tables
+    mkdir -p "$W/bench" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
+    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
+    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
+    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel,pdl --out "$W/inv-1b.json" \
+        >"$W/inv-1b.log" 2>&1) &
+    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
+        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 4
+    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    ;;
+307) # session 30's final commit, call 2 of 2 (~7.5 min, at once after 306): the Qwen3-0.6B and Qwen3-8B tables (their
+    # streaming attention changed too) and one profiled Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for)
+    mkdir -p "$W/bench" "$W/profile" /tmp/warm
+    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
+    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,torch+compile,graph,pdl,pdl-triton,megakernel"
+    WARM_S=200 warm q0 $Q0
+    WARM_S=200 warm q8 $Q8
+    (timeout 200 python3 scripts/invariance_check.py qwen3-0.6b --modes megakernel,pdl --out "$W/inv-qwen3-0.6b.json" \
+        >"$W/inv-qwen3-0.6b.log" 2>&1) &
+    wait
+    checked 2
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 110 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 110 bench-qwen3-8b $bench/bench $Q8 --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 45 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    ;;
 305) # session 30 (~8 min): two measurement switches of the streaming megakernel against main's kernels, each variant its
     # own process: the loader's L2 prefetch while the consumer waits on a dependency (STREAM_L2_CHAIN=N chunks after the
     # ring stayed full 1 us; per-line prefetches, or one bulk prefetch per chunk with STREAM_L2_CHAIN_TMA=1) and

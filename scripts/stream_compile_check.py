@@ -46,7 +46,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     from onekernel.exec import stream_device as sd
     from onekernel.exec.stream_plan import bars_guess, make_plan
     from onekernel.exec.stream_records import records
-    from onekernel.exec.stream_runner import fit_kernel, l2_chain_consts
+    from onekernel.exec.stream_runner import fit_kernel
     from onekernel.models.config import get_config
     from onekernel.models.decode_graph import decode_graph
     from onekernel.ops.tiling import Tiling
@@ -67,7 +67,7 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
     args = [torch.zeros(8, dtype=dtype), i32, i32, i32, i64, i32, i32, i32, i32, i32, i64, torch.zeros(8, dtype=dtype),
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
-    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1", **l2_chain_consts())
+    consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)

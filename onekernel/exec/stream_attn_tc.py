@@ -13,8 +13,8 @@ FlashAttention-2 computes one block (Dao, 2023, algorithm 1):
 * the warp's K and V rows are copied by cp.async into its own region of the staged-activation tile ``xbuf`` (free
   between GEMV tasks): NBUF buffers per warp, block i + NBUF issued once block i's operands are read (``ldmatrix``,
   V transposed), so only ``cp.async.wait_group`` and ``bar.warp.sync``, no CTA barrier, stand between blocks; the
-  run's first block is loaded into registers before the dependency wait (every row but the one this step writes) and
-  that row patched after it, as the CUDA-core body does;
+  run's first block is copied the same way, every row but the one this step writes before the dependency wait and
+  that row after it (the CUDA-core body loads it into registers and patches the row);
 * at a tile's end the states' rows 0..7 (a register half of the MMA layout) go to the partial-sum buffer ``accbuf``
   as fp32 [4, 8, HD] with m and l beside them, then two CTA barriers and the fixed-order merge.
 
@@ -23,8 +23,6 @@ batch: bitwise batch invariance, as the CUDA-core body (whose bits it does not r
 P rounded). docs/DESIGN.md, "Attention on the tensor cores, the warps splitting the positions".
 """
 from __future__ import annotations
-
-import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -35,9 +33,6 @@ from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_stage import stage_layout
 
 BLK = gl.constexpr(16)  # positions per warp and block: one MMA k-step of P @ V
-# a measurement switch: the run's first K/V block by cp.async (this step's row after the wait) instead of loads into
-# registers before the wait and a store after it (docs/DESIGN.md, "Attention on the tensor cores ...", session 21's lead)
-CP0 = gl.constexpr(os.environ.get("STREAM_ATTN_CP0", "0") == "1")
 
 
 @gluon.constexpr_function
@@ -64,13 +59,6 @@ def _copy_layout(HD):
     """[4 warps, 16, HD/8] 16-byte units: warp w copies its own block."""
     TD = min(32, HD // 8)
     return gl.BlockedLayout([1, 1, 1], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
-
-
-@gluon.constexpr_function
-def _load_layout(HD):
-    """[4 warps, 16, HD]: warp w loads its own block (16-byte accesses, 8 head-dim elements per thread)."""
-    TD = min(32, HD // 8)
-    return gl.BlockedLayout([1, 1, 8], [1, 32 // TD, TD], [4, 1, 1], [2, 1, 0])
 
 
 @gluon.jit
@@ -101,33 +89,15 @@ def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.con
 
 
 @gluon.jit
-def _first_block(kc, vc, u0, nu, posv, jv, cur_row: gl.constexpr, HKV: gl.constexpr, HD: gl.constexpr,
-                 S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr):
-    """(K, V [4, 16, HD], this step's row mask) of the run's first block (warp w: its 16 positions of tile u0): the
-    rows other than this step's (cur_row False: before the dependency wait) or only this step's row (True), 0
-    elsewhere."""
-    CL: gl.constexpr = _load_layout(HD)
-    b, g, s, end = _tile_end(u0, 0, posv, jv, HKV, S, SPLIT, NSPLIT)
-    w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CL)))[:, None, None]
-    n = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(2, CL)))[None, :, None]
-    d = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, CL)))[None, None, :]
-    rows = s * SPLIT + w * (SPLIT // 4) + n
-    off = (b * HKV + g).to(gl.int64) * (S * HD) + rows * HD + d
-    cur = (rows == _pick(posv, jv, 0)) & (d < HD)
-    live = (rows < end) & (nu > 0) & (cur == cur_row)
-    return (gl.load(kc + off, mask=live, other=0.0, cache_modifier=".cg"),
-            gl.load(vc + off, mask=live, other=0.0, cache_modifier=".cg"), cur)
-
-
-@gluon.jit
 def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
            SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, PART: gl.constexpr = 0):
     """Block idx of the run (warp w: its 16 positions of tile u0 + idx // NB, block idx % NB) copied into buffer
     idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a time, K and V,
     dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
     shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them).
-    PART (CP0): 1 = every row but the one this step writes (issued before the dependency wait; that row is not
-    written), 2 = only that row (after the wait): two commit groups, disjoint bytes."""
+    PART: 0 = the whole block; for the run's first block 1 = every row but the one this step writes (issued before
+    the dependency wait; that row is not written) and 2 = only that row (after the wait): two commit groups, disjoint
+    bytes (the dead rows, past the tile's end, are never this step's row)."""
     CV: gl.constexpr = _copy_layout(HD)
     b, g, s, end = _tile_end(u0, idx // NB, posv, jv, HKV, S, SPLIT, NSPLIT)
     w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CV)))[:, None, None]
@@ -242,29 +212,16 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     ws = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))[:, None, None] * (SPLIT // 4)
     cs = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
-    if CP0:  # block 0 by cp.async into buffer 0 (xbuf is free: the worker loop's barrier after the last task):
-        # every row but seq_lens[b] before the wait, that row after it (no loads into registers in flight while the
-        # spin's acquire waits)
-        _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 1)
-        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-        if PROFILE:
-            t_r = now()
-        _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 2)
-        q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
-        q_n = q_c
-    else:
-        # block 0 before the wait: its old rows (every row but seq_lens[b], which this step's qkv task writes)
-        k0, v0, cur = _first_block(kc, vc, u0, nu, posv, jv, False, HKV, HD, S, SPLIT, NSPLIT)
-        wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
-        if PROFILE:
-            t_r = now()
-        k1, v1, cur = _first_block(kc, vc, u0, nu, posv, jv, True, HKV, HD, S, SPLIT, NSPLIT)
-        k0 = gl.where(cur, k1, k0)
-        v0 = gl.where(cur, v1, v0)
-        q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
-        q_n = q_c
-        view(kvv.index(0), dt, [4, BLK, HD], KVL).store(k0)  # xbuf is free: the worker loop's barrier after the last task
-        view(kvv.index(1), dt, [4, BLK, HD], KVL).store(v0)
+    # block 0 by cp.async into buffer 0 (xbuf is free: the worker loop's barrier after the last task): every row but
+    # seq_lens[b] (which this step's qkv task writes) before the wait, that row after it. No load into registers is in
+    # flight during the spin, whose acquire returned only after them (session 21)
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 1)
+    wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
+    if PROFILE:
+        t_r = now()
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 2)
+    q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
+    q_n = q_c
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
         _issue(kv0, kc, vc, u0, p, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)

@@ -250,34 +250,6 @@ def try_wait(addr, parity):
 
 
 @gluon.jit
-def test_wait(addr, parity):
-    """1 when the mbarrier phase of the given parity has completed, else 0, at once (``mbarrier.test_wait``: never
-    suspends the warp)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }",
-        "=r,r,r", [addr, parity], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def prefetch_chunk_l2(p, TMA: gl.constexpr):
-    """Ask L2 for the 16 KB chunk at global address ``p`` (a hint: nothing waits for it). TMA: lane 0 issues one
-    ``cp.async.bulk.prefetch.L2`` (the bulk-copy unit, which the ring's copies queue behind); else every lane of the
-    warp issues ``prefetch.global.L2`` for 4 of its 128 lines of 128 bytes (the load/store path)."""
-    if TMA:
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"
-            " @p cp.async.bulk.prefetch.L2.global [$1], 16384; mov.b32 $0, 0; }",
-            "=r,l", [p], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        q = p + lane * 64  # 64 two-byte values: a 128-byte line per lane, 4 times 4 KB apart
-        gl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; prefetch.global.L2 [$1+4096]; prefetch.global.L2 [$1+8192];"
-            " prefetch.global.L2 [$1+12288]; mov.b32 $0, 0;",
-            "=r,l", [q], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def bulk_load(dst, src, nbytes, bar, ok):
     """Lane 0, where ok != 0: ``cp.async.bulk`` of the ``nbytes`` at global address ``src`` into shared address
     ``dst``, completing ``nbytes`` of transactions on the mbarrier at shared address ``bar`` (the caller's

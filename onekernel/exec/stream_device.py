@@ -36,8 +36,8 @@ from onekernel.exec.stream_attn_tc import attn_task_tc
 from onekernel.exec.stream_base import (F_KIND, F_OP, F_SIGNAL, F_SYS, F_TASK, K_ALLREDUCE, K_ARGMAX, K_ATTN, K_EMBED,
                                         K_MERGE, REC, SUBVIEW_REINTERPRET, barrier, bulk_load, mma_raw_rows,
                                         mma_raw_tile,
-                                        mma_shared_layouts, now, prefetch_chunk_l2, record, smem_addr, test_wait, try_wait,
-                                        view, wait_bounded, wait_deps, wait_remote)
+                                        mma_shared_layouts, now, record, smem_addr, view, wait_bounded, wait_deps,
+                                        wait_remote)
 from onekernel.exec.stream_epilogue import gemv_task
 from onekernel.exec.stream_fma import gemv_fma
 from onekernel.exec.stream_mma import gemv_mma
@@ -48,37 +48,18 @@ from onekernel.exec.stream_tasks import allreduce_task, argmax_task, embed_task
 # ----------------------------------------------------------------------------------------------- loader
 @gluon.jit
 def _loader(w_ptr, ring, bars, err, c0, n_chunks, SLOTS: gl.constexpr, BARS: gl.constexpr,
-            WAIT_NS: gl.constexpr, L2C: gl.constexpr = 0, L2C_NS: gl.constexpr = 1000, L2C_TMA: gl.constexpr = False):
+            WAIT_NS: gl.constexpr):
     """1 warp: chunk c0 + i of the packed stream (bf16/fp16 at w_ptr, 16 KB per chunk) into slot i % SLOTS, for i in
     [0, n_chunks), one 1-D bulk copy each under an L2 evict_first policy (stream_base.bulk_load). The slots are
     addressed from shared byte 0: the ring must be the kernel's first shared buffer (the largest, so Triton's
     allocator puts it there; stream_runner.fit_kernel refuses a kernel where it is not). Its waits get twice the
-    consumer's bound, so the first recorded failure is the cause.
-
-    L2C > 0 (a measurement switch, ``STREAM_L2_CHAIN``): when the slot for chunk i is still in use L2C_NS ns after
-    the loader reached it, the consumer is waiting on a dependency (a streaming stage frees a slot every ~0.5 us),
-    so while the slot stays in use the loader asks L2 for chunks i .. i + L2C - 1 (each once:
-    stream_base.prefetch_chunk_l2), for HBM to keep streaming through qkv -> attention -> o_proj."""
+    consumer's bound, so the first recorded failure is the cause."""
     ELEMS: gl.constexpr = ring.shape[1] * ring.shape[2]  # a chunk: 16 KB of 2-byte values
     NBYTES: gl.constexpr = ELEMS * 2
     empty0 = smem_addr(BARS + 8 * SLOTS)
     ok = 1
-    pf = 0
     for i in range(n_chunks):
         slot = i % SLOTS
-        if L2C > 0:
-            par = ((i // SLOTS) & 1) ^ 1
-            free = try_wait(empty0 + 8 * slot, par)
-            if free == 0:
-                t0 = now()
-                while (free == 0) & (now() - t0 < L2C_NS):
-                    free = try_wait(empty0 + 8 * slot, par)
-                pf = gl.maximum(pf, i)
-                lim = gl.minimum(i + L2C, n_chunks)
-                while (free == 0) & (pf < lim):
-                    prefetch_chunk_l2(w_ptr + (c0 + pf).to(gl.int64) * ELEMS, L2C_TMA)
-                    pf += 1
-                    free = test_wait(empty0 + 8 * slot, par)
         ok = wait_bounded(ok, empty0 + 8 * slot, ((i // SLOTS) & 1) ^ 1, err, 3, -1, i, slot, 2 * WAIT_NS)
         mbarrier.expect(bars.index(slot), NBYTES, pred=ok != 0)
         bulk_load(smem_addr(slot * NBYTES), w_ptr + (c0 + i).to(gl.int64) * ELEMS, NBYTES, smem_addr(BARS + 8 * slot),
@@ -206,8 +187,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      QKN: gl.constexpr = False, L2C: gl.constexpr = 0, L2C_NS: gl.constexpr = 1000,
-                      L2C_TMA: gl.constexpr = False):
+                      QKN: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -273,7 +253,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
                      NTA, ACCG, FOLD, NGP, ATTN_TC, QKN)),
-        (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS, L2C, L2C_NS, L2C_TMA)),
+        (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order
         gdc_wait()

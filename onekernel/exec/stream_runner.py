@@ -10,7 +10,6 @@ The weights are re-packed once, at construction, into one stream (a second copy 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import weakref
 from dataclasses import dataclass
@@ -66,14 +65,6 @@ def shared_stream(plan, tensors: dict) -> WeightStream:
         stream = WeightStream(*pack_weights(plan, tensors))
         _STREAMS[key] = stream
     return stream
-
-
-def l2_chain_consts() -> dict:
-    """The loader's L2 prefetch while the consumer waits on a dependency (stream_device._loader; a measurement
-    switch): ``STREAM_L2_CHAIN`` = chunks ahead (0: off, the default), ``STREAM_L2_CHAIN_NS`` = how long the ring
-    must stay full first (ns), ``STREAM_L2_CHAIN_TMA=1``: one bulk prefetch per chunk instead of per-line ones."""
-    return dict(L2C=max(int(os.environ.get("STREAM_L2_CHAIN", "0")), 0), L2C_NS=int(os.environ.get("STREAM_L2_CHAIN_NS", "1000")),
-                L2C_TMA=os.environ.get("STREAM_L2_CHAIN_TMA", "0") == "1")
 
 
 def fit_kernel(compile_fn, consts: dict, smem_limit: int):
@@ -180,7 +171,7 @@ class StreamMegakernelRunner(PersistentRunner):
         self._prof_all = torch.zeros(2 * n, 4, dtype=torch.int64, device=dev)
         self.prof, self.prof_sub = self._prof_all[:n], self._prof_all[n:]
         self.wait_limit = f"{wait_ms} ms"
-        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile, **l2_chain_consts())
+        self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
