@@ -139,6 +139,19 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
+308) # session 30's final commit, call 3 (~4.5 min): 1,000 replays of graph / pdl / megakernel at batch 1 and 8 with the
+    # forced timeout (306's ran out of GPU memory beside the warm-ups) beside the warm-up of Qwen3-8B's batch-8 rows, which
+    # 307 ran out of time for (torch.compile's warm-up), then those rows
+    mkdir -p "$W/bench" /tmp/warm
+    Q8="--model qwen3-8b --random-weights --batch 8 --modes graph,pdl,pdl-triton,megakernel"
+    WARM_S=150 warm q8 $Q8
+    (timeout 150 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    wait
+    checked 1
+    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 80 bench-qwen3-8b-8 $bench/bench $Q8 --steps 50
+    ;;
 307) # session 30's final commit, call 2 of 2 (~7.5 min, at once after 306): the Qwen3-0.6B and Qwen3-8B tables (their
     # streaming attention changed too) and one profiled Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for)
     mkdir -p "$W/bench" "$W/profile" /tmp/warm
