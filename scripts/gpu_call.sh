@@ -58,6 +58,9 @@
 # 301 (session 29: both Llama tables with the folded attention merge, graph-fold / pdl-triton-fold, measured slower and
 # reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
 # 304 are session 29's other calls.
+# 305 (session 30: the loader's L2 prefetch while the consumer waits on a dependency, STREAM_L2_CHAIN, slower, dropped;
+# attention's first K/V block by cp.async, STREAM_ATTN_CP0=1, kept as the only path): in git history (`git show
+# 8fc3cf5:scripts/gpu_call.sh`, the switches there); 306 + 307 + 308 are session 30's final commit.
 # 242 = 211 then 212 in one command (give each step its limit; an outer `timeout` around 211 left its bench running).
 # 214 + 215 (session 21: STREAM_EARLY_WAIT, the wait fields with the record and attention's first K/V block around the
 # spin; none faster, the switch removed): in git history (`git show 6a4f3a8:scripts/gpu_call.sh`, the code at 84a3d2e).
@@ -116,7 +119,7 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-306) # session 30's final commit, call 1 of 2 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
+306) # session 30's final commit, call 1 of 3 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
     # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /
     # megakernel with the forced timeout; then both tables
     mkdir -p "$W/bench" /tmp/warm
@@ -152,7 +155,7 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 80 bench-qwen3-8b-8 $bench/bench $Q8 --steps 50
     ;;
-307) # session 30's final commit, call 2 of 2 (~7.5 min, at once after 306): the Qwen3-0.6B and Qwen3-8B tables (their
+307) # session 30's final commit, call 2 of 3 (~7.5 min, at once after 306): the Qwen3-0.6B and Qwen3-8B tables (their
     # streaming attention changed too) and one profiled Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for)
     mkdir -p "$W/bench" "$W/profile" /tmp/warm
     Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
@@ -169,38 +172,6 @@ case "$1" in
     step 110 bench-qwen3-8b $bench/bench $Q8 --steps 50
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 45 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
-    ;;
-305) # session 30 (~8 min): two measurement switches of the streaming megakernel against main's kernels, each variant its
-    # own process: the loader's L2 prefetch while the consumer waits on a dependency (STREAM_L2_CHAIN=N chunks after the
-    # ring stayed full 1 us; per-line prefetches, or one bulk prefetch per chunk with STREAM_L2_CHAIN_TMA=1) and
-    # attention's first K/V block by cp.async around the spin (STREAM_ATTN_CP0=1); bitwise A/B of one step first
-    mkdir -p /tmp/warm
-    S1="--model llama-3.2-1b --random-weights --modes megakernel,pdl --batch 1,8,16"
-    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
-    V0="STREAM_L2_CHAIN=0" VC="STREAM_ATTN_CP0=1" V8="STREAM_L2_CHAIN=8" V16="STREAM_L2_CHAIN=16"
-    VT="STREAM_L2_CHAIN=8 STREAM_L2_CHAIN_TMA=1"
-    wtree 220 b . "$V0" $S1; wtree 220 c . "$VC" $S1; wtree 220 l8 . "$V8" $S1; wtree 220 l16 . "$V16" $S1
-    wtree 220 lt . "$VT" $S1
-    wtree 220 b8 . "$V0" $S8; wtree 220 c8 . "$VC" $S8; wtree 220 l88 . "$V8" $S8
-    (for v in "$V0" "$VC" "$V8"; do n=$(echo $v | tr -cd 'A-Z0-9' | tail -c 6); for b in 3 16; do
-         timeout 100 env $v python3 scripts/logits_dump.py "$W/d$n-$b.pt" --batch $b >"$W/dump-$n-$b.log" 2>&1; done
-         timeout 120 env $v python3 scripts/logits_dump.py "$W/e$n-3.pt" --batch 3 --model llama-3.1-8b \
-             >"$W/dump8-$n-3.log" 2>&1; done) &
-    wait
-    checked 8
-    for b in 3 16; do for n in TNCP01 CHAIN8; do
-        python3 scripts/logits_dump.py --compare "$W/dCHAIN0-$b.pt" "$W/d$n-$b.pt" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
-    done; done
-    for n in TNCP01 CHAIN8; do
-        python3 scripts/logits_dump.py --compare "$W/eCHAIN0-3.pt" "$W/e$n-3.pt" 2>&1 | tail -1 | tee -a "$OUT/log.txt"; done
-    rm -f "$W"/*.pt
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    ttree 40 base-1b . "$V0" $S1; ttree 40 cp0-1b . "$VC" $S1; ttree 40 l8-1b . "$V8" $S1
-    ttree 40 l16-1b . "$V16" $S1; ttree 40 lt-1b . "$VT" $S1
-    ttree 40 base2-1b . "$V0" $S1; ttree 40 cp02-1b . "$VC" $S1; ttree 40 l82-1b . "$V8" $S1
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    ttree 60 base-8b . "$V0" $S8; ttree 60 cp0-8b . "$VC" $S8; ttree 60 l8-8b . "$V8" $S8
-    step 40 profile-l8-1b env STREAM_L2_CHAIN=8 python3 scripts/stream_profile.py --out "$W/profile-l8" --model llama-3.2-1b
     ;;
 304) # session 29 (~2.5 min): Qwen3-0.6B on its new default path (the tensor cores, MMA_MIN_DIM 1024): bitwise batch
     # invariance at 2 / 8 / 16 in eager, graph, pdl (its streaming bodies), pdl-triton and the megakernel
