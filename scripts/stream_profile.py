@@ -7,7 +7,7 @@ its first task started, when its last task's dependencies were satisfied, when i
 the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
 layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
 (``prof_sub``: staging activation tiles, of which waiting for their loads, waiting on ring slots, epilogues, the
-rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes
+time before the first block (operand pointers, the rstd pass), the rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes
 DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of one step: ``profile.trace.timeline_png``).
 """
 from __future__ import annotations
@@ -79,11 +79,13 @@ def main() -> None:
         for t in op.task_ids:
             if t < len(sub) and sub[t][3] > 0:  # tiles staged: a tensor-core GEMV task
                 d, task_us = inside[op.kind.name], (prof[t][2] - prof[t][1]) / 1e3
-                for name, v in zip(("staging_us", "ring_wait_us", "epilogue_us"), sub[t][:3]):
+                epi, pre = sub[t][2] & 0xFFFFFFFF, sub[t][2] >> 32  # above bit 32: the time before the first block
+                for name, v in zip(("staging_us", "ring_wait_us", "epilogue_us", "pre_us"),
+                                   (sub[t][0], sub[t][1], epi, pre)):
                     d[name].append(v / 1e3)
                 d["tiles"].append(sub[t][3] & 0xFFFF)  # above bit 16: the staging's wait for its loads
                 d["staging_wait_us"].append((sub[t][3] >> 16) / 1e3)
-                d["rest_us"].append(task_us - sum(sub[t][:3]) / 1e3)
+                d["rest_us"].append(task_us - (sub[t][0] + sub[t][1] + epi + pre) / 1e3)
     gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
     attn_in = {n: statistics.median(v) for n, v in attn_inside.items() if v}
     busy = defaultdict(float)
@@ -98,7 +100,8 @@ def main() -> None:
         print(f"  {k:14s} tasks {v['tasks']:6d} median {v['median_us']:7.2f} us  max {v['max_us']:7.2f} us")
     for k, v in gemv_inside.items():
         print(f"  inside {k:14s} staging {v['staging_us']:6.2f} (waiting {v['staging_wait_us']:5.2f}) ring wait"
-              f" {v['ring_wait_us']:6.2f} epilogue {v['epilogue_us']:6.2f} rest {v['rest_us']:6.2f} us, tiles"
+              f" {v['ring_wait_us']:6.2f} epilogue {v['epilogue_us']:6.2f} before block 1 {v['pre_us']:5.2f} rest"
+              f" {v['rest_us']:6.2f} us, tiles"
               f" {v['tiles']:.0f} (medians)")
     if attn_in:
         print(f"  inside attn_partial  to loop {attn_in['to_loop_us']:5.2f} blocks {attn_in['blocks_us']:6.2f}"

@@ -162,11 +162,14 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
     round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the
     runner's ``prof_sub``) = ns staging activation tiles, ns waiting on ring slots, ns in the epilogues (from the
-    block's end to its outputs' stores), tiles staged + (ns of the staging spent waiting for the tiles' loads,
-    before their first barrier) << 16; the rest of the task's time (prof: end - ready) is the
-    fields, the rstd pass, the chunks' ldmatrix / MMA and the release."""
+    block's end to its outputs' stores) + (ns from the body's start to its first block: the operand pointers and the
+    rstd pass) << 32, tiles staged + (ns of the staging spent waiting for the tiles' loads, before their first
+    barrier) << 16; the rest of the task's time (prof: end - ready) is the fields, the chunks' ldmatrix / MMA and
+    the release."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
+    if PROFILE:
+        t_in = now()
     t, u0, nu, K, nkb, N, x, nw = gt
     norm = (kind != K_RESID).to(gl.int32)
     gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
@@ -202,10 +205,11 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
     ps = (0, 0, 0)
     epi = 0
-    if PROFILE:
-        z = now() * 0
+    if PROFILE:  # the time before the first block (operand pointers, the rstd pass): above bit 32 of sub[2]
+        t_b = now()
+        z = t_b * 0
         ps = (z, z, z)
-        epi = z
+        epi = (t_b - t_in) << 32
     for ub in range(u0, u0 + nu, UB):
         ue = gl.minimum(ub + UB, u0 + nu)
         # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
