@@ -2,10 +2,12 @@
 (e.g. a ``git worktree`` of the commit the tables were measured at) for sm_90a, on a machine without a GPU, and
 compare the PTX up to register and label names (debug-scope labels, line records and blank lines dropped):
 
-    python scripts/ptx_compare.py OTHER_TREE [--out DIR] [--kernels qwen3-8b:8:mma,...] [--params]
+    python scripts/ptx_compare.py OTHER_TREE [--out DIR] [--kernels qwen3-8b:8:mma,llama-3.2-1b:8:fma:0:2,...]
+                                  [--params]
 
 Seven kernels: Llama-3.2-1B batch 1 / 8 / 16 and Llama-3.1-8B batch 1 with tensor cores, SmolLM2-135M batch 3
-and Llama-3.2-1B batch 1 with CUDA cores, and a TP=2 rank of Llama-3.2-1B at batch 8. Equal PTX means a
+and Llama-3.2-1B batch 1 with CUDA cores, and a TP=2 rank of Llama-3.2-1B at batch 8 (``--kernels``: others;
+``STREAM_PROFILE=1``: the profiling builds, ``scripts/stream_compile_check``). Equal PTX means a
 benchmark table measured with the other tree still describes this one. Prints one line per kernel and exits 1
 when any differs (the normalised PTX of both trees stays in --out for a diff).
 """
@@ -63,18 +65,26 @@ def dump(tree: Path, out: Path, kernels: list = KERNELS) -> None:
 
 
 def parse_kernels(spec: str | None) -> list:
-    """``MODEL:BATCH:GEMV,...`` -> the (model, batch, gemv, tp) list dump takes (single GPU); None: KERNELS."""
+    """``MODEL:BATCH:GEMV[:RANK:N],...`` -> the (model, batch, gemv, tp) list dump takes (single GPU, or with
+    RANK:N that rank of a TP=N graph); None: KERNELS. ValueError for another form."""
     if not spec:
         return KERNELS
-    return [(m, int(b), g, None) for m, b, g in (k.split(":") for k in spec.split(","))]
+    out = []
+    for k in spec.split(","):
+        f = k.split(":")
+        if len(f) not in (3, 5):
+            raise ValueError(f"kernel {k!r}: expected MODEL:BATCH:GEMV or MODEL:BATCH:GEMV:RANK:N")
+        out.append((f[0], int(f[1]), f[2], (int(f[3]), int(f[4])) if len(f) == 5 else None))
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("other", help="the other tree (a checkout of the commit to compare with)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--kernels", default=None, metavar="MODEL:BATCH:GEMV,...",
-                    help="other single-GPU kernels than the seven (e.g. qwen3-8b:8:mma, which older trees do not stream)")
+    ap.add_argument("--kernels", default=None, metavar="MODEL:BATCH:GEMV[:RANK:N],...",
+                    help="other kernels than the seven (e.g. qwen3-8b:8:mma, which older trees do not stream; "
+                         "llama-3.2-1b:8:fma:0:2: rank 0 of a TP=2 graph)")
     ap.add_argument("--params", action="store_true",
                     help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()

@@ -2,14 +2,17 @@
 breakdown.
 
     python scripts/tp_profile.py [--tp 2] [--model llama-3.2-1b] [--batch 1] [--steps 5] [--comm-workers 0]
-                                 [--ar-tiles N] [--gemv fma|mma] [--out DIR]
+                                 [--ar-tiles N] [--gemv fma|mma] [--backend auto|gluon|triton] [--out DIR]
 
 Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. Each rank builds
 its TP megakernel on the GEMV path ``--gemv`` (default: the model's; the JSON's ``gemv``; ``-GEMV`` ends the file
-names when given) with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done,
-end, SM id), runs 3 warm-up steps and ``--steps`` profiled steps (the bench's random state), reads its stamps after
-each step and keeps the step whose span is the median; rank 0 gathers every rank's stamps (all_gather: the graphs,
-hence the shapes, are the same) and writes, under DIR:
+names when given) and backend ``--backend`` (``TPMegakernelRunner``'s; default auto: the streaming Gluon kernel
+where it runs; the JSON's ``backend``; ``-BACKEND`` ends the file names when given; ``--comm-workers`` > 0 is
+Triton's) with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done, end, SM id,
+or the streaming kernel's worker id, one CTA per SM, its rows converted by ``profile.tp_trace.stream_rows``; task ids
+of the runner's ``task_graph``: the streaming kernel's is re-tiled), runs 3 warm-up steps and ``--steps`` profiled
+steps (the bench's random state), reads its stamps after each step and keeps the step whose span is the median;
+rank 0 gathers every rank's stamps (all_gather: the graphs, hence the shapes, are the same) and writes, under DIR:
 
 * ``tp-profile-MODEL-bB.png`` (``-tpN`` before ``-bB`` when N != 2): one panel per rank, rows = SMs, tasks as bars by op kind, the all-reduce tiles in
   red, local waits grey, waits on the peer light red. globaltimer is per GPU and the clocks are not
@@ -44,6 +47,7 @@ def _args():
     ap.add_argument("--ar-tiles", type=int, default=None, help="tiles per all-reduce op (default: the fit rule)")
     add_tp_argument(ap)
     add_gemv_argument(ap)
+    ap.add_argument("--backend", choices=("auto", "gluon", "triton"), default="auto", help="the TP megakernel's")
     ap.add_argument("--out", default="benchmarks/results/tp-profile")
     return ap.parse_args()
 
@@ -56,7 +60,7 @@ def main() -> int:
     from onekernel.bench.report import commit_id
     from onekernel.dist.process import close_rank, init_rank
     from onekernel.profile.trace import breakdown
-    from onekernel.profile.tp_trace import rank_breakdown, tp_timeline_png
+    from onekernel.profile.tp_trace import rank_breakdown, remote_task_ids, stream_rows, tp_timeline_png
     from tp_common import load_shard
 
     info = init_rank(a.tp, "cuda")
@@ -65,9 +69,11 @@ def main() -> int:
     cache, _ = random_decode_state(model, a.batch, a.context)
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, group.config.vocab_size, (a.batch,), device=dev, dtype=torch.int32, generator=g)
-    r = group.step_runner("megakernel", model, cache, profile=True, comm_workers=a.comm_workers,
-                          ar_tiles=a.ar_tiles, gemv=a.gemv)
+    opts = {"comm_workers": a.comm_workers} if a.comm_workers else {}  # a Triton-only option: "auto" takes Triton
+    r = group.step_runner("megakernel", model, cache, profile=True, ar_tiles=a.ar_tiles, gemv=a.gemv,
+                          backend=a.backend, **opts)
     mk = r.runner
+    rtasks = remote_task_ids(mk.events)
     for _ in range(3):
         r.step(tokens)
     torch.cuda.synchronize()
@@ -76,7 +82,7 @@ def main() -> int:
     for _ in range(a.steps):
         r.step(tokens)
         torch.cuda.synchronize()
-        p = mk.prof.clone()
+        p = stream_rows(mk.prof, mk.prof_sub, rtasks).to(dev) if r.backend == "gluon" else mk.prof.clone()
         stamps.append(p)
         spans.append(float(p[:, 2].max() - p[:, 0].min()) / 1e3)
     r.check()
@@ -86,17 +92,17 @@ def main() -> int:
     every_spans = [torch.zeros(len(spans), dtype=torch.float64, device=dev) for _ in range(a.tp)]
     group.dist.all_gather(every_spans, torch.tensor(spans, dtype=torch.float64, device=dev))
     if rank == 0:
-        graph = mk.graph
-        rtasks = {t for t, rw in enumerate(mk.events.remote_waits) if rw}
+        graph = mk.task_graph
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"tp-profile-{a.model}" + (f"-tp{a.tp}" if a.tp != 2 else "") + f"-b{a.batch}" + (f"-k{a.comm_workers}" if a.comm_workers else "") + (
-            f"-ar{a.ar_tiles}" if a.ar_tiles else "") + (f"-{a.gemv}" if a.gemv else "")
+            f"-ar{a.ar_tiles}" if a.ar_tiles else "") + (f"-{a.gemv}" if a.gemv else "") + (
+            f"-{a.backend}" if a.backend != "auto" else "")
         commit = commit_id()
         profs = [p.cpu() for p in every]
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
         rep = {"model": a.model, "batch": a.batch, "context": a.context, "tp": a.tp, "commit": commit,
-               "gemv": graph.meta["gemv"],
+               "gemv": graph.meta["gemv"], "backend": r.backend,
                "comm_workers": a.comm_workers, "ar_tiles_per_op": next(op.n_tiles for op in graph.ops
                                                                       if op.kind.name == "allreduce"),
                "n_workers": mk.n_workers, "tasks": len(graph.tasks), "tasks_with_remote_waits": len(rtasks),
@@ -110,7 +116,7 @@ def main() -> int:
             b["median_span_us"] = statistics.median(s)
             rep["ranks"].append(b)
         (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
-        title = (f"{a.model} TP={a.tp} megakernel, batch {a.batch}, commit {commit}: rank spans "
+        title = (f"{a.model} TP={a.tp} megakernel ({r.backend}), batch {a.batch}, commit {commit}: rank spans "
                  + ", ".join(f"{x['span_us']:.0f} us" for x in rep["ranks"]))
         tp_timeline_png(graph, profs, rtasks, out / f"{stem}.png", title=title)
         for k, b in enumerate(rep["ranks"]):

@@ -186,6 +186,26 @@ def test_tp_runner_backend_choice():
         pick("gluon", step, False, {}, None, 8)
 
 
+def test_tp_runner_auto_profiles_on_the_streaming_kernel(monkeypatch):
+    """"auto" with profile=True takes the streaming kernel where it takes it without (its TP stamps hold the local
+    waits apart: profile.tp_trace.stream_rows); a Triton-only option still makes it "triton", and a Gluon-only one
+    beside it is still refused. The Hopper check is the only part of the decision that needs a GPU: it passes here."""
+    from onekernel.dist import tp_megakernel as tpm
+    from onekernel.exec import stream_support
+
+    monkeypatch.setattr(stream_support, "unsupported_device", lambda dev: None)
+    g, _ = _plan(0, gemv="mma")
+    step = SimpleNamespace(graph=g, batch=2, device=torch.device("cpu"))
+    pick = tpm.TPMegakernelRunner._pick
+    assert pick("auto", step, False, {}, None, W) == "gluon"
+    assert pick("auto", step, False, {"profile": True}, None, W) == "gluon"
+    assert pick("gluon", step, False, {"profile": True}, None, W) == "gluon"
+    assert pick("auto", step, False, {"profile": True, "comm_workers": 2}, None, W) == "triton"
+    with pytest.raises(InputError, match="wait_ms"):
+        pick("auto", step, False, {"profile": True, "comm_workers": 2, "wait_ms": 5}, None, W)
+    assert pick("auto", step, True, {"profile": True}, None, W) == "triton"  # off a GPU: the interpreter's
+
+
 def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
     """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2, on the model's GEMV path (the
     ranks' default: tensor cores): at most 16 bytes of spills (as the TP=1 kernels), mma.sync in the PTX, and the

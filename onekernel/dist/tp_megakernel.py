@@ -40,8 +40,9 @@ expected x epoch), so they are never overwritten.
 Backends: "triton" (``exec.megakernel``, every device and the interpreter; run on two H200s) or "gluon" (the
 streaming kernel, ``exec.stream_runner``: the all-reduces are non-GEMV tile tasks of the re-tiled plan, its remote
 waits and system-scope signals built as the Triton kernel's; run on two H200s in run 8); "auto" takes "gluon" where the
-single-GPU "auto" would (``stream_support.unsupported`` / ``prefer_stream``, no Triton-only option given) and falls
-back to "triton" when the streaming kernel does not build. The default is DEFAULT_BACKEND.
+single-GPU "auto" would (``stream_support.unsupported`` / ``prefer_stream``, no Triton-only option given; with or
+without ``profile``) and falls back to "triton" when the streaming kernel does not build. The default is
+DEFAULT_BACKEND.
 
 Logits: the LM head stays vocabulary-parallel; after the launch the runner gathers the logits and takes the
 distributed argmax with ``TPGroup``'s collectives (as ``dist.tp_kernels``), inside the same CUDA graph as the
@@ -253,7 +254,8 @@ class TPMegakernelRunner(TPRankRunner):
     @staticmethod
     def _pick(backend: str, bound, off_gpu: bool, options: dict, spin_limit, n_workers: int) -> str:
         """"gluon" or "triton" for ``backend`` (module doc); InputError for "gluon" where it cannot run or with a
-        Triton-only option, and for a "triton" run given a Gluon-only option."""
+        Triton-only option, and for a "triton" run given a Gluon-only option. ``profile`` (in ``options``) does not
+        choose: both kernels stamp every task with its local and remote waits apart (``profile.tp_trace``)."""
         triton_opts = sorted(k for k in TRITON_ONLY if options.get(k) is not None or (k == "spin_limit" and spin_limit))
         gluon_opts = sorted(k for k in GLUON_ONLY if k in options)
         if backend == "triton" or off_gpu:
@@ -269,7 +271,7 @@ class TPMegakernelRunner(TPRankRunner):
             if why:
                 raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {why}; use backend='triton'")
             return "gluon"
-        if why or triton_opts or options.get("profile") or not prefer_stream(bound.graph, n_workers):
+        if why or triton_opts or not prefer_stream(bound.graph, n_workers):  # profile=True: either backend stamps
             if gluon_opts:
                 raise InputError(f"option(s) {', '.join(gluon_opts)} belong to the streaming megakernel, which 'auto' "
                                  f"did not pick here ({why or 'Triton options given or a model too small'})")

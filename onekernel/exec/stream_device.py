@@ -136,6 +136,8 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
         if TP:
             if kind == K_ALLREDUCE:  # the peers' producers of its rows (after the local ones)
+                if PROFILE:  # the local waits done: the task's prof_sub row, column 0 (profile.tp_trace.stream_rows)
+                    gl.store(prof + (n_prof + t) * 4, now())
                 wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS)
                 if PROFILE:
                     gl.store(prof + t * 4 + 1, now())
@@ -195,7 +197,8 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
     counters), epoch / done int32 [1], err int32 [ERR_TASKS + 3 x tasks] (stream_base: the first failure, then a slot per task), prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
     satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
-    stream_mma.gemv_mma). Shared memory: the ring (SLOTS x 16 KB), xbuf
+    stream_mma.gemv_mma, attention's, stream_attn.attn_task, and with TP an all-reduce task's local waits done in
+    column 0, before its remote waits). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per
     chunk) and attention's warp-merge scratch fp32 [8, RP, HD], 2 SLOTS mbarriers at byte BARS. MMA
     (gemv="mma"): instead of xbuf, the staged activation tile [4, 16, CK/4], the block's per-warp partial sums

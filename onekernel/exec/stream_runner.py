@@ -106,7 +106,8 @@ class StreamMegakernelRunner(PersistentRunner):
     activation tiles, ns waiting on ring slots, ns in epilogues + ns before the first block << 32, tiles staged:
     ``exec.stream_mma.gemv_mma``; each
     attention task's: ns to its block loop, ns in the blocks, ns in the warp merges, ns arriving and merging +
-    blocks << 32: ``exec.stream_attn.attn_task``).
+    blocks << 32: ``exec.stream_attn.attn_task``; at TP each all-reduce task's local waits done (ns, before its
+    remote waits; its prof row's column 1 is all waits done) in column 0: ``profile.tp_trace.stream_rows``).
 
     Tensor parallel (a graph with all-reduce ops reading peer buffers; dist/tp_megakernel.py): ``rank`` and
     ``counters`` (every rank's event-counter array as mapped in this process, int32, zeroed, rank order, at least

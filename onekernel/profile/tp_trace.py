@@ -9,6 +9,11 @@ waiting on the peer show as that rank's remote-wait time.
 
 Per task: waiting locally = col4 - start, waiting on peers = ready - col4 (0 for tasks without remote waits),
 body = end - ready.
+
+The streaming (Gluon) TP megakernel (``exec.stream_runner``) stamps 4-wide rows (start, all waits done, end,
+worker) and, per all-reduce task, its local waits done in column 0 of its ``prof_sub`` row: ``stream_rows`` turns
+both into the layout above, so every function here takes either backend's stamps (the streaming runner's task ids
+are those of its re-tiled graph, ``runner.task_graph``, with its remote waits in ``runner.events.remote_waits``).
 """
 from __future__ import annotations
 
@@ -22,6 +27,35 @@ from onekernel.graph.ir import Graph
 
 COMM_KIND = "allreduce"
 _LAYER = re.compile(r"\.(\d+)(\.ar)?$")
+
+
+def remote_task_ids(events) -> set[int]:
+    """The ids of the tasks with remote waits (a ``graph.deps`` Events' ``remote_waits``: one list per task of
+    (peer rank, event) pairs; empty at TP = 1)."""
+    return {t for t, rw in enumerate(events.remote_waits) if rw}
+
+
+def stream_rows(prof: torch.Tensor, prof_sub: torch.Tensor, remote_tasks: set[int]) -> torch.Tensor:
+    """The streaming TP megakernel's stamps in the Triton TP megakernel's layout (module doc): int64 [n, 5] =
+    (start, all waits done, end, worker, local waits done), ns of the GPU's %globaltimer (the worker id as is), from
+    ``prof`` int64 [n, 4] (start, all waits done, end, worker: ``StreamMegakernelRunner.prof``) and ``prof_sub``
+    int64 [>= n, 4] (its ``prof_sub``: column 0 of an all-reduce task's row = its local waits done, stamped before
+    its remote waits). Local waits done = prof_sub[t, 0] for t in ``remote_tasks`` (task ids of the runner's
+    ``task_graph``: ``remote_task_ids(runner.events)``), = all waits done for every other task. A new CPU tensor
+    (the inputs may be on a GPU). ValueError for other shapes or dtypes, or a remote task id outside [0, n)."""
+    if prof.dim() != 2 or prof.shape[1] != 4 or prof_sub.dim() != 2 or prof_sub.shape[1] != 4 \
+            or prof_sub.shape[0] < prof.shape[0] or prof.dtype != torch.int64 or prof_sub.dtype != torch.int64:
+        raise ValueError(f"stream_rows needs prof int64 [n, 4] and prof_sub int64 [>= n, 4], got "
+                         f"{tuple(prof.shape)} {prof.dtype} and {tuple(prof_sub.shape)} {prof_sub.dtype}")
+    n = prof.shape[0]
+    bad = sorted(t for t in remote_tasks if not 0 <= t < n)
+    if bad:
+        raise ValueError(f"remote task ids {bad[:5]} outside the {n} profiled tasks")
+    prof, sub = prof.detach().cpu(), prof_sub.detach().cpu()
+    local = prof[:, 1].clone()
+    ids = torch.tensor(sorted(remote_tasks), dtype=torch.int64)
+    local[ids] = sub[ids, 0]
+    return torch.cat([prof, local[:, None]], dim=1)
 
 
 def _rows(prof: torch.Tensor) -> list[tuple[float, float, float, int, float]]:
