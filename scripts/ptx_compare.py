@@ -35,7 +35,7 @@ sys.path[:0] = [tree, tree + "/scripts"]
 from stream_compile_check import compile_stream
 for m, b, gv, tp in {kernels!r}:
     k, _, _ = compile_stream(m, b, 132, gemv=gv, tp=tp)
-    open(f"{{out}}/{{m}}-{{b}}-{{gv}}-{{'tp' if tp else 'x'}}.ptx", "w").write(k.asm["ptx"])
+    open(f"{{out}}/{{m}}-{{b}}-{{gv}}-{{f'tp{{tp[0]}}of{{tp[1]}}' if tp else 'x'}}.ptx", "w").write(k.asm["ptx"])
 """
 
 
@@ -66,7 +66,8 @@ def dump(tree: Path, out: Path, kernels: list = KERNELS) -> None:
 
 def parse_kernels(spec: str | None) -> list:
     """``MODEL:BATCH:GEMV[:RANK:N],...`` -> the (model, batch, gemv, tp) list dump takes (single GPU, or with
-    RANK:N that rank of a TP=N graph); None: KERNELS. ValueError for another form."""
+    RANK:N that rank of a TP=N graph); None: KERNELS. ValueError (saying which entry and why) for another form, a
+    batch below 1, a GEMV path other than fma / mma, a rank outside [0, N), or an entry given twice."""
     if not spec:
         return KERNELS
     out = []
@@ -74,7 +75,18 @@ def parse_kernels(spec: str | None) -> list:
         f = k.split(":")
         if len(f) not in (3, 5):
             raise ValueError(f"kernel {k!r}: expected MODEL:BATCH:GEMV or MODEL:BATCH:GEMV:RANK:N")
-        out.append((f[0], int(f[1]), f[2], (int(f[3]), int(f[4])) if len(f) == 5 else None))
+        try:
+            nums = [int(x) for x in [f[1]] + f[3:]]
+        except ValueError:
+            raise ValueError(f"kernel {k!r}: BATCH, RANK and N must be integers") from None
+        if nums[0] < 1 or f[2] not in ("fma", "mma"):
+            raise ValueError(f"kernel {k!r}: BATCH must be >= 1 and GEMV fma or mma")
+        tp = (nums[1], nums[2]) if len(f) == 5 else None
+        if tp and not 0 <= tp[0] < tp[1]:
+            raise ValueError(f"kernel {k!r}: RANK must be in [0, N)")
+        if (f[0], nums[0], f[2], tp) in out:
+            raise ValueError(f"kernel {k!r} is given twice")
+        out.append((f[0], nums[0], f[2], tp))
     return out
 
 
@@ -88,9 +100,15 @@ def main() -> int:
     ap.add_argument("--params", action="store_true",
                     help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()
+    try:
+        kernels = parse_kernels(a.kernels)
+    except ValueError as e:
+        ap.error(str(e))
+    if not (Path(a.other) / "scripts" / "stream_compile_check.py").is_file():
+        ap.error(f"{a.other} is not a onekernel tree (no scripts/stream_compile_check.py); give a checkout, e.g. "
+                 "`git worktree add /tmp/base COMMIT`")
     out = Path(a.out or tempfile.mkdtemp(prefix="ptx_compare_"))
     trees = {"this": ROOT, "other": Path(a.other).resolve()}
-    kernels = parse_kernels(a.kernels)
     for name, tree in trees.items():
         dump(tree, out / name, kernels)
     differ = 0
@@ -102,7 +120,11 @@ def main() -> int:
         differ += not same
         print(f"{f.stem:28s} {'same' if same else 'DIFFERENT'}  "
               f"{hashlib.sha256(ptx['this'].encode()).hexdigest()[:12]} {hashlib.sha256(ptx['other'].encode()).hexdigest()[:12]}")
-    print(f"{len(kernels) - differ} of {len(kernels)} kernels have the same PTX; normalised files in {out}")
+    n = len(list((out / "this").glob("*.ptx"))) - len(list((out / "this").glob("*.norm.ptx")))
+    if n != len(kernels):
+        print(f"{len(kernels)} kernels asked, {n} compared: a kernel's file is missing")
+        return 1
+    print(f"{n - differ} of {n} kernels have the same PTX; normalised files in {out}")
     return 1 if differ else 0
 
 

@@ -28,6 +28,19 @@ from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 from onekernel.runtime.runners import make_step_runner  # noqa: E402
 
 
+def gemv_sub_times(prof_row, sub_row) -> dict:
+    """A tensor-core GEMV task's times in us from its ``prof`` row (start, ready, end, worker; ns) and its
+    ``prof_sub`` row (exec.stream_mma.gemv_mma: ns staging, ns waiting on ring slots, ns in the epilogues + (ns
+    before the first block) << 32, tiles staged + (ns of the staging spent waiting for the tiles' loads) << 16):
+    staging_us, staging_wait_us, ring_wait_us, epilogue_us, pre_us, rest_us (ready to end minus the others but
+    staging_wait, which is inside staging) and tiles."""
+    epi, pre = sub_row[2] & 0xFFFFFFFF, sub_row[2] >> 32
+    return {"staging_us": sub_row[0] / 1e3, "staging_wait_us": (sub_row[3] >> 16) / 1e3,
+            "ring_wait_us": sub_row[1] / 1e3, "epilogue_us": epi / 1e3, "pre_us": pre / 1e3,
+            "rest_us": (prof_row[2] - prof_row[1] - sub_row[0] - sub_row[1] - epi - pre) / 1e3,
+            "tiles": sub_row[3] & 0xFFFF}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -78,14 +91,8 @@ def main() -> None:
             continue
         for t in op.task_ids:
             if t < len(sub) and sub[t][3] > 0:  # tiles staged: a tensor-core GEMV task
-                d, task_us = inside[op.kind.name], (prof[t][2] - prof[t][1]) / 1e3
-                epi, pre = sub[t][2] & 0xFFFFFFFF, sub[t][2] >> 32  # above bit 32: the time before the first block
-                for name, v in zip(("staging_us", "ring_wait_us", "epilogue_us", "pre_us"),
-                                   (sub[t][0], sub[t][1], epi, pre)):
-                    d[name].append(v / 1e3)
-                d["tiles"].append(sub[t][3] & 0xFFFF)  # above bit 16: the staging's wait for its loads
-                d["staging_wait_us"].append((sub[t][3] >> 16) / 1e3)
-                d["rest_us"].append(task_us - (sub[t][0] + sub[t][1] + epi + pre) / 1e3)
+                for name, v in gemv_sub_times(prof[t], sub[t]).items():
+                    inside[op.kind.name][name].append(v)
     gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
     attn_in = {n: statistics.median(v) for n, v in attn_inside.items() if v}
     busy = defaultdict(float)

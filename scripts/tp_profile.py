@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -49,7 +50,15 @@ def _args():
     add_gemv_argument(ap)
     ap.add_argument("--backend", choices=("auto", "gluon", "triton"), default="auto", help="the TP megakernel's")
     ap.add_argument("--out", default="benchmarks/results/tp-profile")
-    return ap.parse_args()
+    a = ap.parse_args()
+    if a.backend == "gluon" and a.comm_workers:
+        ap.error("--comm-workers reserves workers of the Triton TP megakernel; the streaming one (--backend gluon) "
+                 "has no such option: drop one of them")
+    if "WORLD_SIZE" not in os.environ:  # before starting the ranks: one message, not one per rank
+        import torch
+        if torch.cuda.device_count() < a.tp:
+            ap.error(f"--tp {a.tp} needs {a.tp} GPUs, this machine has {torch.cuda.device_count()}")
+    return a
 
 
 def main() -> int:
@@ -131,5 +140,6 @@ def main() -> int:
 if __name__ == "__main__":
     from tp_common import relaunch_under_torchrun
 
+    _args()  # bad arguments stop here, once
     relaunch_under_torchrun(__file__)
     sys.exit(main())

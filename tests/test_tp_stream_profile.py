@@ -58,6 +58,20 @@ def test_stream_rows_refuses_other_shapes():
         stream_rows(prof, prof, {0, 3})
 
 
+@pytest.mark.parametrize("local", [0, 119, 301, 5000])
+def test_stream_rows_refuses_a_local_stamp_outside_the_task(local):
+    """A remote task's local waits done must lie in [start, ready]: 0 (a build without the stamp) or any value
+    outside is one ValueError naming the task; the bounds themselves pass."""
+    prof = torch.tensor([[100, 110, 150, 0], [120, 300, 330, 1]], dtype=torch.int64)
+    sub = torch.zeros(2, 4, dtype=torch.int64)
+    sub[1, 0] = local
+    with pytest.raises(ValueError, match="task 1's local waits done"):
+        stream_rows(prof, sub, {1})
+    for ok in (120, 300):
+        sub[1, 0] = ok
+        assert stream_rows(prof, sub, {1})[1, 4].item() == ok
+
+
 def test_stream_rows_on_a_rank_plan():
     """Rank 0 of 2's streaming plan (re-tiled graph): the tasks with remote waits are exactly its all-reduce tasks;
     on synthetic stamps every element of the rows is (start, ready, end, worker, local), local = prof_sub[t, 0] for

@@ -42,7 +42,8 @@ def stream_rows(prof: torch.Tensor, prof_sub: torch.Tensor, remote_tasks: set[in
     int64 [>= n, 4] (its ``prof_sub``: column 0 of an all-reduce task's row = its local waits done, stamped before
     its remote waits). Local waits done = prof_sub[t, 0] for t in ``remote_tasks`` (task ids of the runner's
     ``task_graph``: ``remote_task_ids(runner.events)``), = all waits done for every other task. A new CPU tensor
-    (the inputs may be on a GPU). ValueError for other shapes or dtypes, or a remote task id outside [0, n)."""
+    (the inputs may be on a GPU). ValueError for other shapes or dtypes, a remote task id outside [0, n), or a
+    remote task whose local stamp is not between its start and ready (not a profiling TP build's prof_sub)."""
     if prof.dim() != 2 or prof.shape[1] != 4 or prof_sub.dim() != 2 or prof_sub.shape[1] != 4 \
             or prof_sub.shape[0] < prof.shape[0] or prof.dtype != torch.int64 or prof_sub.dtype != torch.int64:
         raise ValueError(f"stream_rows needs prof int64 [n, 4] and prof_sub int64 [>= n, 4], got "
@@ -55,6 +56,12 @@ def stream_rows(prof: torch.Tensor, prof_sub: torch.Tensor, remote_tasks: set[in
     local = prof[:, 1].clone()
     ids = torch.tensor(sorted(remote_tasks), dtype=torch.int64)
     local[ids] = sub[ids, 0]
+    off = ((local < prof[:, 0]) | (local > prof[:, 1])).nonzero().flatten().tolist()
+    if off:
+        t = off[0]
+        raise ValueError(f"task {t}'s local waits done ({int(local[t])} ns) is not between its start and ready "
+                         f"({int(prof[t, 0])}, {int(prof[t, 1])}); {len(off)} such tasks: prof_sub must come from the "
+                         "same profiling (profile=True) TP step as prof")
     return torch.cat([prof, local[:, None]], dim=1)
 
 
