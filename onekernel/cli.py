@@ -192,6 +192,8 @@ def _run_generate(args) -> int:
         res = generate(model, prompts, max_new_tokens=args.max_new_tokens, mode=mode, sampling=sampling,
                        chat=args.chat, on_token=on_token, max_seq_len=args.max_seq_len, interpret=args.interpret,
                        ignore_eos=args.ignore_eos, parallel=parallel, gemv=args.gemv)
+        if stream:  # the streamed text's newline before the progress's last status line (off a terminal, the two
+            print(flush=True)  # may share one file)
     if rank is not None:
         cli_tp.close_rank()
     _print_result(args, prompts, model, res, stream)
@@ -211,9 +213,7 @@ def _print_result(args, prompts, model, res, stream: bool) -> None:
                   "batch_bucket": res.bucket, "tp": args.tp}
         print(json.dumps(record))
         return
-    if stream:
-        print()
-    else:
+    if not stream:  # a streamed text ended with its newline inside the progress display
         for i, s in enumerate(res.sequences):
             print(f"--- [{i}] {prompts[i]!r}\n{s.text}")
     n_prompt = sum(len(s.prompt_ids) for s in res.sequences)

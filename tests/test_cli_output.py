@@ -136,3 +136,17 @@ def test_cli_seed_gives_each_sequence_the_same_stream(capsys):
     alone = run("The cat sat")[0]
     assert run("The cat sat", "Hello") == [alone, run("Hello")[0]]
     assert run("The cat sat", "The cat sat") == [alone, alone]
+
+
+def test_streamed_text_ends_its_line_before_the_last_status_line():
+    """Off a terminal, with stdout and stderr in one file (``2>&1``), the streamed text's newline comes before the
+    progress display's last status line, which so starts a line of its own (it was glued to the text)."""
+    code = ("import sys; from onekernel import cli, cli_progress; cli_progress.DELAY_S = 0.0; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", code, *GEN[3:]], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
+    status = [i for i, ln in enumerate(out.stdout.splitlines()) if "onekernel generate:" in ln]
+    assert status, out.stdout
+    for i in status:
+        assert out.stdout.splitlines()[i].startswith("onekernel generate:"), out.stdout
