@@ -119,6 +119,28 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+309) # written in session 30, not yet run (~6 min): the switch STREAM_MMA_DEFER=1 (a chunk's MMA chains summed after the
+    # next chunk's wait, ldmatrix and MMAs; docs/DESIGN.md, "Where the remaining gaps are", run 30) against main's
+    # kernels, each variant its own process (A B A B), after the bitwise A/B of one step (the same bits expected)
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel,pdl --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    V0="STREAM_MMA_DEFER=0" VD="STREAM_MMA_DEFER=1"
+    wtree 220 b . "$V0" $S1; wtree 220 d . "$VD" $S1; wtree 220 b8 . "$V0" $S8; wtree 220 d8 . "$VD" $S8
+    (for v in 0 1; do for b in 1 3 16; do
+         timeout 100 env STREAM_MMA_DEFER=$v python3 scripts/logits_dump.py "$W/d$v-$b.pt" --batch $b >"$W/dump-$v-$b.log" 2>&1
+     done; done) &
+    wait
+    checked 4
+    for b in 1 3 16; do
+        python3 scripts/logits_dump.py --compare "$W/d0-$b.pt" "$W/d1-$b.pt" 2>&1 | tail -1 | tee -a "$OUT/log.txt"; done
+    rm -f "$W"/*.pt
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    ttree 40 base-1b . "$V0" $S1; ttree 40 defer-1b . "$VD" $S1; ttree 40 base2-1b . "$V0" $S1; ttree 40 defer2-1b . "$VD" $S1
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    ttree 60 base-8b . "$V0" $S8; ttree 60 defer-8b . "$VD" $S8
+    step 40 profile-defer-1b env STREAM_MMA_DEFER=1 python3 scripts/stream_profile.py --out "$W/profile-defer" --model llama-3.2-1b
+    ;;
 306) # session 30's final commit, call 1 of 3 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
     # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /
     # megakernel with the forced timeout; then both tables
