@@ -41,6 +41,23 @@ DEFER = gl.constexpr(os.environ.get("STREAM_MMA_DEFER", "0") == "1")
 # block's end the 4 warps' partials go to shared memory and each output is ((w0 + w1) + w2) + w3: the same
 # instructions, shapes and sum order for every B (batch invariance).
 @gluon.jit
+def _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP: gl.constexpr, KS: gl.constexpr, RG: gl.constexpr,
+                WSL: gl.constexpr, DB: gl.constexpr, SLOTS: gl.constexpr, WAIT_NS: gl.constexpr, PROFILE: gl.constexpr):
+    """The stream's chunk i as operand B: wait for its ring slot (bounded; ``ok`` 0 after a timeout), ``ldmatrix``
+    it into registers ([4 * SP, KS / SP, RG] in layout DB), release the slot per warp; (ok, i + 1, ps with the wait
+    added to ps[1] under PROFILE, operand B)."""
+    slot = i % SLOTS
+    if PROFILE:
+        t_w = now()
+    ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
+    if PROFILE:
+        ps = (ps[0], ps[1] + (now() - t_w), ps[2])
+    wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
+    warp_release(empty0 + 8 * slot, ok)
+    return ok, i + 1, ps, wb
+
+
+@gluon.jit
 def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, PROFILE: gl.constexpr):
@@ -115,15 +132,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             pend = z
             for g in gl.static_range(GB):
                 if g < ng:
-                    slot = i % SLOTS
-                    if PROFILE:
-                        t_w = now()
-                    ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                    if PROFILE:
-                        ps = (ps[0], ps[1] + (now() - t_w), ps[2])
-                    wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
-                    warp_release(empty0 + 8 * slot, ok)
-                    i += 1
+                    ok, i, ps, wb = _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP, KS, RG, WSL, DB, SLOTS,
+                                                WAIT_NS, PROFILE)
                     r = mma_v2(xa, wb, z)
                 else:
                     r = z  # group g >= ng: its sums are never read
@@ -136,15 +146,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             for g in gl.static_range(GB):
                 acc = accs[g]
                 if g < ng:
-                    slot = i % SLOTS
-                    if PROFILE:
-                        t_w = now()
-                    ok = wait_bounded(ok, ready0 + 8 * slot, (i // SLOTS) & 1, err, 2, t, i, slot, WAIT_NS)
-                    if PROFILE:
-                        ps = (ps[0], ps[1] + (now() - t_w), ps[2])
-                    wb = view(ring.index(slot), ring.dtype, [4 * SP, KS // SP, RG], WSL).load(DB)
-                    warp_release(empty0 + 8 * slot, ok)
-                    i += 1
+                    ok, i, ps, wb = _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP, KS, RG, WSL, DB, SLOTS,
+                                                WAIT_NS, PROFILE)
                     if SP == 1:
                         acc = mma_v2(xa, wb, acc)
                     else:  # SP independent chains from 0, summed into the group's sums in a fixed order
