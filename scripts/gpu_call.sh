@@ -140,6 +140,7 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     ttree 60 base-8b . "$V0" $S8; ttree 60 defer-8b . "$VD" $S8
     step 40 profile-defer-1b env STREAM_MMA_DEFER=1 python3 scripts/stream_profile.py --out "$W/profile-defer" --model llama-3.2-1b
+    step 40 profile-base-1b env STREAM_MMA_DEFER=0 python3 scripts/stream_profile.py --out "$W/profile-base" --model llama-3.2-1b
     ;;
 306) # session 30's final commit, call 1 of 3 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
     # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /
