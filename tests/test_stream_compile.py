@@ -71,11 +71,3 @@ def test_profile_kernel_compiles_for_sm90():
     rec = _check("llama-3.2-1b", 1, "mma", STREAM_PROFILE="1")
     assert rec["spill_bytes"] <= 16 and rec["smem"] <= 232448 and rec["mma_sync"] > 0, rec
 
-
-def test_deferred_chain_sums_compile_for_sm90():
-    """The measurement switch STREAM_MMA_DEFER=1 (stream_mma: a chunk's MMA chains summed after the next chunk's
-    wait, ldmatrix and MMAs) compiles for sm_90a on Llama-3.2-1B batch 1 with the same tensor-core instructions and
-    at most 16 bytes of spills (12 at main in session 30; batch 16 spills 116, so a measurement starts at batch 1)."""
-    base, defer = _check("llama-3.2-1b", 1, "mma"), _check("llama-3.2-1b", 1, "mma", STREAM_MMA_DEFER="1")
-    assert defer["spill_bytes"] <= 16 and defer["mma_sync"] == base["mma_sync"], (base, defer)
-    assert defer["ldmatrix"] == base["ldmatrix"] and defer["SLOTS"] == base["SLOTS"], (base, defer)

@@ -23,12 +23,6 @@ from onekernel.ops.gemv_rows import rnd
 
 # a block's GB group sums to accbuf in one store (stream_stage.stack); STREAM_STACK_ACC=0: one store per group
 STACK_ACC = gl.constexpr(os.environ.get("STREAM_STACK_ACC", "1") == "1")
-# a measurement switch (off; not yet measured at today's kernels): STREAM_MMA_DEFER=1 sums a chunk's MMA chains into
-# its group's sums only after the next chunk's slot wait, ldmatrix and MMAs are issued. In place, the first of those
-# adds waits for the chunk's MMA results and, issue being in order, holds the next chunk's wait and ldmatrix behind
-# the tensor cores' latency (docs/DESIGN.md, "Where the remaining gaps are", run 30). The same operations in the
-# same order: the same bits, so it may differ by batch without breaking batch invariance.
-DEFER = gl.constexpr(os.environ.get("STREAM_MMA_DEFER", "0") == "1")
 
 
 # ----------------------------------------------------------------------------------------------- GEMV, tensor cores
@@ -127,33 +121,18 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more,
             else:
                 pre = load_a(x, nw, K, nxt, norm, B, CK)
             xa = view(abuf, abuf.dtype, [4 * SP, 16, KS // SP], ASL).load(DA)
-        if DEFER and SP > 1:  # group g's chains summed after group g + 1's wait, ldmatrix and MMAs (module doc)
-            new = ()
-            pend = z
-            for g in gl.static_range(GB):
-                if g < ng:
-                    ok, i, ps, wb = _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP, KS, RG, WSL, DB, SLOTS,
-                                                WAIT_NS, PROFILE)
-                    r = mma_v2(xa, wb, z)
-                else:
-                    r = z  # group g >= ng: its sums are never read
-                if g > 0:
-                    new = new + (accs[g - 1] + gl.sum(gl.reshape(pend, [SP, 4, 16, RG]), axis=0),)
-                pend = r
-            accs = new + (accs[GB - 1] + gl.sum(gl.reshape(pend, [SP, 4, 16, RG]), axis=0),)
-        else:
-            new = ()
-            for g in gl.static_range(GB):
-                acc = accs[g]
-                if g < ng:
-                    ok, i, ps, wb = _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP, KS, RG, WSL, DB, SLOTS,
-                                                WAIT_NS, PROFILE)
-                    if SP == 1:
-                        acc = mma_v2(xa, wb, acc)
-                    else:  # SP independent chains from 0, summed into the group's sums in a fixed order
-                        acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
-                new = new + (acc,)
-            accs = new
+        new = ()
+        for g in gl.static_range(GB):
+            acc = accs[g]
+            if g < ng:
+                ok, i, ps, wb = _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP, KS, RG, WSL, DB, SLOTS,
+                                            WAIT_NS, PROFILE)
+                if SP == 1:
+                    acc = mma_v2(xa, wb, acc)
+                else:  # SP independent chains from 0, summed into the group's sums in a fixed order
+                    acc = acc + gl.sum(gl.reshape(mma_v2(xa, wb, z), [SP, 4, 16, RG]), axis=0)
+            new = new + (acc,)
+        accs = new
     if STACK_ACC and GB == 8:  # one store (GB stores to one buffer get a CTA barrier between each two)
         rows = view(accbuf, gl.float32, [accbuf.shape[0] * 4, 16, RG], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         rows.slice(0, GB * 4).store(gl.reshape(stack(accs), [GB * 4, 16, RG]))
