@@ -146,6 +146,9 @@ def _add_bench(p):
                         "workers, launch gaps) on graph/pdl/megakernel variants, with a markdown report")
     p.add_argument("--variants", default=None, metavar="A,B",
                    help="with --study: only these variants (default all; a wrong name lists the valid ones)")
+    p.add_argument("--fill", type=int, default=None, metavar="N",
+                   help="positions every sequence has written, in a KV cache of --context positions (default: all "
+                        "of them): a serving cache holds more positions than its sequences have filled")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON, markdown and PNG results")
     add_gemv_argument(p)
     add_tp_argument(p)
@@ -171,6 +174,12 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
         raise InputError(f"every --batch must be between 1 and {MAX_BATCH}, got {', '.join(map(str, bad))}")
     if args.context is not None and args.context < 2:
         raise InputError(f"--context must be >= 2, got {args.context}")
+    if args.fill is not None:
+        if args.fill < 1 or (args.context is not None and args.fill > args.context):
+            raise InputError(f"--fill must be between 1 and --context ({args.context or 'its default'}), "
+                             f"got {args.fill}")
+        if args.study or args.tp != 1:
+            raise InputError("--fill applies to the single-GPU bench's modes, not to --study or --tp")
     return batches, modes
 
 
@@ -200,6 +209,8 @@ def _run_bench(args) -> int:
     only = pick_variants(args.variants, n_sm) if args.study else None
     model = _load(args)
     args.context = _context(args, model.config)
+    if args.fill is not None and args.fill > args.context:
+        raise InputError(f"--fill must be at most --context ({args.context}), got {args.fill}")
     bw = copy_bandwidth_gbs()
     props = torch.cuda.get_device_properties(0)
     commit = commit_id()
@@ -217,6 +228,8 @@ def _run_bench(args) -> int:
         stem += f"-{args.gemv}"
     if getattr(args, "random_weights", False):  # nor a config's random weights and its real checkpoint (run 19)
         stem += "-random"
+    if args.fill is not None:
+        stem += f"-fill{args.fill}"
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):
@@ -238,12 +251,15 @@ def _run_bench(args) -> int:
             with progress(len(batches) * len(modes), f"bench {name}") as (started, done):
                 for b in batches:
                     records += bench_modes(model, name, b, args.context, modes, bw, steps=args.steps, options=opts,
-                                           progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"))
+                                           progress=keep(done), started=lambda m, b=b: started(f"batch {b}: {m}"),
+                                           fill=args.fill)
     records = [{**meta, **r} for r in records]
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
     timed = [r for r in records if not r.get("profiled")]
     bench_chart(timed, out / f"{stem}.png", key="variant" if args.study else "mode")
     table = bench_table([{**r, "mode": r.get("variant", r["mode"])} for r in timed])
+    if args.fill is not None and not args.study:
+        table = f"KV cache of {args.context} positions, {args.fill} filled per sequence\n\n{table}"
     (out / f"{stem}.md").write_text((study_report(records) if args.study else table) + "\n")
     print(table)
     print(f"wrote {out / stem}.json, .md and .png")

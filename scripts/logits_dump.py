@@ -1,10 +1,11 @@
 """One megakernel step's logits and KV rows on a fixed random state, saved for a bitwise A/B of kernel variants run
 in separate processes (environment switches or trees):
 
-    python scripts/logits_dump.py OUT.pt [--model llama-3.2-1b] [--batch 8] [--seed 3]
+    python scripts/logits_dump.py OUT.pt [--model llama-3.2-1b] [--batch 8] [--seed 3] [--context 448]
     python scripts/logits_dump.py --compare A.pt B.pt    # exit 1 unless logits, tokens and KV rows are equal
 
-Random weights (bf16, seeded), a random KV cache with random positions (``bench.modes.random_decode_state``),
+Random weights (bf16, seeded), a random KV cache of ``--context`` positions with random positions below 400
+(``bench.modes.random_decode_state``),
 one ``megakernel`` step (auto backend) whose device error word is checked. Saves the logits [B, V] fp32, the
 next tokens [B] and the K/V rows the step wrote [layers * B * Hkv * 2, hd].
 """
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--context", type=int, default=448, help="KV cache positions (the sequences sit below 400)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     a = ap.parse_args()
     if a.compare:
@@ -36,7 +38,7 @@ def main() -> None:
     from onekernel.models.load import load_model
     model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=a.seed)
     lens = torch.randint(1, 400, (a.batch,), generator=torch.Generator().manual_seed(a.seed)).tolist()
-    cache, tokens = random_decode_state(model, a.batch, 448, lens, a.seed)
+    cache, tokens = random_decode_state(model, a.batch, a.context, lens, a.seed)
     logits, nxt, c, r = step_on_copy(model, "megakernel", cache, tokens)
     b = torch.arange(a.batch, device="cuda")
     pos = cache.seq_lens.long()  # the positions this step wrote

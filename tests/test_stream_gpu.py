@@ -172,3 +172,39 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, seed):
     for i, ((a, ta), (b, tb)) in enumerate(zip(runs[1 << 20], runs[2])):
         assert not torch.isnan(a).any()
         assert torch.equal(a, b) and torch.equal(ta, tb), f"step {i + 1} differs after rewinding"
+
+
+@pytest.mark.parametrize("name,batch", [("llama-3.2-1b", 8), ("smollm2-135m", 3)])
+def test_dead_splits_of_a_long_cache(name, batch, seed):
+    """A serving cache of 2048 positions (32 splits of 64 per KV head, permuted along the runs; exec.stream_attn_runs)
+    with sequences at short, random positions: the attention runs skip their dead tiles and the merge reads only live
+    splits. One runner, two steps: first every sequence near the cache's end (every split live, every partial
+    written), then at short positions from a fresh cache copy, so a merge that read a dead split would meet the first
+    step's partials. Each step against the PyTorch reference; the second's rows bitwise equal to each sequence alone
+    at batch 1 (tensor-core attention on Llama-3.2-1B, the CUDA-core body on SmolLM2-135M)."""
+    from onekernel.runtime.runners import make_step_runner
+
+    model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
+    S = 2048
+    gen = torch.Generator().manual_seed(seed)
+    short = torch.randint(1, 300, (batch,), generator=gen).tolist()
+    long_, tokens = random_decode_state(model, batch, S, [S - 1 - i for i in range(batch)], seed)
+    state, _ = random_decode_state(model, batch, S, short, seed + 1)
+    r = make_step_runner("megakernel", model, long_, backend="gluon", wait_ms=5000)
+    for i, src in enumerate((long_, state)):
+        ref = step_on_copy(model, "reference", src, tokens)
+        if i:
+            for dst, x in ((long_.k, src.k), (long_.v, src.v), (long_.seq_lens, src.seq_lens)):  # r's cache
+                dst.copy_(x)
+        r.tensors[r.bound.logits].fill_(float("nan"))
+        lg, _ = r.step(tokens)
+        torch.cuda.synchronize()
+        r.check()
+        err = ((lg.float() - ref[0].float()).norm(dim=-1) / ref[0].float().norm(dim=-1)).max().item()
+        assert err < 0.08, (i, err)
+    for i, n in enumerate(short[:2]):
+        one, _ = random_decode_state(model, 1, S, [n], seed)
+        one.k.copy_(state.k[:, i:i + 1])
+        one.v.copy_(state.v[:, i:i + 1])
+        alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon")[0]
+        assert torch.equal(alone[0], lg[i]), f"row {i} differs from its batch-1 run"

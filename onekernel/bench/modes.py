@@ -101,21 +101,26 @@ def step_on_copy(model, mode: str, cache, tokens, **options):
 
 
 def bench_modes(model, name: str, batch: int, context: int, modes: list[str], bw_gbs: float,
-                steps: int = 200, options: dict | None = None, progress=None, started=None) -> list[dict]:
+                steps: int = 200, options: dict | None = None, progress=None, started=None,
+                fill: int | None = None) -> list[dict]:
     """Time ``modes`` (plus any of "torch", "torch+graph", "torch+compile") on one shared cache. Returns one
     record per mode; a mode that fails gets {"error": message} and None timings.
     options: mode -> keyword options of its runner. started(mode) / progress(record): called before / after
-    each mode."""
+    each mode. ``fill``: positions each sequence has written (it writes position fill - 1 and attends over fill
+    positions) in a cache of ``context`` positions (default: context; the floor counts the K/V bytes of fill)."""
     cfg = model.config
-    cache, tokens = random_decode_state(model, batch, context)
-    wb, kvb = step_bytes(cfg, batch, context, model.weights["tok_embeddings"].element_size())
+    fill = context if fill is None else fill
+    if not 1 <= fill <= context:
+        raise ValueError(f"fill must be between 1 and the context ({context}), got {fill}")
+    cache, tokens = random_decode_state(model, batch, context, None if fill == context else [fill - 1] * batch)
+    wb, kvb = step_bytes(cfg, batch, fill, model.weights["tok_embeddings"].element_size())
     floor = floor_ms(wb, kvb, bw_gbs)
     # The reference step's output, to check every timed mode on the same input (a step is idempotent: it
     # rewrites the same KV row with the same values, so the order of the modes does not matter).
     ref_logits, ref_next = (x.clone() for x in ReferenceRunner(model, cache).step(tokens))
     records = []
     for mode in modes:
-        rec = {"model": name, "batch": batch, "context": context, "mode": mode, "floor_ms": floor,
+        rec = {"model": name, "batch": batch, "context": context, "fill": fill, "mode": mode, "floor_ms": floor,
                "weight_bytes": wb, "kv_bytes": kvb, "ms_per_step": None, "tokens_per_s": None,
                "pct_of_floor": None, "ratio_to_torch_graph": None}
         if started:

@@ -9,13 +9,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from onekernel.exec.stream_attn_runs import live_bits, nth_live, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import F_NU, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps
-
-
-@gluon.jit
-def _tile_coords(tile, HKV: gl.constexpr, NSPLIT: gl.constexpr):
-    """(b, g, s) of attention tile (b * HKV + g) * NSPLIT + s."""
-    return tile // (HKV * NSPLIT), (tile // NSPLIT) % HKV, tile % NSPLIT
 
 
 @gluon.jit
@@ -79,6 +74,13 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     XL: gl.constexpr = gl.SliceLayout(3, L4)   # [4, RP, BN]: scores
     ML: gl.constexpr = gl.SliceLayout(2, XL)   # [4, RP]: m, l
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
+    SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
+    SB: gl.constexpr = split_bits(NSPLIT, SKIP)
+    if SKIP:
+        lo, hi, nl = live_bits(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+        j0 = nth_live(0, lo, hi)
+    else:
+        lo, hi, nl, j0 = u0 * 0, u0 * 0, nu, 0
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
     nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
@@ -89,9 +91,9 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     rq = gl.arange(0, RP, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
     qk_scale = SM_SCALE * 1.4426950408889634
-    # block 0 of tile u0 before the wait: the old rows only
-    b, g, s = _tile_coords(u0, HKV, NSPLIT)
-    pos = _pick(posv, jv, 0)
+    # block 0 of the run's first tile (its first live one) before the wait: the old rows only
+    b, g, s = tile_coords(u0 + j0, HKV, NSPLIT, SB)
+    pos = _pick(posv, jv, j0)
     end = gl.minimum(gl.minimum(pos + 1, s * SPLIT + SPLIT), S)
     kv_off = (b * HKV + g).to(gl.int64) * (S * HD)
     rows = s * SPLIT + wk + nk
@@ -108,7 +110,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     q_c = gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=rq < R, other=0.0,
                   cache_modifier=".cg")
     q_n = q_c
-    total = nu * NB
+    total = nl * NB
     m = gl.full([4, RP], float("-inf"), gl.float32, ML)
     l = gl.zeros([4, RP], gl.float32, ML)
     acc = gl.zeros([4, RP, HD], gl.float32, QL)
@@ -117,9 +119,12 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         gl.store(sub, t_l - t_r)
         t_mw = t_l * 0
     for i in range(total):
-        j = i // NB
+        if SKIP:
+            j = nth_live(i // NB, lo, hi)
+        else:
+            j = i // NB
         blk = i % NB
-        b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+        b, g, s = tile_coords(u0 + j, HKV, NSPLIT, SB)
         end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
         n0 = s * SPLIT + blk * BN
         # a new tile (blk == 0): its q (prefetched with the previous block), fresh softmax state. Selects, not an
@@ -131,9 +136,13 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
-        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB)
-        j1 = (i + 1) // NB
-        b1, g1, s1 = _tile_coords(u0 + j1, HKV, NSPLIT)
+        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, lo, hi, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN,
+                             NB, SKIP, SB)
+        if SKIP:
+            j1 = nth_live((i + 1) // NB, lo, hi)
+        else:
+            j1 = (i + 1) // NB
+        b1, g1, s1 = tile_coords(u0 + j1, HKV, NSPLIT, SB)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
         q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
                       cache_modifier=".cg")
@@ -162,19 +171,23 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         gl.store(sub + 1, t_a - t_l - t_mw)
         gl.store(sub + 2, t_mw)
     if FOLD:
-        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
+        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, jv, posv, R, HD, NSPLIT, NSP2, RP, NGP, SPLIT,
+                          SKIP)
     if PROFILE:
         gl.store(sub + 3, (now() - t_a) + (total.to(gl.int64) << 32))
 
 
 @gluon.jit
-def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R: gl.constexpr, HD: gl.constexpr,
-                      NSPLIT: gl.constexpr, NSP2: gl.constexpr, RP: gl.constexpr, NGP: gl.constexpr):
+def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, jv, posv, R: gl.constexpr, HD: gl.constexpr,
+                      NSPLIT: gl.constexpr, NSP2: gl.constexpr, RP: gl.constexpr, NGP: gl.constexpr,
+                      SPLIT: gl.constexpr, SKIP: gl.constexpr):
     """The run's tiles [u0, u0 + nu) arrive on their groups' counters (argtab role 7 "arrive", int32 [B * Hkv]; group
     b * Hkv + g, at most NGP groups per run): one ``atom.add.acq_rel.gpu`` per group adds the run's tiles of it, all
     groups at once; the run that brings a group to NSPLIT resets its counter to 0 for the next step and merges the
     group's R rows into out (role 6) with ``_merge_group`` (the splits' partials: stored by other workers before
-    their releases, read after this acquire and a CTA barrier, from L2). The others only arrive."""
+    their releases, read after this acquire and a CTA barrier, from L2). The others only arrive. With SKIP the merge
+    reads only the group's live splits (s <= its sequence's position // SPLIT: posv[j] of the run's first tile j
+    of the group; jv, posv: attn_args; stream_attn_runs), the runs having written no partial for the others."""
     V1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     out = base_t + gl.load(a + 6) * 8
     arrive = base_i + gl.load(a + 7) * 4
@@ -190,15 +203,21 @@ def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R: gl.constex
     bits = gl.sum(gl.where(last, 1 << (j & 31), 0), axis=0)  # a CTA reduction: every thread after the acquire
     for jg in range(NGP):
         if (bits >> jg) & 1:
-            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP)
+            if SKIP:
+                nls = _pick(posv, jv, gl.maximum(u0, (g0 + jg) * NSPLIT) - u0) // SPLIT + 1
+            else:
+                nls = NSPLIT
+            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP, nls, SKIP)
 
 
 @gluon.jit
 def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
-                 NSP2: gl.constexpr, RP: gl.constexpr):
+                 NSP2: gl.constexpr, RP: gl.constexpr, nls, SKIP: gl.constexpr):
     """out[row] = sum_s exp(lse_s - LSE) O_s for the R rows row0.. (ops/attention.py's merge; rows b*Hq + h of
     o_part fp32 [B*Hq, NSPLIT, hd], lse_part fp32 [B*Hq, NSPLIT]) with all of them in flight at once: splits in
-    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk."""
+    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk. With SKIP only the
+    splits s < nls are read; the others count as (O = 0, lse = -inf), what a dead tile stores (merge_warp_states),
+    so the sums are the same numbers in the same order."""
     dt: gl.constexpr = out.dtype.element_ty
     TD: gl.constexpr = 32 if HD >= 128 else HD // 4
     CS: gl.constexpr = NSP2 if RP * NSP2 * HD <= 4096 else max(1, 4096 // (RP * HD))
@@ -206,8 +225,11 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
     L2: gl.constexpr = gl.SliceLayout(2, L3)
     r2 = gl.arange(0, RP, layout=gl.SliceLayout(1, L2))[:, None]
     s2 = gl.arange(0, NSP2, layout=gl.SliceLayout(0, L2))[None, :]
-    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & (s2 < NSPLIT), other=float("-inf"),
-                  cache_modifier=".cg")
+    if SKIP:
+        ls2 = (s2 < NSPLIT) & (s2 < nls)
+    else:
+        ls2 = s2 < NSPLIT
+    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & ls2, other=float("-inf"), cache_modifier=".cg")
     mx = gl.max(lse, axis=1)
     mx = gl.where(mx == float("-inf"), 0.0, mx)
     tot = gl.sum(gl.exp(lse - mx[:, None]), axis=1)
@@ -217,10 +239,16 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
     c2 = gl.arange(0, CS, layout=gl.SliceLayout(0, L2))[None, :]
     acc = gl.zeros([RP, HD], gl.float32, gl.SliceLayout(1, L3))
     for c in range(0, NSP2, CS):
-        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & (c + c2 < NSPLIT),
-                     other=float("-inf"), cache_modifier=".cg")
-        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & (c + c3 < NSPLIT),
-                     other=0.0, cache_modifier=".cg")
+        if SKIP:
+            lm2 = (c + c2 < NSPLIT) & (c + c2 < nls)
+            lm3 = (c + c3 < NSPLIT) & (c + c3 < nls)
+        else:
+            lm2 = c + c2 < NSPLIT
+            lm3 = c + c3 < NSPLIT
+        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & lm2, other=float("-inf"),
+                     cache_modifier=".cg")
+        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & lm3, other=0.0,
+                     cache_modifier=".cg")
         acc += gl.sum(oc * gl.exp(lc - mx[:, None])[:, :, None], axis=1)
     tsafe = gl.where(tot > 0.0, tot, 1.0)
     o = acc / gl.convert_layout(tsafe, gl.SliceLayout(1, gl.SliceLayout(1, L3)))[:, None]
@@ -230,12 +258,16 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
 
 
 @gluon.jit
-def _kv_block(kc, vc, u0, idx, total, posv, jv, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-              SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr):
-    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block), rows past the tile's
-    end (or idx >= total) 0."""
-    j = idx // NB
-    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+def _kv_block(kc, vc, u0, idx, total, posv, jv, lo, hi, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
+              S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
+              SKIP: gl.constexpr, SB: gl.constexpr):
+    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block; with SKIP of the run's
+    idx // NB-th live tile), rows past the tile's end (or idx >= total) 0."""
+    if SKIP:
+        j = nth_live(idx // NB, lo, hi)
+    else:
+        j = idx // NB
+    b, g, s = tile_coords(u0 + j, HKV, NSPLIT, SB)
     end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk
     live = (rows < end) & (idx < total)

@@ -28,7 +28,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from onekernel.exec.stream_attn import _arrive_and_merge, _pick, _tile_coords, attn_args, merge_warp_states
+from onekernel.exec.stream_attn import _arrive_and_merge, _pick, attn_args, merge_warp_states
+from onekernel.exec.stream_attn_runs import live_bits, nth_live, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_stage import stage_layout
 
@@ -82,24 +83,36 @@ def _wait_copies(x, N: gl.constexpr):
 
 
 @gluon.jit
-def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr):
-    """(b, g, s, end) of the run's tile j: end = the first position past its live rows."""
-    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr,
+              SB: gl.constexpr):
+    """(b, g, s, end) of the run's tile j: end = the first position past its live rows (s: stream_attn_runs)."""
+    b, g, s = tile_coords(u0 + j, HKV, NSPLIT, SB)
     return b, g, s, gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
 
 
 @gluon.jit
-def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
-           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, PART: gl.constexpr = 0):
-    """Block idx of the run (warp w: its 16 positions of tile u0 + idx // NB, block idx % NB) copied into buffer
-    idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a time, K and V,
-    dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
+def _run_j(k, lo, hi, SKIP: gl.constexpr):
+    """The run index of the k-th tile the run computes: its k-th live tile with SKIP, else tile k."""
+    if SKIP:
+        return nth_live(k, lo, hi)
+    else:
+        return k
+
+
+@gluon.jit
+def _issue(kv0, kc, vc, u0, idx, total, posv, jv, lo, hi, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+           SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, SKIP: gl.constexpr,
+           SB: gl.constexpr, PART: gl.constexpr = 0):
+    """Block idx of the run (warp w: its 16 positions of the run's tile _run_j(idx // NB), block idx % NB) copied
+    into buffer idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a
+    time, K and V, dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
     shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them).
     PART: 0 = the whole block; for the run's first block 1 = every row but the one this step writes (issued before
     the dependency wait; that row is not written) and 2 = only that row (after the wait): two commit groups, disjoint
     bytes (the dead rows, past the tile's end, are never this step's row)."""
     CV: gl.constexpr = _copy_layout(HD)
-    b, g, s, end = _tile_end(u0, idx // NB, posv, jv, HKV, S, SPLIT, NSPLIT)
+    j = _run_j(idx // NB, lo, hi, SKIP)
+    b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
     w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CV)))[:, None, None]
     n = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(2, CV)))[None, :, None]
     u = gl.arange(0, HD // 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, CV)))[None, None, :]
@@ -113,7 +126,7 @@ def _issue(kv0, kc, vc, u0, idx, total, posv, jv, HKV: gl.constexpr, HD: gl.cons
             "mov.b32 $0, 0;", "=r,r,l,r,l,r", [soff, kc + goff, soff + 4 * BLK * HD * 2, vc + goff, src],
             dtype=gl.int32, is_pure=False, pack=1)
     else:
-        cur = rows == _pick(posv, jv, idx // NB)
+        cur = rows == _pick(posv, jv, j)
         if PART == 1:
             go = gl.where(cur, 0, 1)
         else:
@@ -132,7 +145,7 @@ def _q_operand(q, u0, j, ok, wq, rq, dq, HQ: gl.constexpr, HKV: gl.constexpr, HD
     """Q [4, 16, HD] of the run's tile j as operand A, the same in every warp: row r < R = query head g*R + r of the
     tile's group (rows >= R, or all unless ok: 0)."""
     R: gl.constexpr = HQ // HKV
-    b, g, s = _tile_coords(u0 + j, HKV, NSPLIT)
+    b, g, s = tile_coords(u0 + j, HKV, NSPLIT, 0)
     return gl.load(q + (b * HQ + g * R + rq + wq) * HD + dq, mask=(rq < R) & ok & (dq < HD), other=0.0,
                    cache_modifier=".cg")
 
@@ -205,7 +218,13 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     AR: gl.constexpr = accbuf.shape[0] * accbuf.shape[1] * accbuf.shape[2] * accbuf.shape[3] // (8 * HD)
     scr = view(accbuf, gl.float32, [AR, 8, HD], FL)
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
-    total = nu * NB
+    SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
+    SB: gl.constexpr = split_bits(NSPLIT, SKIP)
+    if SKIP:
+        lo, hi, nl = live_bits(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+    else:
+        lo, hi, nl = u0 * 0, u0 * 0, nu
+    total = nl * NB
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, DA)))[:, None, None] * 0
     rq = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, DA)))[None, :, None]
     dq = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, DA)))[None, None, :]
@@ -215,16 +234,16 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     # block 0 by cp.async into buffer 0 (xbuf is free: the worker loop's barrier after the last task): every row but
     # seq_lens[b] (which this step's qkv task writes) before the wait, that row after it. No load into registers is in
     # flight during the spin, whose acquire returned only after them (session 21)
-    _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 1)
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 1)
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     if PROFILE:
         t_r = now()
-    _issue(kv0, kc, vc, u0, 0, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, 2)
-    q_c = _q_operand(q, u0, 0, nu > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 2)
+    q_c = _q_operand(q, u0, _run_j(0, lo, hi, SKIP), nl > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
     q_n = q_c
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
-        _issue(kv0, kc, vc, u0, p, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
+        _issue(kv0, kc, vc, u0, p, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
     m = gl.full([4, 16], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
     l = gl.zeros([4, 16], gl.float32, gl.SliceLayout(2, MMA))
     acc = gl.zeros([4, 16, HD], gl.float32, MMA)
@@ -235,18 +254,23 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         t_cw = t_l * 0
         t_s = t_l * 0
     for i in range(total):
-        j = i // NB
+        k = i // NB  # the run's k-th computed tile: tile j of the run
+        j = _run_j(k, lo, hi, SKIP)
         blk = i % NB
-        b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT)
+        b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
         # a new tile: its q (loaded during the previous block) and a fresh state (selects: stream_attn.attn_task)
         first = blk == 0
-        q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + j - 1) // NSPLIT), q_n, q_c)
+        if SKIP:
+            jp, jn = nth_live(k - 1, lo, hi), nth_live(k + 1, lo, hi)
+        else:
+            jp, jn = j - 1, j + 1
+        q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + jp) // NSPLIT), q_n, q_c)
         m = gl.where(first, float("-inf"), m)
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         # the next tile's q where its (sequence, head group) differs from this tile's (a run's tiles are mostly
-        # consecutive splits of one group, which share q)
-        q_n = _q_operand(q, u0, j + 1, (blk == NB - 1) & (j + 1 < nu) & ((u0 + j + 1) // NSPLIT != (u0 + j) // NSPLIT),
+        # splits of one group, which share q)
+        q_n = _q_operand(q, u0, jn, (blk == NB - 1) & (k + 1 < nl) & ((u0 + jn) // NSPLIT != (u0 + j) // NSPLIT),
                          wq, rq, dq, HQ, HKV, HD, NSPLIT)
         # block i in this warp's region of buffer i % NBUF: this thread's copies landed, the warp's lanes see them
         if PROFILE:
@@ -260,7 +284,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
         _warp_sync(i)
-        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF)
+        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
         x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=2))
@@ -287,6 +311,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         gl.store(sub + 1, (t_a - t_l - t_mw) + (t_cw << 32))  # above bit 32: ns in the copy waits
         gl.store(sub + 2, t_mw + (t_s << 32))  # above bit 32: ns from a wait's end to P (loads, S, softmax), issued
     if FOLD:
-        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, R, HD, NSPLIT, NSP2, RP, NGP)
+        _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, jv, posv, R, HD, NSPLIT, NSP2, RP, NGP, SPLIT,
+                          SKIP)
     if PROFILE:
         gl.store(sub + 3, (now() - t_a) + (total.to(gl.int64) << 32))
