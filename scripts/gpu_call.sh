@@ -59,7 +59,8 @@
 # reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
 # 304 are session 29's other calls.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
-# 796d22f:scripts/gpu_call.sh`). 310 + 311 + 312: session 31's commit.
+# 796d22f:scripts/gpu_call.sh`). 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
+# fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
 # 305 (session 30: the loader's L2 prefetch while the consumer waits on a dependency, STREAM_L2_CHAIN, slower, dropped;
 # attention's first K/V block by cp.async, STREAM_ATTN_CP0=1, kept as the only path): in git history (`git show
 # 8fc3cf5:scripts/gpu_call.sh`, the switches there); 306 + 307 + 308 are session 30's final commit.
@@ -121,77 +122,37 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-310) # session 31's commit, call 1 of 3 (~7.5 min): attention skips its dead split-KV tiles (exec/stream_attn_runs, on by
-    # default; STREAM_ATTN_SKIP=0 walks every tile as before). Warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside
-    # the streaming GPU tests (the new long-cache test included) and the bitwise A/B of one step with and without the
-    # skip (caches of 448 and 2048 positions, sequences below 400); then both tables
-    mkdir -p "$W/bench" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
-    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
-    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto or dead" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    (for c in "3 448" "16 448" "8 2048"; do set -- $c; for v in 1 0; do
-         timeout 60 env STREAM_ATTN_SKIP=$v python3 scripts/logits_dump.py "$W/d$v-$1-$2.pt" --batch $1 --context $2 \
-             >"$W/dump-$v-$1-$2.log" 2>&1; done; done) &
+313) # session 31 (~7 min): attention skipping its dead split-KV tiles (STREAM_ATTN_SKIP=1, exec/stream_attn_runs) against
+    # the kernels without it (STREAM_ATTN_SKIP=0, the default: main's PTX), each variant its own process: the GPU tests
+    # and the bitwise A/B of one step with the switch on (beside the warm-ups), then Llama-3.2-1B at context 512 (the
+    # tables' case: no dead tile) A B A B, Llama-3.1-8B at 512, and a serving-sized cache (4096 positions, 512 filled)
+    # on Llama-3.2-1B, SmolLM2-135M (the CUDA-core attention) and Llama-3.1-8B
+    mkdir -p /tmp/warm
+    S1="--model llama-3.2-1b --random-weights --modes megakernel,pdl --batch 1,8,16"
+    S8="--model llama-3.1-8b --random-weights --modes megakernel --batch 1,8"
+    F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    FS="--model smollm2-135m --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    F8="--model llama-3.1-8b --random-weights --context 4096 --fill 512 --batch 1,8 --modes graph,megakernel"
+    V0="STREAM_ATTN_SKIP=0" V1="STREAM_ATTN_SKIP=1"
+    wtree 200 s0 . "$V0" $S1; wtree 200 s1 . "$V1" $S1; wtree 200 f0 . "$V0" $F1; wtree 200 f1 . "$V1" $F1
+    wtree 200 fs0 . "$V0" $FS; wtree 200 fs1 . "$V1" $FS; wtree 200 e0 . "$V0" $S8; wtree 200 e1 . "$V1" $S8
+    (timeout 200 env TRITON_INTERPRET=0 STREAM_ATTN_SKIP=1 python3 -m pytest -q tests/test_stream_gpu.py \
+        -k "mma or dead or fma" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    (for c in "llama-3.2-1b 3 448" "llama-3.2-1b 16 448" "llama-3.2-1b 8 2048" "smollm2-135m 8 2048"; do set -- $c
+         for v in 1 0; do timeout 45 env STREAM_ATTN_SKIP=$v python3 scripts/logits_dump.py "$W/d$v-$1-$2-$3.pt" \
+             --model $1 --batch $2 --context $3 >"$W/dump-$v-$1-$2-$3.log" 2>&1; done; done) &
     wait
-    checked 4
-    for c in 3-448 16-448 8-2048; do
+    checked 8
+    for c in llama-3.2-1b-3-448 llama-3.2-1b-16-448 llama-3.2-1b-8-2048 smollm2-135m-8-2048; do
         python3 scripts/logits_dump.py --compare "$W/d1-$c.pt" "$W/d0-$c.pt" 2>&1 | tail -1 | tee -a "$OUT/log.txt"; done
     rm -f "$W"/*.pt
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    ttree 40 std0 . "$V0" $S1; ttree 40 std1 . "$V1" $S1; ttree 40 std0b . "$V0" $S1; ttree 40 std1b . "$V1" $S1
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
-    ;;
-311) # call 2 of 3 (~7 min, at once after 310): the Qwen3-0.6B and Qwen3-8B tables (Qwen3-8B without torch.compile:
-    # run 29's 6.095 / 7.300 ms stay its figures), then Llama-3.1-8B in a serving-sized cache (4096 positions, 512
-    # filled) with and without the skip, each its own process
-    mkdir -p "$W/bench" /tmp/warm
-    Q0="--model qwen3-0.6b --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
-    Q8="--model qwen3-8b --random-weights --batch 1,8 --modes torch+graph,graph,pdl,pdl-triton,megakernel"
-    F8="--model llama-3.1-8b --random-weights --context 4096 --fill 512 --batch 1,8 --modes graph,megakernel"
-    WARM_S=200 warm q0 $Q0
-    WARM_S=200 warm q8 $Q8
-    wtree 200 f8 . STREAM_ATTN_SKIP=1 $F8; wtree 200 f8n . STREAM_ATTN_SKIP=0 $F8
-    (timeout 200 python3 scripts/invariance_check.py qwen3-0.6b --modes megakernel,pdl --out "$W/inv-qwen3-0.6b.json" \
-        >"$W/inv-qwen3-0.6b.log" 2>&1) &
-    wait
-    checked 4
+    ttree 60 fill0 . "$V0" $F1; ttree 60 fill1 . "$V1" $F1
+    ttree 45 fills0 . "$V0" $FS; ttree 45 fills1 . "$V1" $FS
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 110 bench-qwen3-0.6b $bench/bench $Q0 --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 100 bench-qwen3-8b $bench/bench $Q8 --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    ttree 50 fill-8b . STREAM_ATTN_SKIP=1 $F8; ttree 50 fill-8b-noskip . STREAM_ATTN_SKIP=0 $F8
-    ;;
-312) # call 3 of 3 (~8 min, at once after 311): the SmolLM2-135M table (its attention is the CUDA-core body), then
-    # Llama-3.2-1B and SmolLM2-135M in a serving-sized cache (4096 positions, 512 filled) with and without the skip,
-    # beside 1,000 replays of graph / pdl / megakernel and the forced timeout and the CUDA-core GPU tests
-    mkdir -p "$W/bench" /tmp/warm
-    S="--model smollm2-135m --random-weights"
-    SM="torch+graph,graph,pdl,graph-mma,pdl-mma,pdl-triton-mma,megakernel,megakernel-triton"
-    F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
-    FS="--model smollm2-135m --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
-    WARM_S=170 warm s-a $S --batch 1,2,4 --modes $SM
-    WARM_S=170 warm s-b $S --batch 8,16 --modes $SM
-    wtree 170 f1 . STREAM_ATTN_SKIP=1 $F1; wtree 170 f1n . STREAM_ATTN_SKIP=0 $F1
-    wtree 170 fs . STREAM_ATTN_SKIP=1 $FS; wtree 170 fsn . STREAM_ATTN_SKIP=0 $FS
-    (timeout 170 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "fma" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests-fma.log" 2>&1) &
-    wait
-    checked 6
-    tail -n 3 "$W/gpu-tests-fma.log" | tee -a "$OUT/log.txt"
-    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 110 bench-smol $bench/bench $S --batch 1,2,4,8,16 --modes $SM --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    ttree 45 fill-1b . STREAM_ATTN_SKIP=1 $F1; ttree 45 fill-1b-noskip . STREAM_ATTN_SKIP=0 $F1
-    ttree 40 fill-smol . STREAM_ATTN_SKIP=1 $FS; ttree 40 fill-smol-noskip . STREAM_ATTN_SKIP=0 $FS
+    ttree 45 std8-0 . "$V0" $S8; ttree 45 std8-1 . "$V1" $S8
     ;;
 306) # session 30's final commit, call 1 of 3 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
     # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /

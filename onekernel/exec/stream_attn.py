@@ -9,7 +9,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_attn_runs import live_bits, nth_live, skip_dead, split_bits, tile_coords
+from onekernel.exec.stream_attn_runs import drop_first, first_live, live_mask, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import F_NU, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps
 
 
@@ -76,11 +76,11 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
-    if SKIP:
-        lo, hi, nl = live_bits(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
-        j0 = nth_live(0, lo, hi)
+    if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
+        rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+        j0 = first_live(rem)
     else:
-        lo, hi, nl, j0 = u0 * 0, u0 * 0, nu, 0
+        rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
     nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
@@ -120,7 +120,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         t_mw = t_l * 0
     for i in range(total):
         if SKIP:
-            j = nth_live(i // NB, lo, hi)
+            j = first_live(rem)
         else:
             j = i // NB
         blk = i % NB
@@ -136,12 +136,12 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
-        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, lo, hi, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN,
-                             NB, SKIP, SB)
-        if SKIP:
-            j1 = nth_live((i + 1) // NB, lo, hi)
+        if SKIP:  # block i + 1's tile: this one or the next live one
+            j1 = first_live(gl.where((i + 1) % NB == 0, drop_first(rem), rem))
         else:
             j1 = (i + 1) // NB
+        k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, j1, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
+                             SB)
         b1, g1, s1 = tile_coords(u0 + j1, HKV, NSPLIT, SB)
         nq = ((i + 1) % NB == 0) & (i + 1 < total)
         q_n = gl.load(q + (b1 * HQ + g1 * R + rq + wq) * HD + dq, mask=(rq < R) & nq, other=0.0,
@@ -166,6 +166,8 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
             _attn_merge_warps(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
             if PROFILE:
                 t_mw = t_mw + (now() - t_w)
+        if SKIP:  # the tile done: the next live one becomes rem's first
+            rem = gl.where(blk == NB - 1, drop_first(rem), rem)
     if PROFILE:
         t_a = now()
         gl.store(sub + 1, t_a - t_l - t_mw)
@@ -258,15 +260,11 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
 
 
 @gluon.jit
-def _kv_block(kc, vc, u0, idx, total, posv, jv, lo, hi, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
+def _kv_block(kc, vc, u0, idx, total, posv, jv, j, wk, nk, dk, HKV: gl.constexpr, HD: gl.constexpr,
               S: gl.constexpr, SPLIT: gl.constexpr, NSPLIT: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
-              SKIP: gl.constexpr, SB: gl.constexpr):
-    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block; with SKIP of the run's
-    idx // NB-th live tile), rows past the tile's end (or idx >= total) 0."""
-    if SKIP:
-        j = nth_live(idx // NB, lo, hi)
-    else:
-        j = idx // NB
+              SB: gl.constexpr):
+    """K, V [4, BN, HD] of block ``idx`` of the run (warp w: its BN positions of the block of the run's tile j),
+    rows past the tile's end (or idx >= total) 0."""
     b, g, s = tile_coords(u0 + j, HKV, NSPLIT, SB)
     end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
     rows = s * SPLIT + (idx % NB) * BN + wk + nk

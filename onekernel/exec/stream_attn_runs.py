@@ -8,11 +8,12 @@ step iff s * SPLIT <= seq_lens[b] (the position this step writes), so a sequence
 s <= seq_lens[b] // SPLIT and every other split's partial is (O = 0, lse = -inf), which adds exactly nothing to the
 flash-decoding merge (Dao et al., 2023; ops/attention.py).
 
-With ``SKIP`` (``skip_dead``: the measurement switch ``STREAM_ATTN_SKIP``, default on, the folded merge, runs of at
-most 64 tiles):
+With ``SKIP`` (``skip_dead``: the switch ``STREAM_ATTN_SKIP=1``, off by default until a table run measures it
+against every mode; the folded merge; runs of at most 64 tiles):
 
-* a run walks only its live tiles, in run order (``live_bits`` once before the dependency wait, ``nth_live`` per
-  block), and writes no partial for a dead one; the last arrival's merge reads only the live splits' partials and
+* a run walks only its live tiles, in run order (``live_mask`` once before the dependency wait; the loop carries the
+  mask of the tiles it has not finished, whose lowest bit, ``first_live``, is the current tile), and writes no
+  partial for a dead one; the last arrival's merge reads only the live splits' partials and
   takes (0, -inf) for the others (``stream_attn._merge_group``): the values the dead tiles stored before, so the
   merged rows keep their bits;
 * where NSPLIT is a power of two, tile i of a group computes split bitrev(i) (``split_of``), so that every run of
@@ -30,7 +31,7 @@ import os
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-SKIP = gl.constexpr(os.environ.get("STREAM_ATTN_SKIP", "1") == "1")
+SKIP = gl.constexpr(os.environ.get("STREAM_ATTN_SKIP", "0") == "1")
 MAX_SKIP_RUN = 64  # live bits: two 32-bit words
 
 
@@ -65,21 +66,23 @@ def tile_coords(tile, HKV: gl.constexpr, NSPLIT: gl.constexpr, SB: gl.constexpr)
 
 
 @gluon.jit
-def live_bits(u0, nu, jv, posv, HKV: gl.constexpr, NSPLIT: gl.constexpr, SPLIT: gl.constexpr, SB: gl.constexpr):
-    """(lo, hi, nl): bit j of lo (hi: j - 32) set iff the run's tile j < nu holds a live position (its split starts
-    at or before the position its sequence writes, posv[j]); nl live tiles. jv, posv: int32 [NTA] (attn_args)."""
+def live_mask(u0, nu, jv, posv, HKV: gl.constexpr, NSPLIT: gl.constexpr, SPLIT: gl.constexpr, SB: gl.constexpr):
+    """(m, nl): bit j of the int64 m set iff the run's tile j < nu holds a live position (its split starts at or
+    before the position its sequence writes, posv[j]); nl live tiles. jv, posv: int32 [NTA <= 64] (attn_args)."""
     s = split_of((u0 + jv) % NSPLIT, SB)
     lv = (jv < nu) & (s * SPLIT <= posv)
-    lo = gl.sum(gl.where(lv & (jv < 32), 1 << (jv & 31), 0), axis=0)
-    hi = gl.sum(gl.where(lv & (jv >= 32), 1 << (jv & 31), 0), axis=0)
-    return lo, hi, gl.sum(lv.to(gl.int32), axis=0)
+    one = gl.full(jv.shape, 1, gl.int64, jv.type.layout)
+    return gl.sum(gl.where(lv, one << jv.to(gl.int64), 0), axis=0), gl.sum(lv.to(gl.int32), axis=0)
 
 
 @gluon.jit
-def nth_live(k, lo, hi):
-    """The run index of the run's k-th live tile (k from 0; ``fns``: the position of the (k + 1)-th set bit of lo,
-    else of the (k + 1 - popc(lo))-th of hi, plus 32). Meaningless for k >= nl (the callers mask those blocks)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .u32 c, x, y; .reg .s32 o; .reg .pred p; popc.b32 c, $2; setp.lt.u32 p, $1, c; add.s32 o, $1, 1; "
-        "fns.b32 x, $2, 0, o; sub.s32 o, o, c; fns.b32 y, $3, 0, o; add.u32 y, y, 32; selp.b32 $0, x, y, p; }",
-        "=r,r,r,r", [k, lo, hi], dtype=gl.int32, is_pure=True, pack=1)
+def first_live(m):
+    """The run index of m's lowest set bit (64 when m is 0): ``brev`` then ``clz``, two instructions."""
+    return gl.inline_asm_elementwise("{ .reg .b64 t; brev.b64 t, $1; clz.b64 $0, t; }", "=r,l", [m], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def drop_first(m):
+    """m without its lowest set bit: the live tiles after the first."""
+    return m & (m - 1)

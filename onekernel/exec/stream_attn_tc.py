@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from onekernel.exec.stream_attn import _arrive_and_merge, _pick, attn_args, merge_warp_states
-from onekernel.exec.stream_attn_runs import live_bits, nth_live, skip_dead, split_bits, tile_coords
+from onekernel.exec.stream_attn_runs import drop_first, first_live, live_mask, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_stage import stage_layout
 
@@ -91,27 +91,28 @@ def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.con
 
 
 @gluon.jit
-def _run_j(k, lo, hi, SKIP: gl.constexpr):
-    """The run index of the k-th tile the run computes: its k-th live tile with SKIP, else tile k."""
-    if SKIP:
-        return nth_live(k, lo, hi)
-    else:
-        return k
+def _ahead(rem, d):
+    """The run index of the d-th live tile (d = 0, 1, 2) of ``rem`` (the live tiles from the current one on)."""
+    r1 = drop_first(rem)
+    return first_live(gl.where(d == 0, rem, gl.where(d == 1, r1, drop_first(r1))))
 
 
 @gluon.jit
-def _issue(kv0, kc, vc, u0, idx, total, posv, jv, lo, hi, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+def _issue(kv0, kc, vc, u0, idx, total, posv, jv, rem, d, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
            SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, SKIP: gl.constexpr,
            SB: gl.constexpr, PART: gl.constexpr = 0):
-    """Block idx of the run (warp w: its 16 positions of the run's tile _run_j(idx // NB), block idx % NB) copied
-    into buffer idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a
+    """Block idx of the run (warp w: its 16 positions of tile idx // NB of the run, block idx % NB; with SKIP of the
+    d-th live tile of ``rem``, the live tiles from the current one on) copied into buffer idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a
     time, K and V, dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
     shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them).
     PART: 0 = the whole block; for the run's first block 1 = every row but the one this step writes (issued before
     the dependency wait; that row is not written) and 2 = only that row (after the wait): two commit groups, disjoint
     bytes (the dead rows, past the tile's end, are never this step's row)."""
     CV: gl.constexpr = _copy_layout(HD)
-    j = _run_j(idx // NB, lo, hi, SKIP)
+    if SKIP:
+        j = _ahead(rem, d)
+    else:
+        j = idx // NB
     b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
     w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CV)))[:, None, None]
     n = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(2, CV)))[None, :, None]
@@ -220,10 +221,11 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
-    if SKIP:
-        lo, hi, nl = live_bits(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+    if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
+        rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+        j0 = first_live(rem)
     else:
-        lo, hi, nl = u0 * 0, u0 * 0, nu
+        rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
     total = nl * NB
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, DA)))[:, None, None] * 0
     rq = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, DA)))[None, :, None]
@@ -234,16 +236,17 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     # block 0 by cp.async into buffer 0 (xbuf is free: the worker loop's barrier after the last task): every row but
     # seq_lens[b] (which this step's qkv task writes) before the wait, that row after it. No load into registers is in
     # flight during the spin, whose acquire returned only after them (session 21)
-    _issue(kv0, kc, vc, u0, 0, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 1)
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, rem, 0, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 1)
     wait_deps(rec, wl, ev_cnt, err, prof, epoch, t, PROFILE, WAIT_NS)
     if PROFILE:
         t_r = now()
-    _issue(kv0, kc, vc, u0, 0, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 2)
-    q_c = _q_operand(q, u0, _run_j(0, lo, hi, SKIP), nl > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
+    _issue(kv0, kc, vc, u0, 0, total, posv, jv, rem, 0, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB, 2)
+    q_c = _q_operand(q, u0, j0, nl > 0, wq, rq, dq, HQ, HKV, HD, NSPLIT)
     q_n = q_c
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
-        _issue(kv0, kc, vc, u0, p, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
+        _issue(kv0, kc, vc, u0, p, total, posv, jv, rem, p // NB, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
+    jl = j0  # the previous block's tile
     m = gl.full([4, 16], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
     l = gl.zeros([4, 16], gl.float32, gl.SliceLayout(2, MMA))
     acc = gl.zeros([4, 16, HD], gl.float32, MMA)
@@ -254,24 +257,31 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         t_cw = t_l * 0
         t_s = t_l * 0
     for i in range(total):
-        k = i // NB  # the run's k-th computed tile: tile j of the run
-        j = _run_j(k, lo, hi, SKIP)
+        if SKIP:  # the run's tile j: the first live tile of rem
+            j = first_live(rem)
+        else:
+            j = i // NB
         blk = i % NB
         b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
         # a new tile: its q (loaded during the previous block) and a fresh state (selects: stream_attn.attn_task)
         first = blk == 0
         if SKIP:
-            jp, jn = nth_live(k - 1, lo, hi), nth_live(k + 1, lo, hi)
+            q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + jl) // NSPLIT), q_n, q_c)
         else:
-            jp, jn = j - 1, j + 1
-        q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + jp) // NSPLIT), q_n, q_c)
+            q_c = gl.where(first & (i > 0) & ((u0 + j) // NSPLIT != (u0 + j - 1) // NSPLIT), q_n, q_c)
         m = gl.where(first, float("-inf"), m)
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         # the next tile's q where its (sequence, head group) differs from this tile's (a run's tiles are mostly
         # splits of one group, which share q)
-        q_n = _q_operand(q, u0, jn, (blk == NB - 1) & (k + 1 < nl) & ((u0 + jn) // NSPLIT != (u0 + j) // NSPLIT),
-                         wq, rq, dq, HQ, HKV, HD, NSPLIT)
+        if SKIP:
+            jn = _ahead(rem, 1)
+            q_n = _q_operand(q, u0, jn, (blk == NB - 1) & (i // NB + 1 < nl) & ((u0 + jn) // NSPLIT != (u0 + j) // NSPLIT),
+                             wq, rq, dq, HQ, HKV, HD, NSPLIT)
+            jl = j
+        else:
+            q_n = _q_operand(q, u0, j + 1, (blk == NB - 1) & (j + 1 < nu) & ((u0 + j + 1) // NSPLIT != (u0 + j) // NSPLIT),
+                             wq, rq, dq, HQ, HKV, HD, NSPLIT)
         # block i in this warp's region of buffer i % NBUF: this thread's copies landed, the warp's lanes see them
         if PROFILE:
             t0 = now()
@@ -284,7 +294,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
         _warp_sync(i)
-        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, lo, hi, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
+        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, rem, (i + NBUF) // NB - i // NB, HKV, HD, S, SPLIT, NSPLIT,
+               NB, NBUF, SKIP, SB)
         x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=2))
@@ -302,6 +313,8 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
             _merge_tile(scr, m, l, acc, o_part, lse_part, b * HQ + g * R, s, R, RP, HD, NSPLIT)
             if PROFILE:
                 t_mw = t_mw + (now() - t_w)
+        if SKIP:  # the tile done: the next live one becomes rem's first
+            rem = gl.where(blk == NB - 1, drop_first(rem), rem)
     _wait_copies(total, 0)  # the zero-filled copies past the run's end
     if B < 16:  # operand A's padding rows (>= B) of the GEMV tasks' staged tile are zeros again
         barrier()
