@@ -59,7 +59,7 @@
 # reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
 # 304 are session 29's other calls.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
-# 796d22f:scripts/gpu_call.sh`). 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
+# 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
 # 305 (session 30: the loader's L2 prefetch while the consumer waits on a dependency, STREAM_L2_CHAIN, slower, dropped;
 # attention's first K/V block by cp.async, STREAM_ATTN_CP0=1, kept as the only path): in git history (`git show
@@ -122,6 +122,28 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+314) # session 31's final commit (~4 min): the dead-tile skip by cache length (STREAM_ATTN_SKIP=auto, the default: caches
+    # of >= 16 splits per KV head). The GPU tests that 313 ran out of time for (the long-cache tests, which take the
+    # skip by default, auto, pdl, Qwen3-0.6B batch 16) beside the warm-ups; the serving-cache table (4096 positions,
+    # 512 filled) of Llama-3.2-1B and SmolLM2-135M; Llama-3.2-1B at a full cache of 1024 (the threshold; nothing dead)
+    # with and without the skip
+    mkdir -p "$W/bench" /tmp/warm
+    F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    FS="--model smollm2-135m --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    C1="--model llama-3.2-1b --random-weights --context 1024 --batch 1,8,16 --modes megakernel,pdl"
+    WARM_S=170 warm f1 $F1
+    WARM_S=170 warm fs $FS
+    wtree 170 c1 . STREAM_ATTN_SKIP=auto $C1; wtree 170 c0 . STREAM_ATTN_SKIP=0 $C1
+    (timeout 170 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py \
+        -k "dead or auto or pdl_takes or qwen3-0.6b-16" -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 4
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 60 bench-1b-fill $bench/bench $F1 --steps 50
+    step 45 bench-smol-fill $bench/bench $FS --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    ttree 40 c1024-skip . STREAM_ATTN_SKIP=auto $C1; ttree 40 c1024-noskip . STREAM_ATTN_SKIP=0 $C1
+    ;;
 313) # session 31 (~7 min): attention skipping its dead split-KV tiles (STREAM_ATTN_SKIP=1, exec/stream_attn_runs) against
     # the kernels without it (STREAM_ATTN_SKIP=0, the default: main's PTX), each variant its own process: the GPU tests
     # and the bitwise A/B of one step with the switch on (beside the warm-ups), then Llama-3.2-1B at context 512 (the

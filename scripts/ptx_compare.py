@@ -3,7 +3,7 @@
 compare the PTX up to register and label names (debug-scope labels, line records and blank lines dropped):
 
     python scripts/ptx_compare.py OTHER_TREE [--out DIR] [--kernels qwen3-8b:8:mma,llama-3.2-1b:8:fma:0:2,...]
-                                  [--params]
+                                  [--params] [--seq 512]
 
 Seven kernels: Llama-3.2-1B batch 1 / 8 / 16 and Llama-3.1-8B batch 1 with tensor cores, SmolLM2-135M batch 3
 and Llama-3.2-1B batch 1 with CUDA cores, and a TP=2 rank of Llama-3.2-1B at batch 8 (``--kernels``: others;
@@ -30,11 +30,11 @@ KERNELS = [("llama-3.2-1b", 1, "mma", None), ("llama-3.2-1b", 8, "mma", None), (
 DUMP = """
 import os, sys
 os.environ["TRITON_INTERPRET"] = "0"
-tree, out = sys.argv[1], sys.argv[2]
+tree, out, seq = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path[:0] = [tree, tree + "/scripts"]
 from stream_compile_check import compile_stream
 for m, b, gv, tp in {kernels!r}:
-    k, _, _ = compile_stream(m, b, 132, gemv=gv, tp=tp)
+    k, _, _ = compile_stream(m, b, 132, gemv=gv, tp=tp, seq=seq)
     open(f"{{out}}/{{m}}-{{b}}-{{gv}}-{{f'tp{{tp[0]}}of{{tp[1]}}' if tp else 'x'}}.ptx", "w").write(k.asm["ptx"])
 """
 
@@ -58,9 +58,9 @@ def normalise(ptx: str, params: bool = False) -> str:
     return "\n".join(ln for ln in ptx.splitlines() if ln.strip())
 
 
-def dump(tree: Path, out: Path, kernels: list = KERNELS) -> None:
+def dump(tree: Path, out: Path, kernels: list = KERNELS, seq: int = 1024) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", DUMP.format(kernels=kernels), str(tree), str(out)], check=True,
+    subprocess.run([sys.executable, "-c", DUMP.format(kernels=kernels), str(tree), str(out), str(seq)], check=True,
                    env=dict(os.environ, TRITON_INTERPRET="0"))
 
 
@@ -97,6 +97,8 @@ def main() -> int:
     ap.add_argument("--kernels", default=None, metavar="MODEL:BATCH:GEMV[:RANK:N],...",
                     help="other kernels than the seven (e.g. qwen3-8b:8:mma, which older trees do not stream; "
                          "llama-3.2-1b:8:fma:0:2: rank 0 of a TP=2 graph)")
+    ap.add_argument("--seq", type=int, default=1024,
+                    help="the KV cache length the kernels are compiled for (the benchmark tables: 512)")
     ap.add_argument("--params", action="store_true",
                     help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()
@@ -110,7 +112,7 @@ def main() -> int:
     out = Path(a.out or tempfile.mkdtemp(prefix="ptx_compare_"))
     trees = {"this": ROOT, "other": Path(a.other).resolve()}
     for name, tree in trees.items():
-        dump(tree, out / name, kernels)
+        dump(tree, out / name, kernels, a.seq)
     differ = 0
     for f in sorted((out / "this").glob("*.ptx")):
         ptx = {n: normalise((out / n / f.name).read_text(), a.params) for n in trees}

@@ -108,7 +108,8 @@ def report(k) -> dict:
             "smem": k.metadata.shared, "setmaxnreg": maxnreg, "bulk_copies": ptx.count("cp.async.bulk.shared::cluster.global"),
             "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
             "cp_async_16": ptx.count("cp.async.cg.shared.global [ "),  # Triton's own (the activation tiles)
-            "attn_copies": ptx.count("cp.async.cg.shared.global [%")}  # the tensor-core attention's inline ones
+            "attn_copies": ptx.count("cp.async.cg.shared.global [%"),  # the tensor-core attention's inline ones
+            "attn_skip": ptx.count("brev.b64")}  # the dead-tile walk's first-live lookups (exec.stream_attn_runs)
 
 
 def main() -> None:

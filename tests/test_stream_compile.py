@@ -55,6 +55,8 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
         assert rec["mma_sync"] == 0, rec
     # its K/V copies (inline cp.async, K and V per 16-byte unit, at the prologue's and the loop's issue sites)
     assert (rec["attn_copies"] > 0) == (tc > 0), rec
+    # a cache of 1024 positions (16 splits of 64 per KV head): the runs walk only their live tiles (stream_attn_runs)
+    assert rec["attn_skip"] > 0, rec
     # the activation tiles go through 16-byte cp.async copies exactly where more than one 4-row quad would sit in
     # registers (CK 1024 above batch 4), never on the CUDA-core body: at batch 5-8 into an 8-row raw tile (16 KB: one
     # ring slot fewer than batch 1's 11), above batch 8 into the staged tile itself (no raw tile: batch 1's slots)
@@ -71,3 +73,22 @@ def test_profile_kernel_compiles_for_sm90():
     rec = _check("llama-3.2-1b", 1, "mma", STREAM_PROFILE="1")
     assert rec["spill_bytes"] <= 16 and rec["smem"] <= 232448 and rec["mma_sync"] > 0, rec
 
+
+def test_dead_tile_skip_rule(monkeypatch):
+    """exec.stream_attn_runs.skip_dead: by default ("auto") a run skips its dead tiles from 16 splits per KV head (a
+    cache of 1024 positions at SPLIT 64), never with merge tasks (FOLD off: they read every split's partial) nor
+    past 64 tiles per run (one int64 of live bits); STREAM_ATTN_SKIP=1 / 0 force it on / off; any other value is
+    refused at import."""
+    from triton.experimental.gluon import language as gl
+
+    from onekernel.exec import stream_attn_runs as runs
+
+    assert [runs.skip_dead(True, 8, n) for n in (1, 8, 15, 16, 64)] == [False, False, False, True, True]
+    assert not runs.skip_dead(False, 8, 64) and not runs.skip_dead(True, 65, 64) and runs.skip_dead(True, 64, 64)
+    monkeypatch.setattr(runs, "SKIP", gl.constexpr("1"))
+    assert runs.skip_dead(True, 8, 8) and not runs.skip_dead(False, 8, 8)
+    monkeypatch.setattr(runs, "SKIP", gl.constexpr("0"))
+    assert not runs.skip_dead(True, 8, 64)
+    out = subprocess.run([sys.executable, "-c", "import onekernel.exec.stream_attn_runs"], capture_output=True,
+                         text=True, env=dict(os.environ, STREAM_ATTN_SKIP="yes"), cwd=ROOT)
+    assert out.returncode != 0 and "STREAM_ATTN_SKIP must be auto, 1 or 0, got 'yes'" in out.stderr, out.stderr

@@ -74,7 +74,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     XL: gl.constexpr = gl.SliceLayout(3, L4)   # [4, RP, BN]: scores
     ML: gl.constexpr = gl.SliceLayout(2, XL)   # [4, RP]: m, l
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
-    SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
+    SKIP: gl.constexpr = skip_dead(FOLD, NTA, NSPLIT)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
     if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
         rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)

@@ -219,7 +219,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     AR: gl.constexpr = accbuf.shape[0] * accbuf.shape[1] * accbuf.shape[2] * accbuf.shape[3] // (8 * HD)
     scr = view(accbuf, gl.float32, [AR, 8, HD], FL)
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
-    SKIP: gl.constexpr = skip_dead(FOLD, NTA)  # only the run's live tiles (stream_attn_runs)
+    SKIP: gl.constexpr = skip_dead(FOLD, NTA, NSPLIT)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
     if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
         rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
