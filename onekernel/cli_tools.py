@@ -24,7 +24,8 @@ def _add_model(p: argparse.ArgumentParser, batch_help: str, weights: bool = True
         p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--batch", default="1", help=batch_help)
     p.add_argument("--context", type=int, default=None,
-                   help="KV positions every sequence attends over (default: 512, or the model's context if smaller)")
+                   help="KV cache positions, all of which every sequence attends over (bench --fill: fewer) "
+                        "(default: 512, or the model's context if smaller)")
 
 
 def _check_int(value, flag: str, lo: int, hi: int) -> int:
@@ -176,8 +177,8 @@ def _bench_args(args) -> tuple[list[int], list[str]]:
         raise InputError(f"--context must be >= 2, got {args.context}")
     if args.fill is not None:
         if args.fill < 1 or (args.context is not None and args.fill > args.context):
-            raise InputError(f"--fill must be between 1 and --context ({args.context or 'its default'}), "
-                             f"got {args.fill}")
+            limit = args.context if args.context is not None else "512, or the model's context if smaller"
+            raise InputError(f"--fill must be between 1 and --context ({limit}), got {args.fill}")
         if args.study or args.tp != 1:
             raise InputError("--fill applies to the single-GPU bench's modes, not to --study or --tp")
     return batches, modes
@@ -228,8 +229,8 @@ def _run_bench(args) -> int:
         stem += f"-{args.gemv}"
     if getattr(args, "random_weights", False):  # nor a config's random weights and its real checkpoint (run 19)
         stem += "-random"
-    if args.fill is not None:
-        stem += f"-fill{args.fill}"
+    if args.fill is not None:  # one fill at several cache lengths: one file each
+        stem += f"-ctx{args.context}-fill{args.fill}"
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):

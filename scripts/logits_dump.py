@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=448, help="KV cache positions (the sequences sit below 400)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     a = ap.parse_args()
+    if not a.compare and a.context < 401:
+        ap.error(f"--context must be at least 401 (the sequences sit at positions below 400), got {a.context}")
     if a.compare:
         x, y = (torch.load(p) for p in a.compare)
         same = {k: torch.equal(x[k], y[k]) for k in x}

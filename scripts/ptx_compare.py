@@ -98,10 +98,13 @@ def main() -> int:
                     help="other kernels than the seven (e.g. qwen3-8b:8:mma, which older trees do not stream; "
                          "llama-3.2-1b:8:fma:0:2: rank 0 of a TP=2 graph)")
     ap.add_argument("--seq", type=int, default=1024,
-                    help="the KV cache length the kernels are compiled for (the benchmark tables: 512)")
+                    help="the KV cache length the kernels are compiled for (default 1024, where attention skips "
+                         "dead split-KV tiles; the benchmark tables' kernels: 512)")
     ap.add_argument("--params", action="store_true",
                     help="ignore the kernel's parameter list (a new argument), compare the code")
     a = ap.parse_args()
+    if a.seq < 1:
+        ap.error(f"--seq must be >= 1, got {a.seq}")
     try:
         kernels = parse_kernels(a.kernels)
     except ValueError as e:

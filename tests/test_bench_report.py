@@ -166,13 +166,14 @@ def test_bench_rejects_bad_arguments_before_loading(capsys):
 
 
 def _fake_bench_modes(model, name, batch, context, modes, bw, steps=200, options=None, progress=None,
-                      started=None):
+                      started=None, fill=None):
     recs = []
     for m in modes:
         if started:
             started(m)
         t = 1.0 + 0.1 * len(m) + 0.01 * batch + 0.001 * len(str(options))
-        recs.append({"model": name, "batch": batch, "context": context, "mode": m, "floor_ms": 0.5,
+        recs.append({"model": name, "batch": batch, "context": context, "fill": context if fill is None else fill,
+                     "mode": m, "floor_ms": 0.5,
                      "ms_per_step": t, "tokens_per_s": batch * 1e3 / t, "pct_of_floor": 50 / t, "steps": steps,
                      "ratio_to_torch_graph": None})
         if progress:
@@ -224,6 +225,32 @@ def test_bench_cli_writes_json_markdown_png(tmp_path, monkeypatch, study):
         assert {r["mode"] for r in recs} == {"torch", "torch+graph", "torch+compile", "eager", "graph", "pdl",
                                              "megakernel", "megakernel-triton"}
         assert "| tiny | 4 | torch+compile |" in md
+
+
+def test_bench_fill_reaches_the_records_and_names_the_files(tmp_path, monkeypatch, capsys):
+    """--fill N: every record carries the fill and the context it was timed at; the files are named by both (two
+    contexts at one fill do not overwrite each other) and the table says the cache's size and fill; a fill above
+    the context (the model's, when --context is not given) is refused in one line."""
+    import json
+
+    _fake_gpu(monkeypatch)
+    fill = random.randint(1, 100)
+    for ctx in (128, 256):
+        assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1", "--modes", "graph",
+                     "--context", str(ctx), "--fill", str(fill), "--out", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json")
+    assert len(files) == 2 and all(f"-fill{fill}" in f for f in files), files
+    for f, ctx in zip(files, (128, 256)):
+        assert f"-ctx{ctx}-" in f, files
+        recs = json.loads((tmp_path / f).read_text())
+        assert [(r["context"], r["fill"]) for r in recs] == [(ctx, fill)], recs
+        md = (tmp_path / f.replace(".json", ".md")).read_text()
+        assert md.startswith(f"KV cache of {ctx} positions, {fill} filled per sequence"), md
+    capsys.readouterr()
+    assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1", "--modes", "graph",
+                 "--fill", "5000", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--fill must be at most --context" in err and "Traceback" not in err, err
 
 
 def test_study_variants_subset_runs_only_those_and_keeps_the_full_files(tmp_path, monkeypatch):

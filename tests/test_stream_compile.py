@@ -91,4 +91,4 @@ def test_dead_tile_skip_rule(monkeypatch):
     assert not runs.skip_dead(True, 8, 64)
     out = subprocess.run([sys.executable, "-c", "import onekernel.exec.stream_attn_runs"], capture_output=True,
                          text=True, env=dict(os.environ, STREAM_ATTN_SKIP="yes"), cwd=ROOT)
-    assert out.returncode != 0 and "STREAM_ATTN_SKIP must be auto, 1 or 0, got 'yes'" in out.stderr, out.stderr
+    assert out.returncode != 0 and "InputError: STREAM_ATTN_SKIP must be auto, 1 or 0, got 'yes'" in out.stderr, out.stderr

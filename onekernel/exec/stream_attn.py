@@ -78,7 +78,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
     if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
         rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
-        j0 = first_live(rem)
+        j0 = gl.where(nl > 0, first_live(rem), 0)  # no live tile: tile u0 (dead: its loads below are masked off)
     else:
         rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
@@ -206,7 +206,8 @@ def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, jv, posv, R: 
     for jg in range(NGP):
         if (bits >> jg) & 1:
             if SKIP:
-                nls = _pick(posv, jv, gl.maximum(u0, (g0 + jg) * NSPLIT) - u0) // SPLIT + 1
+                pg = _pick(posv, jv, gl.maximum(u0, (g0 + jg) * NSPLIT) - u0)
+                nls = gl.where(pg >= 0, pg // SPLIT + 1, 0)  # live splits (a negative position: none)
             else:
                 nls = NSPLIT
             _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP, nls, SKIP)

@@ -38,9 +38,11 @@ import os
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from onekernel.errors import InputError
+
 SKIP = gl.constexpr(os.environ.get("STREAM_ATTN_SKIP", "auto"))  # "auto" | "1" | "0"
 if SKIP.value not in ("auto", "1", "0"):
-    raise ValueError(f"STREAM_ATTN_SKIP must be auto, 1 or 0, got {SKIP.value!r}")
+    raise InputError(f"STREAM_ATTN_SKIP must be auto, 1 or 0, got {SKIP.value!r}; unset it for the default (auto)")
 MAX_SKIP_RUN = 64  # live bits: one int64
 SKIP_MIN_SPLITS = 16  # "auto": caches of at least this many splits per KV head
 

@@ -223,7 +223,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
     if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
         rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
-        j0 = first_live(rem)
+        j0 = gl.where(nl > 0, first_live(rem), 0)  # no live tile: tile u0 (its loads are masked off)
     else:
         rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
     total = nl * NB
