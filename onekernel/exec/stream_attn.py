@@ -9,7 +9,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_attn_runs import drop_first, first_live, live_mask, skip_dead, split_bits, tile_coords
+from onekernel.exec.stream_attn_runs import block_tile, drop_first, run_start, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import F_NU, F_U0, SUBVIEW_REINTERPRET, barrier, now, wait_deps
 
 
@@ -76,11 +76,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     SKIP: gl.constexpr = skip_dead(FOLD, NTA, NSPLIT)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
-    if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
-        rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
-        j0 = gl.where(nl > 0, first_live(rem), 0)  # no live tile: tile u0 (dead: its loads below are masked off)
-    else:
-        rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
+    rem, nl, j0 = run_start(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB, SKIP)  # rem: the live tiles not yet finished
     wk = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, KL)))[:, None, None] * SW
     nk = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, KL)))[None, :, None]
     dk = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(1, KL)))[None, None, :]
@@ -119,10 +115,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         gl.store(sub, t_l - t_r)
         t_mw = t_l * 0
     for i in range(total):
-        if SKIP:
-            j = first_live(rem)
-        else:
-            j = i // NB
+        j = block_tile(rem, i, i, NB, SKIP)
         blk = i % NB
         b, g, s = tile_coords(u0 + j, HKV, NSPLIT, SB)
         end = gl.minimum(gl.minimum(_pick(posv, jv, j) + 1, s * SPLIT + SPLIT), S)
@@ -136,10 +129,7 @@ def attn_task(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t, s
         l = gl.where(first, 0.0, l)
         acc = gl.where(first, 0.0, acc)
         # prefetch block i + 1 (the next block of this tile, or the first of the next tile): rows < its end only
-        if SKIP:  # block i + 1's tile: this one or the next live one
-            j1 = first_live(gl.where((i + 1) % NB == 0, drop_first(rem), rem))
-        else:
-            j1 = (i + 1) // NB
+        j1 = block_tile(rem, i, i + 1, NB, SKIP)  # block i + 1's tile: this one or the next (live) one
         k_n, v_n = _kv_block(kc, vc, u0, i + 1, total, posv, jv, j1, wk, nk, dk, HKV, HD, S, SPLIT, NSPLIT, BN, NB,
                              SB)
         b1, g1, s1 = tile_coords(u0 + j1, HKV, NSPLIT, SB)
@@ -205,22 +195,22 @@ def _arrive_and_merge(a, base_t, base_i, o_part, lse_part, u0, nu, jv, posv, R: 
     bits = gl.sum(gl.where(last, 1 << (j & 31), 0), axis=0)  # a CTA reduction: every thread after the acquire
     for jg in range(NGP):
         if (bits >> jg) & 1:
-            if SKIP:
+            if SKIP:  # the group's live splits (a negative position: none)
                 pg = _pick(posv, jv, gl.maximum(u0, (g0 + jg) * NSPLIT) - u0)
-                nls = gl.where(pg >= 0, pg // SPLIT + 1, 0)  # live splits (a negative position: none)
+                nls = gl.where(pg >= 0, gl.minimum(pg // SPLIT + 1, NSPLIT), 0)
             else:
                 nls = NSPLIT
-            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP, nls, SKIP)
+            _merge_group(o_part, lse_part, out, (g0 + jg) * R, R, HD, NSPLIT, NSP2, RP, nls)
 
 
 @gluon.jit
 def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr, NSPLIT: gl.constexpr,
-                 NSP2: gl.constexpr, RP: gl.constexpr, nls, SKIP: gl.constexpr):
+                 NSP2: gl.constexpr, RP: gl.constexpr, nls):
     """out[row] = sum_s exp(lse_s - LSE) O_s for the R rows row0.. (ops/attention.py's merge; rows b*Hq + h of
     o_part fp32 [B*Hq, NSPLIT, hd], lse_part fp32 [B*Hq, NSPLIT]) with all of them in flight at once: splits in
-    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk. With SKIP only the
-    splits s < nls are read; the others count as (O = 0, lse = -inf), what a dead tile stores (merge_warp_states),
-    so the sums are the same numbers in the same order."""
+    chunks of CS (RP * CS * hd <= 4096 values: 32 per thread), one L2 round trip per chunk. Only the splits s < nls
+    (<= NSPLIT; the live ones where the runs skip dead tiles) are read; the others count as (O = 0, lse = -inf), what
+    a dead tile stores (merge_warp_states), so the sums are the same numbers in the same order."""
     dt: gl.constexpr = out.dtype.element_ty
     TD: gl.constexpr = 32 if HD >= 128 else HD // 4
     CS: gl.constexpr = NSP2 if RP * NSP2 * HD <= 4096 else max(1, 4096 // (RP * HD))
@@ -228,11 +218,8 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
     L2: gl.constexpr = gl.SliceLayout(2, L3)
     r2 = gl.arange(0, RP, layout=gl.SliceLayout(1, L2))[:, None]
     s2 = gl.arange(0, NSP2, layout=gl.SliceLayout(0, L2))[None, :]
-    if SKIP:
-        ls2 = (s2 < NSPLIT) & (s2 < nls)
-    else:
-        ls2 = s2 < NSPLIT
-    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & ls2, other=float("-inf"), cache_modifier=".cg")
+    lse = gl.load(lse_part + (row0 + r2) * NSPLIT + s2, mask=(r2 < R) & (s2 < nls), other=float("-inf"),
+                  cache_modifier=".cg")
     mx = gl.max(lse, axis=1)
     mx = gl.where(mx == float("-inf"), 0.0, mx)
     tot = gl.sum(gl.exp(lse - mx[:, None]), axis=1)
@@ -242,16 +229,10 @@ def _merge_group(o_part, lse_part, out, row0, R: gl.constexpr, HD: gl.constexpr,
     c2 = gl.arange(0, CS, layout=gl.SliceLayout(0, L2))[None, :]
     acc = gl.zeros([RP, HD], gl.float32, gl.SliceLayout(1, L3))
     for c in range(0, NSP2, CS):
-        if SKIP:
-            lm2 = (c + c2 < NSPLIT) & (c + c2 < nls)
-            lm3 = (c + c3 < NSPLIT) & (c + c3 < nls)
-        else:
-            lm2 = c + c2 < NSPLIT
-            lm3 = c + c3 < NSPLIT
-        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & lm2, other=float("-inf"),
-                     cache_modifier=".cg")
-        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & lm3, other=0.0,
-                     cache_modifier=".cg")
+        lc = gl.load(lse_part + (row0 + r2) * NSPLIT + c + c2, mask=(r2 < R) & (c + c2 < nls),
+                     other=float("-inf"), cache_modifier=".cg")
+        oc = gl.load(o_part + ((row0 + r3) * NSPLIT + c + c3) * HD + d3, mask=(r3 < R) & (c + c3 < nls),
+                     other=0.0, cache_modifier=".cg")
         acc += gl.sum(oc * gl.exp(lc - mx[:, None])[:, :, None], axis=1)
     tsafe = gl.where(tot > 0.0, tot, 1.0)
     o = acc / gl.convert_layout(tsafe, gl.SliceLayout(1, gl.SliceLayout(1, L3)))[:, None]

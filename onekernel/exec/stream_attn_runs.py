@@ -101,3 +101,29 @@ def first_live(m):
 def drop_first(m):
     """m without its lowest set bit: the live tiles after the first."""
     return m & (m - 1)
+
+
+@gluon.jit
+def run_start(u0, nu, jv, posv, HKV: gl.constexpr, NSPLIT: gl.constexpr, SPLIT: gl.constexpr, SB: gl.constexpr,
+              SKIP: gl.constexpr):
+    """(rem, nl, j0) of a run before its loop: the int64 mask of the live tiles it has yet to compute (live_mask;
+    unused without SKIP), how many, and the run index of the first (tile 0 without SKIP or without a live tile: its
+    loads are masked off, its split being dead)."""
+    if SKIP:
+        rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
+        return rem, nl, gl.where(nl > 0, first_live(rem), 0)
+    else:
+        return u0.to(gl.int64) * 0, nu, 0
+
+
+@gluon.jit
+def block_tile(rem, i, idx, NB: gl.constexpr, SKIP: gl.constexpr):
+    """The run index of the tile of the run's block idx (NB blocks a tile) while the loop is at block i <= idx, at
+    most two tiles ahead: idx // NB without SKIP; with SKIP the (idx // NB - i // NB)-th live tile of rem (the tiles
+    from block i's on)."""
+    if SKIP:
+        d = idx // NB - i // NB
+        r1 = drop_first(rem)
+        return first_live(gl.where(d == 0, rem, gl.where(d == 1, r1, drop_first(r1))))
+    else:
+        return idx // NB

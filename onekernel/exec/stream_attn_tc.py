@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from onekernel.exec.stream_attn import _arrive_and_merge, _pick, attn_args, merge_warp_states
-from onekernel.exec.stream_attn_runs import drop_first, first_live, live_mask, skip_dead, split_bits, tile_coords
+from onekernel.exec.stream_attn_runs import block_tile, drop_first, run_start, skip_dead, split_bits, tile_coords
 from onekernel.exec.stream_base import barrier, now, smem_addr, view, wait_deps
 from onekernel.exec.stream_stage import stage_layout
 
@@ -91,28 +91,18 @@ def _tile_end(u0, j, posv, jv, HKV: gl.constexpr, S: gl.constexpr, SPLIT: gl.con
 
 
 @gluon.jit
-def _ahead(rem, d):
-    """The run index of the d-th live tile (d = 0, 1, 2) of ``rem`` (the live tiles from the current one on)."""
-    r1 = drop_first(rem)
-    return first_live(gl.where(d == 0, rem, gl.where(d == 1, r1, drop_first(r1))))
-
-
-@gluon.jit
-def _issue(kv0, kc, vc, u0, idx, total, posv, jv, rem, d, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
+def _issue(kv0, kc, vc, u0, idx, total, posv, jv, rem, i, HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr,
            SPLIT: gl.constexpr, NSPLIT: gl.constexpr, NB: gl.constexpr, NBUF: gl.constexpr, SKIP: gl.constexpr,
            SB: gl.constexpr, PART: gl.constexpr = 0):
-    """Block idx of the run (warp w: its 16 positions of tile idx // NB of the run, block idx % NB; with SKIP of the
-    d-th live tile of ``rem``, the live tiles from the current one on) copied into buffer idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a
+    """Block idx of the run (warp w: its 16 positions of the block's tile, stream_attn_runs.block_tile with the loop
+    at block i, block idx % NB) copied into buffer idx % NBUF (shared address kv0: the K/V views' base, kv_layout) by ``cp.async.cg`` 16 bytes at a
     time, K and V, dead rows and blocks past the run zero-filled (src-size 0), one commit group. Inline PTX: the compiler sees no
     shared-memory write here, so it adds no CTA barriers around the warp-private copies (_warp_sync orders them).
     PART: 0 = the whole block; for the run's first block 1 = every row but the one this step writes (issued before
     the dependency wait; that row is not written) and 2 = only that row (after the wait): two commit groups, disjoint
     bytes (the dead rows, past the tile's end, are never this step's row)."""
     CV: gl.constexpr = _copy_layout(HD)
-    if SKIP:
-        j = _ahead(rem, d)
-    else:
-        j = idx // NB
+    j = block_tile(rem, i, idx, NB, SKIP)
     b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
     w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, CV)))[:, None, None]
     n = gl.arange(0, BLK, layout=gl.SliceLayout(0, gl.SliceLayout(2, CV)))[None, :, None]
@@ -221,11 +211,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     u0, nu, q, kc, vc, o_part, lse_part, jv, posv = attn_args(rec, a, base_t, base_f, base_i, HKV, NSPLIT, NTA)
     SKIP: gl.constexpr = skip_dead(FOLD, NTA, NSPLIT)  # only the run's live tiles (stream_attn_runs)
     SB: gl.constexpr = split_bits(NSPLIT, SKIP)
-    if SKIP:  # rem: the live tiles not yet finished (bit j: the run's tile j), the current one first
-        rem, nl = live_mask(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB)
-        j0 = gl.where(nl > 0, first_live(rem), 0)  # no live tile: tile u0 (its loads are masked off)
-    else:
-        rem, nl, j0 = u0.to(gl.int64) * 0, nu, 0
+    rem, nl, j0 = run_start(u0, nu, jv, posv, HKV, NSPLIT, SPLIT, SB, SKIP)  # rem: the live tiles not yet finished
     total = nl * NB
     wq = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, DA)))[:, None, None] * 0
     rq = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, DA)))[None, :, None]
@@ -245,7 +231,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
     q_n = q_c
     barrier()  # here, not before each ldmatrix of the loop (where the compiler would put it)
     for p in gl.static_range(1, NBUF):
-        _issue(kv0, kc, vc, u0, p, total, posv, jv, rem, p // NB, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
+        _issue(kv0, kc, vc, u0, p, total, posv, jv, rem, 0, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
     jl = j0  # the previous block's tile
     m = gl.full([4, 16], float("-inf"), gl.float32, gl.SliceLayout(2, MMA))
     l = gl.zeros([4, 16], gl.float32, gl.SliceLayout(2, MMA))
@@ -257,10 +243,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         t_cw = t_l * 0
         t_s = t_l * 0
     for i in range(total):
-        if SKIP:  # the run's tile j: the first live tile of rem
-            j = first_live(rem)
-        else:
-            j = i // NB
+        j = block_tile(rem, i, i, NB, SKIP)  # the run's tile j
         blk = i % NB
         b, g, s, end = _tile_end(u0, j, posv, jv, HKV, S, SPLIT, NSPLIT, SB)
         # a new tile: its q (loaded during the previous block) and a fresh state (selects: stream_attn.attn_task)
@@ -275,7 +258,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         # the next tile's q where its (sequence, head group) differs from this tile's (a run's tiles are mostly
         # splits of one group, which share q)
         if SKIP:
-            jn = _ahead(rem, 1)
+            jn = block_tile(rem, i, i + NB, NB, SKIP)
             q_n = _q_operand(q, u0, jn, (blk == NB - 1) & (i // NB + 1 < nl) & ((u0 + jn) // NSPLIT != (u0 + j) // NSPLIT),
                              wq, rq, dq, HQ, HKV, HD, NSPLIT)
             jl = j
@@ -294,8 +277,7 @@ def attn_task_tc(rec, a, base_t, base_f, base_i, wl, ev_cnt, err, prof, epoch, t
         vb = view(kvv.index(2 * buf + 1), dt, [4, BLK, HD], KVL).load(DB)                  # V [4, 16, HD]
         # the warp is done reading buffer i % NBUF (its operands are in registers): block i + NBUF goes there
         _warp_sync(i)
-        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, rem, (i + NBUF) // NB - i // NB, HKV, HD, S, SPLIT, NSPLIT,
-               NB, NBUF, SKIP, SB)
+        _issue(kv0, kc, vc, u0, i + NBUF, total, posv, jv, rem, i, HKV, HD, S, SPLIT, NSPLIT, NB, NBUF, SKIP, SB)
         x = mma_v2(q_c, kt, gl.zeros([4, 16, BLK], gl.float32, MMA)) * qk_scale
         x = gl.where((s * SPLIT + ws + blk * BLK + cs) < end, x, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=2))
