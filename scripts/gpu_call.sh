@@ -58,6 +58,8 @@
 # 301 (session 29: both Llama tables with the folded attention merge, graph-fold / pdl-triton-fold, measured slower and
 # reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
 # 304 are session 29's other calls.
+# 320 + 321 (session 32: the publish stamp with knock-out probes, STREAM_PROBE, and the loader's in-flight bound,
+# STREAM_INFLIGHT; neither kept): on branch s32-probe (`git show 8415e83:scripts/gpu_call.sh`); 322: session 32's final commit.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -122,6 +124,31 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+322) # session 32's final commit (~6 min): the profile's new publish stamp on Llama-3.2-1B batch 1 (and, from the probe
+    # branch's tree in .probe.tgz when it travels, the loader's in-flight bound STREAM_INFLIGHT=1 and 2: does the
+    # release fence wait for the weight copies in flight?); the serving-cache table (4096 positions, 512 filled) of
+    # Llama-3.2-1B and SmolLM2-135M; Llama-3.2-1B with a full 4096-position cache
+    mkdir -p "$W/bench" "$W/prof" /tmp/warm /tmp/probe
+    [ -f .probe.tgz ] && tar -xzf .probe.tgz -C /tmp/probe
+    F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    FS="--model smollm2-135m --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    L1="--model llama-3.2-1b --random-weights --context 4096 --batch 1,8,16 --modes graph,pdl,megakernel"
+    prof="python3 scripts/stream_profile.py --model llama-3.2-1b --batch 1"
+    WARM_S=200 warm f1 $F1; WARM_S=200 warm fs $FS; WARM_S=200 warm l1 $L1
+    (timeout 200 $prof --out /tmp/warm/p >"$W/warm-p.log" 2>&1) &
+    for n in 1 2; do [ -d /tmp/probe/onekernel ] && (cd /tmp/probe && timeout 200 env STREAM_INFLIGHT=$n \
+        PYTHONPATH=/tmp/site:/tmp/probe $prof --out /tmp/warm/p$n >"$W/warm-p$n.log" 2>&1) & done
+    wait
+    checked 3
+    step 40 profile-1b-1 $prof --out "$W/prof/main"
+    for n in 1 2; do [ -d /tmp/probe/onekernel ] && step 40 profile-inflight$n bash -c "cd /tmp/probe && env \
+        STREAM_INFLIGHT=$n PYTHONPATH=/tmp/site:/tmp/probe $prof --out $W/prof/inflight$n"; done
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 70 bench-1b-fill $bench/bench $F1 --steps 50
+    step 50 bench-smol-fill $bench/bench $FS --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 100 bench-1b-4096 $bench/bench $L1 --steps 50
+    ;;
 314) # session 31's final commit (~4 min): the dead-tile skip by cache length (STREAM_ATTN_SKIP=auto, the default: caches
     # of >= 16 splits per KV head). The GPU tests that 313 ran out of time for (the long-cache tests, which take the
     # skip by default, auto, pdl, Qwen3-0.6B batch 16) beside the warm-ups; the serving-cache table (4096 positions,

@@ -4,8 +4,9 @@
 
 Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
-the step's first stamp), and the median task time (end - dependencies satisfied); per op kind over all
-layers: median and max task time; per tensor-core GEMV kind, the medians of its tasks' time inside
+the step's first stamp), the median task time (end - dependencies satisfied) and the median publish (the task's
+last CTA barrier and release add, of which the barrier; stream_device); per op kind over all
+layers: median and max task time; per tensor-core GEMV kind (and each GEMV op of layer 1), the medians of its tasks' time inside
 (``prof_sub``: staging activation tiles, of which waiting for their loads, waiting on ring slots, epilogues, the
 time before the first block (operand pointers, the rstd pass), the rest; for attention: to the loop, the blocks, the warp merges, arriving and merging). Writes
 DIR/stream_profile_<model>_b<batch>.json and .png (the SM timeline of one step: ``profile.trace.timeline_png``).
@@ -69,7 +70,11 @@ def main() -> None:
         st = [prof[t] for t in op.task_ids]
         dur = [(p[2] - p[1]) / 1e3 for p in st]
         kinds[op.kind.name].extend(dur)
-        ops.append({"op": op.name, "tasks": len(st), "first_start_us": (min(p[0] for p in st) - t0) / 1e3,
+        pub = [(p[3] >> 40) / 1e3 for p in st]  # the publish: the task's last barrier and release add
+        pbar = [((p[3] >> 16) & 0xFFFFFF) / 1e3 for p in st]  # of which the barrier
+        ops.append({"op": op.name, "tasks": len(st), "publish_us": statistics.median(pub),
+                    "publish_barrier_us": statistics.median(pbar),
+                    "first_start_us": (min(p[0] for p in st) - t0) / 1e3,
                     "last_ready_us": (max(p[1] for p in st) - t0) / 1e3, "last_end_us": (max(p[2] for p in st) - t0) / 1e3,
                     "median_task_us": statistics.median(dur), "max_task_us": max(dur)})
     per_kind = {k: {"median_us": statistics.median(v), "max_us": max(v), "tasks": len(v)} for k, v in kinds.items()}
@@ -93,11 +98,13 @@ def main() -> None:
             if t < len(sub) and sub[t][3] > 0:  # tiles staged: a tensor-core GEMV task
                 for name, v in gemv_sub_times(prof[t], sub[t]).items():
                     inside[op.kind.name][name].append(v)
+                    if op.name.endswith(".1"):  # layer 1's ops one by one (o_proj and down apart)
+                        inside[op.name][name].append(v)
     gemv_inside = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in inside.items()}
     attn_in = {n: statistics.median(v) for n, v in attn_inside.items() if v}
     busy = defaultdict(float)
     for p in prof:
-        busy[p[3]] += (p[2] - p[1]) / 1e3
+        busy[p[3] & 0xFFFF] += (p[2] - p[1]) / 1e3
     res = {"model": a.model, "batch": a.batch, "step_us": total, "per_kind": per_kind,
            "worker_busy_us": {"median": statistics.median(busy.values()), "max": max(busy.values())},
            "ops": ops, "gemv_inside": gemv_inside, "attn_inside": attn_in}
@@ -119,7 +126,8 @@ def main() -> None:
                   " us (tensor-core attention)")
     for o in sel:
         print(f"  {o['op']:20s} start {o['first_start_us']:8.1f} ready {o['last_ready_us']:8.1f} end {o['last_end_us']:8.1f}"
-              f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f}")
+              f"  task median {o['median_task_us']:6.2f} max {o['max_task_us']:6.2f} publish {o['publish_us']:5.2f}"
+              f" (barrier {o['publish_barrier_us']:5.2f})")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"stream_profile_{a.model}_b{a.batch}.json").write_text(json.dumps(res, indent=1))
     torch.save(r.prof.cpu(), Path(a.out) / f"stream_prof_{a.model}_b{a.batch}.pt")  # raw stamps, task_graph order

@@ -65,6 +65,21 @@ def test_breakdown_counts_each_sm_once(seed):
     assert bd["launch_gaps_us"] == pytest.approx(gaps)
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_breakdown_reads_the_sm_under_the_streaming_kernels_publish_bits(seed):
+    """The streaming megakernel packs each task's publish (ns at its last barrier << 16, ns of the whole publish
+    << 40; exec.stream_device) into the SM column: the breakdown must count the same SMs and times as without."""
+    graph, _, _ = decode_graph(get_config("tiny"), 2, 32, torch.float32, tiling=Tiling(4))
+    n_sm = 3
+    prof = _fake_profile(graph, n_sm, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    packed = prof.clone()
+    packed[:, 3] += (torch.randint(0, 1 << 20, (len(prof),), generator=g) << 16) \
+        + (torch.randint(1, 1 << 20, (len(prof),), generator=g) << 40)
+    assert (packed[:, 3] >= n_sm).all()
+    assert breakdown(graph, packed, n_sm) == breakdown(graph, prof, n_sm)
+
+
 def test_perfetto_and_png(tmp_path):
     graph, _, _ = decode_graph(get_config("tiny"), 1, 16, torch.float32, tiling=Tiling(4))
     prof = _fake_profile(graph, 4, 7)

@@ -156,7 +156,11 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
+        if PROFILE:  # the publish (this barrier, the release add): prof column 3 = worker + (ns at the barrier) << 16
+            t_pub = now()  # + (ns of the whole publish) << 40 (scripts/stream_profile.py)
         barrier()  # every store of the task issued (and xbuf free for the next one)
+        if PROFILE:
+            t_bar = now()
         if not MMA:
             sig = gl.load(rec + F_SIGNAL)
         if sig >= 0:
@@ -168,8 +172,9 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             else:
                 gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
         if PROFILE:
-            gl.store(prof + t * 4 + 2, now())
-            gl.store(prof + t * 4 + 3, wid.to(gl.int64))
+            t_end = now()
+            gl.store(prof + t * 4 + 2, t_end)
+            gl.store(prof + t * 4 + 3, wid.to(gl.int64) + ((t_bar - t_pub) << 16) + ((t_end - t_pub) << 40))
     if i != n_chunks:
         record(err, 4, -1, i, n_chunks, 0)
 
@@ -196,7 +201,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     qrec int32 [positions + 1, REC], qoff int32 [W + 1], wl int32 [n, 2] (event, expected), argtab int64
     [ops, MAXA] (buffer offsets in 16-byte units from base_t / base_f / base_i), ev_cnt int32 (monotonic
     counters), epoch / done int32 [1], err int32 [ERR_TASKS + 3 x tasks] (stream_base: the first failure, then a slot per task), prof int64 [2 x tasks, 4] (PROFILE: start, dependencies
-    satisfied, end in ns of %globaltimer, worker; then per task the tensor-core GEMV's sub-timings,
+    satisfied, end in ns of %globaltimer, worker + (ns at the last barrier) << 16 + (ns of the publish) << 40; then per task the tensor-core GEMV's sub-timings,
     stream_mma.gemv_mma, attention's, stream_attn.attn_task, and with TP an all-reduce task's local waits done in
     column 0, before its remote waits). Shared memory: the ring (SLOTS x 16 KB), xbuf
     [XB, KXB, CK] (the activation of a GEMV task's first XB <= B batch rows; the others are re-read from L2 per

@@ -102,7 +102,8 @@ class StreamMegakernelRunner(PersistentRunner):
     ``check_every`` (steps between error-word reads; 0: only ``check()`` / ``poll()``), ``wait_ms`` (a
     dependency or ring wait gives up after this long, and records where it stopped), ``profile`` (stamp
     every task of ``task_graph`` into ``prof`` int64 [tasks, 4]: start, dependencies satisfied, end (ns),
-    worker; and each tensor-core GEMV task's time inside into ``prof_sub`` int64 [tasks, 4]: ns staging
+    worker + (ns of the task's last CTA barrier) << 16 + (ns of its publish: that barrier and the release add)
+    << 40; and each tensor-core GEMV task's time inside into ``prof_sub`` int64 [tasks, 4]: ns staging
     activation tiles, ns waiting on ring slots, ns in epilogues + ns before the first block << 32, tiles staged:
     ``exec.stream_mma.gemv_mma``; each
     attention task's: ns to its block loop, ns in the blocks, ns in the warp merges, ns arriving and merging +

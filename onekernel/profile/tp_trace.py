@@ -69,7 +69,7 @@ def _rows(prof: torch.Tensor) -> list[tuple[float, float, float, int, float]]:
     """(start, local waits done, ready, end) in us since the rank's first start, and the SM id, per task."""
     p = prof.detach().cpu().tolist()
     t0 = min(r[0] for r in p)
-    return [((r[0] - t0) / 1e3, (r[4] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3])) for r in p]
+    return [((r[0] - t0) / 1e3, (r[4] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3]) & 0xFFFF) for r in p]
 
 
 def layer_of(op_name: str) -> str:

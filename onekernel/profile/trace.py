@@ -2,7 +2,8 @@
 
 Every Triton mode can record, per task, four int64 values (``prof[task] = (start, ready, end, sm)``): the
 ``%globaltimer`` nanoseconds when the CTA began the task, when its dependencies were satisfied (after the
-megakernel's event spin or PDL's ``gdc_wait``), when it finished, and the SM it ran on.
+megakernel's event spin or PDL's ``gdc_wait``), when it finished, and the SM it ran on (the streaming
+megakernel packs its publish time above bit 16 of that column: only the low 16 bits are the SM).
 
 Breakdown (per SM, over the step's span from the first start to the last end):
 * computing: sum of (end - ready), the tile bodies; prologues count as computing too (start..ready minus
@@ -26,7 +27,7 @@ from onekernel.graph.ir import Graph
 def _rows(graph: Graph, prof: torch.Tensor):
     p = prof.detach().cpu().tolist()
     t0 = min(r[0] for r in p)
-    return [(t, graph.ops[task.op], (r[0] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3]))
+    return [(t, graph.ops[task.op], (r[0] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3]) & 0xFFFF)
             for t, (task, r) in enumerate(zip(graph.tasks, p))]
 
 
