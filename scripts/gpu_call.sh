@@ -59,7 +59,9 @@
 # reverted, so the case runs only there): in git history (`git show 0d5ad75:scripts/gpu_call.sh`); 300, 302, 303 and
 # 304 are session 29's other calls.
 # 320 + 321 (session 32: the publish stamp with knock-out probes, STREAM_PROBE, and the loader's in-flight bound,
-# STREAM_INFLIGHT; neither kept): on branch s32-probe (`git show 8415e83:scripts/gpu_call.sh`); 322: session 32's final commit.
+# STREAM_INFLIGHT; neither kept): on branch s32-probe (`git show 8415e83:scripts/gpu_call.sh`); 322 (the publish stamp, the
+# serving and long-cache tables before the split change); 323 (the split-KV size at 4096 positions, ONEKERNEL_ATTN_SPLIT,
+# branch s32-split: `git show 1a3bb33:scripts/gpu_call.sh`); 324: session 32's final commit.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -124,6 +126,23 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+324) # session 32's final commit (~5.5 min): choose_split's 2 waves (SPLIT 128 at 4096 positions for 8 KV heads; caches of
+    # <= 2112 positions keep their kernels). Llama-3.2-1B with a full 4096-position cache and with 512 of 4096 filled
+    # (graph, pdl, megakernel at batch 1 / 8 / 16); Llama-3.1-8B with a full 4096 cache (pdl, megakernel at batch 1 / 8)
+    # beside the tree before the change (SPLIT 64; .base.tgz, unpacked to /tmp/basetree when it travels), each its own
+    # process
+    mkdir -p /tmp/warm /tmp/basetree
+    [ -f .base.tgz ] && tar -xzf .base.tgz -C /tmp/basetree
+    L1="--model llama-3.2-1b --random-weights --context 4096 --batch 1,8,16 --modes graph,pdl,megakernel"
+    F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
+    L8="--model llama-3.1-8b --random-weights --context 4096 --batch 1,8 --modes pdl,megakernel"
+    wtree 170 l1 . X=0 $L1; wtree 170 f1 . X=0 $F1; wtree 170 l8 . X=0 $L8; wtree 170 b8 /tmp/basetree X=0 $L8
+    wait
+    checked 4
+    ttree 60 l1 . X=0 $L1; ttree 45 f1 . X=0 $F1
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    ttree 50 b8 /tmp/basetree X=0 $L8; ttree 50 l8 . X=0 $L8
+    ;;
 322) # session 32's final commit (~6 min): the profile's new publish stamp on Llama-3.2-1B batch 1 (and, from the probe
     # branch's tree in .probe.tgz when it travels, the loader's in-flight bound STREAM_INFLIGHT=1 and 2: does the
     # release fence wait for the weight copies in flight?); the serving-cache table (4096 positions, 512 filled) of

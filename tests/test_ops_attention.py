@@ -114,7 +114,13 @@ def test_regions_and_costs():
 
 
 def test_choose_split():
-    assert choose_split(8, 8192) == (128, 64)      # 512 tiles <= 4 waves of 132
+    assert choose_split(8, 8192) == (256, 32)      # 256 tiles <= 2 waves of 132
+    assert choose_split(8, 4096) == (128, 32)      # 64: 512 tiles, more than 2 waves
+    assert choose_split(8, 2048) == (64, 32)       # 256 tiles: SPLIT 64 up to 2112 positions for 8 KV heads
+    assert choose_split(8, 2112) == (64, 33)       # 264 tiles: exactly 2 waves
+    assert choose_split(8, 2113) == (128, 17)
+    assert choose_split(3, 4096) == (64, 64)       # 192 tiles
+    assert choose_split(8, 8192, n_sms=264) == (128, 64)
     assert choose_split(8, 65536) == (256, 256)    # capped at 256
     assert choose_split(2, 512) == (64, 8)
     with pytest.raises(ValueError, match="Hq % Hkv"):

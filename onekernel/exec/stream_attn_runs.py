@@ -17,9 +17,9 @@ folded merge; runs of at most 64 tiles; ``STREAM_ATTN_SKIP=1`` at any cache leng
   takes (0, -inf) for the others (``stream_attn._merge_group``): the values the dead tiles stored before, so the
   merged rows keep their bits;
 * where NSPLIT is a power of two, tile i of a group computes split bitrev(i) (``split_of``), so that every run of
-  consecutive tiles holds splits spread over the whole cache and the live prefix is spread evenly over the runs: at a
-  cache of 4096 positions with 512 filled, a run of 4 tiles holds splits {0, 32, 16, 48} and at most one or two live
-  ones, where it held splits 0..3, all live, beside runs with none.
+  consecutive tiles holds splits spread over the whole cache and the live prefix is spread evenly over the runs: at
+  64 splits per KV head with the first 8 live (512 of 4096 positions at SPLIT 64), a run of 4 tiles holds splits
+  {0, 32, 16, 48} and at most one or two live ones, where it held splits 0..3, all live, beside runs with none.
 
 Neither changes a tile's operations or their order, nor which tiles are live (a sequence's own position decides), so
 a sequence's bits depend neither on its batch nor on the run its tiles fall into (bitwise batch invariance), and they
