@@ -128,15 +128,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 case "$1" in
 324) # session 32's final commit (~5.5 min): choose_split's 2 waves (SPLIT 128 at 4096 positions for 8 KV heads; caches of
     # <= 2112 positions keep their kernels). Llama-3.2-1B with a full 4096-position cache and with 512 of 4096 filled
-    # (graph, pdl, megakernel at batch 1 / 8 / 16); Llama-3.1-8B with a full 4096 cache (pdl, megakernel at batch 1 / 8)
+    # (graph, pdl, megakernel at batch 1 / 8 / 16); Llama-3.1-8B with a full 4096 cache (megakernel at batch 1 / 8)
     # beside the tree before the change (SPLIT 64; .base.tgz, unpacked to /tmp/basetree when it travels), each its own
     # process
     mkdir -p /tmp/warm /tmp/basetree
     [ -f .base.tgz ] && tar -xzf .base.tgz -C /tmp/basetree
     L1="--model llama-3.2-1b --random-weights --context 4096 --batch 1,8,16 --modes graph,pdl,megakernel"
     F1="--model llama-3.2-1b --random-weights --context 4096 --fill 512 --batch 1,8,16 --modes graph,pdl,megakernel"
-    L8="--model llama-3.1-8b --random-weights --context 4096 --batch 1,8 --modes pdl,megakernel"
-    wtree 170 l1 . X=0 $L1; wtree 170 f1 . X=0 $F1; wtree 170 l8 . X=0 $L8; wtree 170 b8 /tmp/basetree X=0 $L8
+    L8="--model llama-3.1-8b --random-weights --context 4096 --batch 1,8 --modes megakernel"
+    wtree 150 l1 . X=0 $L1; wtree 150 f1 . X=0 $F1; wtree 150 l8 . X=0 $L8; wtree 150 b8 /tmp/basetree X=0 $L8
     wait
     checked 4
     ttree 60 l1 . X=0 $L1; ttree 45 f1 . X=0 $F1
