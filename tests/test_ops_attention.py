@@ -114,15 +114,24 @@ def test_regions_and_costs():
 
 
 def test_choose_split():
-    assert choose_split(8, 8192) == (256, 32)      # 256 tiles <= 2 waves of 132
-    assert choose_split(8, 4096) == (128, 32)      # 64: 512 tiles, more than 2 waves
-    assert choose_split(8, 2048) == (64, 32)       # 256 tiles: SPLIT 64 up to 2112 positions for 8 KV heads
-    assert choose_split(8, 2112) == (64, 33)       # 264 tiles: exactly 2 waves
-    assert choose_split(8, 2113) == (128, 17)
-    assert choose_split(3, 4096) == (64, 64)       # 192 tiles
-    assert choose_split(8, 8192, n_sms=264) == (128, 64)
+    # head dim 128 (the default): at most 4 waves of 132 SMs of tiles per sequence
+    assert choose_split(8, 8192) == (128, 64)      # 512 tiles <= 4 waves of 132
+    assert choose_split(8, 4096) == (64, 64)
+    assert choose_split(8, 4224) == (64, 66)       # 528 tiles: exactly 4 waves
+    assert choose_split(8, 4225) == (128, 34)
     assert choose_split(8, 65536) == (256, 256)    # capped at 256
     assert choose_split(2, 512) == (64, 8)
+    # head dim <= 64: at most 2 waves
+    assert choose_split(8, 8192, head_dim=64) == (256, 32)      # 256 tiles
+    assert choose_split(8, 4096, head_dim=64) == (128, 32)      # 64: 512 tiles, more than 2 waves
+    assert choose_split(8, 2112, head_dim=64) == (64, 33)       # 264 tiles: exactly 2 waves
+    assert choose_split(8, 2113, head_dim=64) == (128, 17)
+    assert choose_split(3, 4096, head_dim=64) == (64, 64)       # 192 tiles
+    assert choose_split(8, 8192, n_sms=264, head_dim=64) == (128, 64)
+    for hd, (split, nsplit) in ((64, (128, 32)), (128, (64, 64))):  # the graph's attention op takes its model's rule
+        g = attention_graph(1, 32, 8, hd, 4096)
+        partial = next(o for o in g.ops if o.kind.name == "attn_partial")
+        assert (partial.params["SPLIT"], partial.params["NSPLIT"]) == (split, nsplit), hd
     with pytest.raises(ValueError, match="Hq % Hkv"):
         attention_graph(1, 6, 4, 64, 64)
 

@@ -41,7 +41,8 @@ from onekernel.ops.tiling import region
 
 BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64 needs 78 KiB and was slower)
 SPLITS = (64, 128, 256)
-SPLIT_WAVES = 2  # choose_split: at most this many waves of SMs of tiles per sequence at full context
+# choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
+SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
 
 
 @triton.jit
@@ -177,26 +178,29 @@ ATTN_MERGE = OpKind(
     ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference)
 
 
-def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132) -> tuple[int, int]:
+def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: int = 128) -> tuple[int, int]:
     """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose per-sequence tile count Hkv*NSPLIT at full
-    context is <= SPLIT_WAVES (2) waves of ``n_sms`` (else 256). Small splits keep SMs busy at short context, big
-    ones cut the per-tile latency chain (and the merges) at long context.
+    context is <= W waves of ``n_sms`` (else 256); W = SPLIT_WAVES_SMALL_HD (2) for ``head_dim`` <= 64, else
+    SPLIT_WAVES (4). Small splits keep SMs busy at short context, big ones cut the per-tile latency chain (and the
+    merges) at long context. For 8 KV heads SPLIT 64 holds up to 2112 positions (head dim <= 64) or 4224.
 
     Never depends on the batch size: the split fixes the flash-decoding merge order, so a B-dependent split
     would make a sequence's output depend on how many other sequences share the step (batch invariance).
-    Up to session 31 the bound was 4 waves, the best for B=1 on the Triton kernel. Measured with 2 (run 32 call 323,
-    H200, Llama-3.2-1B, a full cache of 4096 positions, each split its own process; ms per step at B = 1 / 8 / 16):
-    SPLIT 64 (4 waves' choice) megakernel 0.950 / 1.559 / 2.285, graph 1.080 / 1.551 / 2.029, pdl 1.129 / 1.791 / 2.516;
-    SPLIT 128 (2 waves') megakernel 0.923 / 1.458 / 1.986, graph 1.078 / 1.484 / 1.917, pdl 1.090 / 1.653 / 2.233;
-    SPLIT 256 megakernel 0.895 / 1.418 / 2.039, graph 1.098 / 1.452 / 1.864, pdl 1.064 / 1.620 / 2.252 (Llama-3.1-8B's
-    megakernel at B = 8: 6.265 against 6.032 with 64: 1,024 tiles of 256 leave 132 workers unbalanced).
-    Caches of <= 2112 positions keep SPLIT 64 for 8 KV heads (the same kernels as before).
+    Measured on the H200 (run 32, ms per step at B = 1 / 8 / 16, a full cache of 4096 positions, each split its own
+    process, call 323):
+    - Llama-3.2-1B (head dim 64): SPLIT 64 (4 waves) megakernel 0.950 / 1.559 / 2.285, graph 1.080 / 1.551 / 2.029, pdl
+      1.129 / 1.791 / 2.516; SPLIT 128 (2 waves) megakernel 0.923 / 1.458 / 1.986, graph 1.078 / 1.484 / 1.917, pdl
+      1.090 / 1.653 / 2.233; SPLIT 256 megakernel 0.895 / 1.418 / 2.039, graph 1.098 / 1.452 / 1.864, pdl 1.064 / 1.620
+      / 2.252. 128 is at least as fast as 64 in every mode and batch.
+    - Llama-3.1-8B (head dim 128), megakernel at B = 1 / 8: SPLIT 64 4.255 / 6.032, 256 4.080 / 6.265 (call 323); 64
+      4.193 / 5.989, 128 4.210 / 6.466 (call 324). Larger splits lose at B = 8, so head dims above 64 keep 4 waves.
     Earlier, the Triton partial+merge alone (Hq/Hkv/hd = 32/8/128, S = 8192, CUDA graph, us at L = 512/2048/8192):
     B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
     B=8 SPLIT 64: 33/47/100, 128: 24/36/84, 256: 22/32/76 (PyTorch SDPA: B=1 7.7/7.3/11.2, B=8 7.8/22/67)."""
+    waves = SPLIT_WAVES_SMALL_HD if head_dim <= 64 else SPLIT_WAVES
     for split in SPLITS:
         nsplit = -(-max_seq_len // split)
-        if n_kv_heads * nsplit <= SPLIT_WAVES * n_sms:
+        if n_kv_heads * nsplit <= waves * n_sms:
             return split, nsplit
     return SPLITS[-1], -(-max_seq_len // SPLITS[-1])
 
@@ -218,7 +222,7 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
         raise ValueError(f"{name}: attention needs Hq % Hkv == 0, a power-of-two head_dim >= 16 and caches "
                          f"[B, Hkv, S, hd] (got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape})")
     R = HQ // HKV
-    SPLIT, NSPLIT = choose_split(HKV, S, n_sm) if split is None else (split, -(-S // split))
+    SPLIT, NSPLIT = choose_split(HKV, S, n_sm, HD) if split is None else (split, -(-S // split))
     e = q.nbytes // (B * HQ * HD)
     o_part = graph.add_buffer(f"{name}.o_part", (B, HQ, NSPLIT, HD), torch.float32, "scratch")
     lse_part = graph.add_buffer(f"{name}.lse_part", (B, HQ, NSPLIT), torch.float32, "scratch")
