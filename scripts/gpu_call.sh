@@ -126,8 +126,8 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-324) # session 32's final commit (~5.5 min): choose_split's 2 waves (SPLIT 128 at 4096 positions for 8 KV heads; caches of
-    # <= 2112 positions keep their kernels). Llama-3.2-1B with a full 4096-position cache and with 512 of 4096 filled
+324) # session 32 (~5.5 min, 6d620a9): choose_split's 2 waves then for every head dim (SPLIT 128 at 4096 positions for 8 KV
+    # heads); the final rule keeps them for head dims <= 64 above 2048 positions, so l8 and b8 build the same 8B kernels. Llama-3.2-1B with a full 4096-position cache and with 512 of 4096 filled
     # (graph, pdl, megakernel at batch 1 / 8 / 16); Llama-3.1-8B with a full 4096 cache (megakernel at batch 1 / 8)
     # beside the tree before the change (SPLIT 64; .base.tgz, unpacked to /tmp/basetree when it travels), each its own
     # process

@@ -124,6 +124,9 @@ def test_choose_split():
     # head dim <= 64: at most 2 waves
     assert choose_split(8, 8192, head_dim=64) == (256, 32)      # 256 tiles
     assert choose_split(8, 4096, head_dim=64) == (128, 32)      # 64: 512 tiles, more than 2 waves
+    assert choose_split(8, 2048, head_dim=64) == (64, 32)       # <= 2048 positions: the 4-wave choice
+    assert choose_split(32, 1024, head_dim=64) == (64, 16)      # SmolLM2-1.7B: 512 tiles, 4 waves
+    assert choose_split(32, 2048, head_dim=64) == (128, 16)
     assert choose_split(8, 2112, head_dim=64) == (64, 33)       # 264 tiles: exactly 2 waves
     assert choose_split(8, 2113, head_dim=64) == (128, 17)
     assert choose_split(3, 4096, head_dim=64) == (64, 64)       # 192 tiles

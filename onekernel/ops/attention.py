@@ -15,7 +15,7 @@ Layouts (model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation always fp3
 len_b = seq_lens[b] + 1. With x_j = scale * q . k_j for the R = Hq/Hkv heads of group g (K/V read once):
     O_s = sum_j exp(x_j - lse_s) v_j,   lse_s = log sum_j exp(x_j)        (normalized partial output)
 An empty split (start >= len_b) reads no K/V and writes O_s = 0, lse_s = -inf.
-Batch invariance: SPLIT/NSPLIT come from Hkv and the cache length only (``choose_split``), and every tile
+Batch invariance: SPLIT/NSPLIT come from Hkv, the head dim and the cache length only (``choose_split``), and every tile
 works on one sequence b, so row b's result never depends on B.
 ``attn_merge`` tile (b, h): with LSE = log sum_s exp(lse_s) (the max is subtracted first),
     attn[b, h] = sum_s exp(lse_s - LSE) O_s
@@ -43,6 +43,7 @@ BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64
 SPLITS = (64, 128, 256)
 # choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
 SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
+SMALL_HD_FROM = 2048  # the 2-wave bound applies to caches longer than this (measured at 4096)
 
 
 @triton.jit
@@ -180,9 +181,11 @@ ATTN_MERGE = OpKind(
 
 def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: int = 128) -> tuple[int, int]:
     """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose per-sequence tile count Hkv*NSPLIT at full
-    context is <= W waves of ``n_sms`` (else 256); W = SPLIT_WAVES_SMALL_HD (2) for ``head_dim`` <= 64, else
-    SPLIT_WAVES (4). Small splits keep SMs busy at short context, big ones cut the per-tile latency chain (and the
-    merges) at long context. For 8 KV heads SPLIT 64 holds up to 2112 positions (head dim <= 64) or 4224.
+    context is <= W waves of ``n_sms`` (else 256); W = SPLIT_WAVES_SMALL_HD (2) for ``head_dim`` <= 64 and caches
+    of more than SMALL_HD_FROM (2048) positions, else SPLIT_WAVES (4). Small splits keep SMs busy at short context,
+    big ones cut the per-tile latency chain (and the merges) at long context. So caches of <= 2048 positions keep
+    the 4-wave choice for every model (their kernels and the dead-tile skip's 16 splits per KV head, measured at 4
+    waves); for 8 KV heads SPLIT 64 then holds up to 2048 positions at head dim <= 64, 4224 above.
 
     Never depends on the batch size: the split fixes the flash-decoding merge order, so a B-dependent split
     would make a sequence's output depend on how many other sequences share the step (batch invariance).
@@ -197,7 +200,7 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     Earlier, the Triton partial+merge alone (Hq/Hkv/hd = 32/8/128, S = 8192, CUDA graph, us at L = 512/2048/8192):
     B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
     B=8 SPLIT 64: 33/47/100, 128: 24/36/84, 256: 22/32/76 (PyTorch SDPA: B=1 7.7/7.3/11.2, B=8 7.8/22/67)."""
-    waves = SPLIT_WAVES_SMALL_HD if head_dim <= 64 else SPLIT_WAVES
+    waves = SPLIT_WAVES_SMALL_HD if head_dim <= 64 and max_seq_len > SMALL_HD_FROM else SPLIT_WAVES
     for split in SPLITS:
         nsplit = -(-max_seq_len // split)
         if n_kv_heads * nsplit <= waves * n_sms:

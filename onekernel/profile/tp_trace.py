@@ -11,7 +11,7 @@ Per task: waiting locally = col4 - start, waiting on peers = ready - col4 (0 for
 body = end - ready.
 
 The streaming (Gluon) TP megakernel (``exec.stream_runner``) stamps 4-wide rows (start, all waits done, end,
-worker) and, per all-reduce task, its local waits done in column 0 of its ``prof_sub`` row: ``stream_rows`` turns
+worker, with the task's publish times packed above bit 16) and, per all-reduce task, its local waits done in column 0 of its ``prof_sub`` row: ``stream_rows`` turns
 both into the layout above, so every function here takes either backend's stamps (the streaming runner's task ids
 are those of its re-tiled graph, ``runner.task_graph``, with its remote waits in ``runner.events.remote_waits``).
 """
@@ -37,8 +37,9 @@ def remote_task_ids(events) -> set[int]:
 
 def stream_rows(prof: torch.Tensor, prof_sub: torch.Tensor, remote_tasks: set[int]) -> torch.Tensor:
     """The streaming TP megakernel's stamps in the Triton TP megakernel's layout (module doc): int64 [n, 5] =
-    (start, all waits done, end, worker, local waits done), ns of the GPU's %globaltimer (the worker id as is), from
-    ``prof`` int64 [n, 4] (start, all waits done, end, worker: ``StreamMegakernelRunner.prof``) and ``prof_sub``
+    (start, all waits done, end, worker, local waits done), ns of the GPU's %globaltimer (the worker id and the
+    publish bits above it as is: ``_rows`` reads the low 16 bits), from
+    ``prof`` int64 [n, 4] (start, all waits done, end, worker + publish << 16: ``StreamMegakernelRunner.prof``) and ``prof_sub``
     int64 [>= n, 4] (its ``prof_sub``: column 0 of an all-reduce task's row = its local waits done, stamped before
     its remote waits). Local waits done = prof_sub[t, 0] for t in ``remote_tasks`` (task ids of the runner's
     ``task_graph``: ``remote_task_ids(runner.events)``), = all waits done for every other task. A new CPU tensor
