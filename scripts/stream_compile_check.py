@@ -1,7 +1,7 @@
 """Compile the streaming (Gluon) megakernel for sm_90a on a machine without a GPU and report registers,
 spills, shared memory, the partitions' register split and the mbarrier offset:
 
-    python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV]  # e.g. llama-3.2-1b 1 132 mma
+    python scripts/stream_compile_check.py [MODEL] [BATCH] [WORKERS] [GEMV] [SEQ]  # e.g. llama-3.2-1b 1 132 mma 4096
 
 (``STREAM_PROFILE=1``: the kernel ``profile=True`` runs, with its task stamps; ``STREAM_PDL=first|mid|last``: that
 kernel of the separate-kernel pdl mode on these bodies, exec.stream_segments), prints one JSON record (compile seconds, registers, spill bytes, shared memory, ring slots, mbarrier offset,
@@ -117,13 +117,14 @@ def main() -> None:
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 132
     gemv = sys.argv[4] if len(sys.argv) > 4 else "fma"
+    seq = int(sys.argv[5]) if len(sys.argv) > 5 else 1024  # KV cache positions (ops.attention.choose_split's S)
     t0 = time.perf_counter()
-    k, plan, consts = compile_stream(model, batch, workers, gemv=gemv)
-    rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv,
+    k, plan, consts = compile_stream(model, batch, workers, gemv=gemv, seq=seq)
+    rec = {"model": model, "batch": batch, "workers": workers, "gemv": gemv, "seq": seq,
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
            **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "HD", "ATTN_TC",
-                                          "compiles")}}
+                                          "SPLIT", "NSPLIT", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

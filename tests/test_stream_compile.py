@@ -14,10 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _check(model: str, batch: int, gemv: str, **env) -> dict:
-    """The compile check's JSON record for one kernel (asserting the script succeeded)."""
+def _check(model: str, batch: int, gemv: str, seq: int = 1024, **env) -> dict:
+    """The compile check's JSON record for one kernel in a cache of ``seq`` positions (asserting the script
+    succeeded)."""
     out = subprocess.run([sys.executable, str(ROOT / "scripts/stream_compile_check.py"), model, str(batch), "132",
-                          gemv], capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0", **env),
+                          gemv, str(seq)], capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0", **env),
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -64,6 +65,15 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     assert (rec["cp_async_16"] > 0) == async_a, rec
     if async_a and model == "llama-3.2-1b":
         assert rec["SLOTS"] == (10 if batch <= 8 else 11), rec
+
+
+def test_long_cache_kernel_compiles_for_sm90():
+    """A serving cache of 4096 positions on Llama-3.2-1B (head dim 64, 8 KV heads): ops.attention.choose_split's
+    2-wave bound gives SPLIT 128, 32 splits per KV head (session 32), and the batch-16 kernel compiles for sm_90a
+    within the spill bound, with the tensor-core attention double-buffered and the dead-tile walk (32 >= 16 splits)."""
+    rec = _check("llama-3.2-1b", 16, "mma", seq=4096)
+    assert (rec["SPLIT"], rec["NSPLIT"]) == (128, 32), rec
+    assert rec["spill_bytes"] <= 32 and rec["smem"] <= 232448 and rec["ATTN_TC"] == 2 and rec["attn_skip"] > 0, rec
 
 
 def test_profile_kernel_compiles_for_sm90():

@@ -174,9 +174,10 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, seed):
         assert torch.equal(a, b) and torch.equal(ta, tb), f"step {i + 1} differs after rewinding"
 
 
-@pytest.mark.parametrize("name,batch", [("llama-3.2-1b", 8), ("smollm2-135m", 3)])
-def test_dead_splits_of_a_long_cache(name, batch, seed):
-    """A serving cache of 2048 positions (32 splits of 64 per KV head, permuted along the runs; exec.stream_attn_runs)
+@pytest.mark.parametrize("name,batch,S", [("llama-3.2-1b", 8, 2048), ("smollm2-135m", 3, 2048), ("llama-3.2-1b", 3, 4096)])
+def test_dead_splits_of_a_long_cache(name, batch, S, seed):
+    """A serving cache of 2048 positions (32 splits of 64 per KV head, permuted along the runs; exec.stream_attn_runs;
+    and 4096 on Llama-3.2-1B: 32 splits of 128, ops.attention.choose_split's 2-wave bound for head dim 64)
     with sequences at short, random positions: the attention runs skip their dead tiles and the merge reads only live
     splits. One runner, two steps: first every sequence near the cache's end (every split live, every partial
     written), then at short positions from a fresh cache copy, so a merge that read a dead split would meet the first
@@ -185,7 +186,6 @@ def test_dead_splits_of_a_long_cache(name, batch, seed):
     from onekernel.runtime.runners import make_step_runner
 
     model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
-    S = 2048
     gen = torch.Generator().manual_seed(seed)
     short = torch.randint(1, 300, (batch,), generator=gen).tolist()
     long_, tokens = random_decode_state(model, batch, S, [S - 1 - i for i in range(batch)], seed)
