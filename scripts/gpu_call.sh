@@ -61,7 +61,7 @@
 # 320 + 321 (session 32: the publish stamp with knock-out probes, STREAM_PROBE, and the loader's in-flight bound,
 # STREAM_INFLIGHT; neither kept): on branch s32-probe (`git show 8415e83:scripts/gpu_call.sh`); 322 (the publish stamp, the
 # serving and long-cache tables before the split change); 323 (the split-KV size at 4096 positions, ONEKERNEL_ATTN_SPLIT,
-# branch s32-split: `git show 1a3bb33:scripts/gpu_call.sh`); 324: session 32's final commit.
+# branch s32-split: `git show 1a3bb33:scripts/gpu_call.sh`); 324: session 32's final kernels; 330: prepared, not run.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -126,6 +126,18 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+330) # prepared in session 32, not run yet (~5 min): what session 32 changed without a GPU run of its own. The long-cache
+    # GPU tests (Llama-3.2-1B at 4096: SPLIT 128 with the dead-tile walk) alone with 1B warm-ups; SmolLM2-360M with a
+    # full 4096 cache (SPLIT 128 since session 32) and SmolLM2-135M at 4096 / 512 filled (SPLIT 64, unchanged) as tables
+    mkdir -p "$W/bench" /tmp/warm
+    M3="--model smollm2-360m --random-weights --context 4096 --batch 1,8,16 --modes graph,pdl,megakernel"
+    WARM_S=200 warm m3 $M3
+    (timeout 300 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "dead" -p no:cacheprovider -rfE \
+        >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 1
+    step 60 bench-360m-4096 $bench/bench $M3 --steps 50
+    ;;
 324) # session 32 (~5.5 min, 6d620a9): choose_split's 2 waves then for every head dim (SPLIT 128 at 4096 positions for 8 KV
     # heads); the final rule keeps them for head dims <= 64 above 2048 positions, so l8 and b8 build the same 8B kernels. Llama-3.2-1B with a full 4096-position cache and with 512 of 4096 filled
     # (graph, pdl, megakernel at batch 1 / 8 / 16); Llama-3.1-8B with a full 4096 cache (megakernel at batch 1 / 8)
