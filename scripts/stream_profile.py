@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from onekernel.models.load import load_model  # noqa: E402
+from onekernel.profile.trace import publish_of, sm_of  # noqa: E402
 from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 from onekernel.runtime.runners import make_step_runner  # noqa: E402
 
@@ -70,8 +71,7 @@ def main() -> None:
         st = [prof[t] for t in op.task_ids]
         dur = [(p[2] - p[1]) / 1e3 for p in st]
         kinds[op.kind.name].extend(dur)
-        pub = [(p[3] >> 40) / 1e3 for p in st]  # the publish: the task's last barrier and release add
-        pbar = [((p[3] >> 16) & 0xFFFFFF) / 1e3 for p in st]  # of which the barrier
+        pbar, pub = zip(*((b / 1e3, w / 1e3) for b, w in (publish_of(p[3]) for p in st)))  # barrier, whole publish
         ops.append({"op": op.name, "tasks": len(st), "publish_us": statistics.median(pub),
                     "publish_barrier_us": statistics.median(pbar),
                     "first_start_us": (min(p[0] for p in st) - t0) / 1e3,
@@ -104,7 +104,7 @@ def main() -> None:
     attn_in = {n: statistics.median(v) for n, v in attn_inside.items() if v}
     busy = defaultdict(float)
     for p in prof:
-        busy[p[3] & 0xFFFF] += (p[2] - p[1]) / 1e3
+        busy[sm_of(p[3])] += (p[2] - p[1]) / 1e3
     res = {"model": a.model, "batch": a.batch, "step_us": total, "per_kind": per_kind,
            "worker_busy_us": {"median": statistics.median(busy.values()), "max": max(busy.values())},
            "ops": ops, "gemv_inside": gemv_inside, "attn_inside": attn_in}

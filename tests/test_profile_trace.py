@@ -10,7 +10,7 @@ import torch
 from onekernel.models.config import get_config
 from onekernel.models.decode_graph import decode_graph
 from onekernel.ops.tiling import Tiling
-from onekernel.profile.trace import breakdown, perfetto, timeline_png
+from onekernel.profile.trace import breakdown, perfetto, publish_of, sm_of, timeline_png
 
 
 def _fake_profile(graph, n_sm, seed):
@@ -73,11 +73,14 @@ def test_breakdown_reads_the_sm_under_the_streaming_kernels_publish_bits(seed):
     n_sm = 3
     prof = _fake_profile(graph, n_sm, seed)
     g = torch.Generator().manual_seed(seed + 100)
+    bar = torch.randint(0, 1 << 20, (len(prof),), generator=g)
+    pub = torch.randint(1, 1 << 20, (len(prof),), generator=g)
     packed = prof.clone()
-    packed[:, 3] += (torch.randint(0, 1 << 20, (len(prof),), generator=g) << 16) \
-        + (torch.randint(1, 1 << 20, (len(prof),), generator=g) << 40)
+    packed[:, 3] += (bar << 16) + (pub << 40)
     assert (packed[:, 3] >= n_sm).all()
     assert breakdown(graph, packed, n_sm) == breakdown(graph, prof, n_sm)
+    assert [sm_of(c) for c in packed[:, 3].tolist()] == prof[:, 3].tolist()
+    assert [publish_of(c) for c in packed[:, 3].tolist()] == list(zip(bar.tolist(), pub.tolist()))
 
 
 def test_perfetto_and_png(tmp_path):

@@ -157,7 +157,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
         if PROFILE:  # the publish (this barrier, the release add): prof column 3 = worker + (ns at the barrier) << 16
-            t_pub = now()  # + (ns of the whole publish) << 40 (scripts/stream_profile.py)
+            t_pub = now()  # + (ns of the whole publish) << 40 (read back by profile.trace.sm_of / publish_of)
         barrier()  # every store of the task issued (and xbuf free for the next one)
         if PROFILE:
             t_bar = now()

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from onekernel.graph.ir import Graph
+from onekernel.profile.trace import sm_of
 
 COMM_KIND = "allreduce"
 _LAYER = re.compile(r"\.(\d+)(\.ar)?$")
@@ -38,7 +39,7 @@ def remote_task_ids(events) -> set[int]:
 def stream_rows(prof: torch.Tensor, prof_sub: torch.Tensor, remote_tasks: set[int]) -> torch.Tensor:
     """The streaming TP megakernel's stamps in the Triton TP megakernel's layout (module doc): int64 [n, 5] =
     (start, all waits done, end, worker, local waits done), ns of the GPU's %globaltimer (the worker id and the
-    publish bits above it as is: ``_rows`` reads the low 16 bits), from
+    publish bits above it as is: ``_rows`` reads it with ``trace.sm_of``), from
     ``prof`` int64 [n, 4] (start, all waits done, end, worker + publish << 16: ``StreamMegakernelRunner.prof``) and ``prof_sub``
     int64 [>= n, 4] (its ``prof_sub``: column 0 of an all-reduce task's row = its local waits done, stamped before
     its remote waits). Local waits done = prof_sub[t, 0] for t in ``remote_tasks`` (task ids of the runner's
@@ -70,7 +71,7 @@ def _rows(prof: torch.Tensor) -> list[tuple[float, float, float, int, float]]:
     """(start, local waits done, ready, end) in us since the rank's first start, and the SM id, per task."""
     p = prof.detach().cpu().tolist()
     t0 = min(r[0] for r in p)
-    return [((r[0] - t0) / 1e3, (r[4] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3]) & 0xFFFF) for r in p]
+    return [((r[0] - t0) / 1e3, (r[4] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, sm_of(r[3])) for r in p]
 
 
 def layer_of(op_name: str) -> str:

@@ -24,10 +24,22 @@ import torch
 from onekernel.graph.ir import Graph
 
 
+def sm_of(col3: int) -> int:
+    """The SM (worker) of a prof row's column 3: its low 16 bits (``publish_of``: the streaming megakernel's bits above)."""
+    return int(col3) & 0xFFFF
+
+
+def publish_of(col3: int) -> tuple[int, int]:
+    """(ns at the task's last CTA barrier, ns of its whole publish: that barrier and the release add) that the
+    streaming megakernel's profiling build packs into column 3 above the worker (bits 16-39 and 40-63;
+    ``exec.stream_device._consumer``); (0, 0) for the other executors' rows."""
+    return (int(col3) >> 16) & 0xFFFFFF, int(col3) >> 40
+
+
 def _rows(graph: Graph, prof: torch.Tensor):
     p = prof.detach().cpu().tolist()
     t0 = min(r[0] for r in p)
-    return [(t, graph.ops[task.op], (r[0] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, int(r[3]) & 0xFFFF)
+    return [(t, graph.ops[task.op], (r[0] - t0) / 1e3, (r[1] - t0) / 1e3, (r[2] - t0) / 1e3, sm_of(r[3]))
             for t, (task, r) in enumerate(zip(graph.tasks, p))]
 
 
