@@ -42,6 +42,24 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
         assert sp.mma_smem(ck, rg, 1, rp, at["HD"]) == sp.MMA_ROWS * ck * 2 + groups * 4 * sp.MMA_ROWS * rg * 4
 
 
+@pytest.mark.parametrize("name,gemv,want", [("smollm2-135m", "mma", 512), ("smollm2-135m", "fma", 256),
+                                            ("smollm2-360m", "mma", 512), ("llama-3.2-1b", "mma", 1024),
+                                            ("llama-3.1-8b", "mma", 1024), ("qwen3-0.6b", "mma", 1024)])
+def test_chunk_columns_hold_a_kv_block_on_the_tensor_core_path(name, gemv, want):
+    """stream_support.attn_cols: on the tensor-core path the chunk columns CK are at least 8 head_dim, so the staged
+    tile (32 CK bytes) holds one K and one V block of the 4 warps and attention takes the tensor cores: SmolLM2-135M
+    and -360M (head dim 64; K = 576 / 960, which no power of two >= 256 divides) take CK 512 with their K zero-padded
+    to 1024, the CUDA-core path keeps 256; models whose every K divides 1024 keep 1024. The padded widths cover
+    every K, and the chunk holds CHUNK_ELEMS."""
+    cfg = get_config(name)
+    g, _, _ = decode_graph(cfg, 1, 1024, torch.bfloat16, gemv=gemv)
+    ks, ck, rg, kxb = chunk_shape(g)
+    assert ck == want and ck * rg == sp.CHUNK_ELEMS and kxb * ck >= max(ks) and kxb & (kxb - 1) == 0
+    at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
+    tc = sp.attn_tc_bufs(ck, at["HD"], at["SPLIT"], at["HQ"], at["HKV"], rg, gemv == "mma")
+    assert (tc >= 1) == (gemv == "mma"), tc
+
+
 def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     """32 query heads per KV head at head_dim 64: m and l of the 4 warps x RP heads do not fit one row of the
     scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 8 per KV head at

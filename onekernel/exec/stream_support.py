@@ -8,8 +8,9 @@
   shared memory.
 - ``prefer_stream(graph, n_workers)``: ``backend="auto"``'s choice: every tensor-core step, a CUDA-core one from
   STREAM_MIN_LAYER_BYTES of weights per worker and layer.
-- ``chunk_shape(graph)``: every GEMV op's K (``gemv_k``), the chunk's CK columns (``chunk_cols``) x RG rows (CK * RG =
-  CHUNK_ELEMS: 16 KB of bf16 / fp16) and KXB, the activation buffer's chunk rows (a power of two).
+- ``chunk_shape(graph)``: every GEMV op's K (``gemv_k``), the chunk's CK columns (``chunk_cols``, at least
+  ``attn_cols``) x RG rows (CK * RG = CHUNK_ELEMS: 16 KB of bf16 / fp16) and KXB, the activation buffer's chunk rows
+  (a power of two).
 """
 from __future__ import annotations
 
@@ -27,12 +28,29 @@ OTHER_KINDS = {"embed": sd.K_EMBED.value, "attn_partial": sd.K_ATTN.value, "attn
                "allreduce": sd.K_ALLREDUCE.value}
 
 
-def chunk_cols(ks: list[int]) -> int:
-    """CK: the largest power of two <= 1024 dividing every K, or 256 (K zero-padded) when that is below 256."""
+def chunk_cols(ks: list[int], least: int = 256) -> int:
+    """CK: the largest power of two <= 1024 dividing every K, or ``least`` (K zero-padded to its multiples) when that
+    is below ``least`` (256, or ``attn_cols``)."""
     ck = 1024
-    while ck > 256 and any(k % ck for k in ks):
+    while ck > least and any(k % ck for k in ks):
         ck //= 2
     return ck
+
+
+def attn_cols(g: Graph) -> int:
+    """The fewest chunk columns CK of a step's graph: 8 head_dim (at most 1024) on the tensor-core path, where the
+    staged activation tile (32 CK bytes) then holds one K and one V block of the 4 warps ([4, 16, head_dim] each) and
+    attention takes the tensor cores (``stream_smem.attn_tc_bufs``); else 256. So SmolLM2-135M and -360M (head dim 64,
+    K = 576 / 960: no power of two >= 256 divides them) take CK 512, their K zero-padded to 1024, where CK 256 padded
+    576 to 768 and kept the CUDA-core attention. Measured on the H200 (run 33 call 332, ms per step at batch 1 / 8 /
+    16, megakernel, each its own process): SmolLM2-135M 0.605 / 0.762 / 0.943 -> 0.561 / 0.672 / 0.842 (again 0.606 /
+    0.762 / 0.956 -> 0.564 / 0.672 / 0.833), with a 4096-position cache 512 filled 0.654 / 0.869 / 1.078 -> 0.622 /
+    0.747 / 0.971; SmolLM2-360M 0.748 / 1.061 / 1.305 -> 0.665 / 0.834 / 1.045, a full 4096 cache 1.185 / 3.211 /
+    3.026 -> 0.870 / 1.566 / 2.466. Every other registry model's K divides 1024 already."""
+    if g.meta.get("gemv") != "mma":
+        return 256
+    hd = next((op.params["HD"] for op in g.ops if op.kind.name == "attn_partial"), 32)
+    return min(1024, max(256, 8 * hd))
 
 
 def gemv_k(op) -> int:
@@ -44,7 +62,7 @@ def chunk_shape(graph) -> tuple[list[int], int, int, int]:
     """(every GEMV op's K, CK, RG, KXB): chunk columns and rows, and the activation buffer's chunk rows (a power of
     two) of a step's graph."""
     ks = [gemv_k(op) for op in graph.ops if op.kind.name in GEMV_KINDS]
-    ck = chunk_cols(ks)
+    ck = chunk_cols(ks, attn_cols(graph))
     return ks, ck, CHUNK_ELEMS // ck, pow2_ceil(max(-(-k // ck) for k in ks))
 
 
