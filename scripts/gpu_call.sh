@@ -126,13 +126,14 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-333) # session 33's final commit, call 1 of 3 (~7 min; carry .model/smolgz3.00, parked for 335): warm-ups of the SmolLM2
+333) # session 33's final commit, call 1 of 4 (~7 min; carry .model/smolgz4.00, parked for 335; the tracked tree is 39 MB
+    # now, so the gzipped GGUF travels in four parts of 23 MB: `split -n 4 -d smol.gguf.gz .model/smolgz4.`): warm-ups of the SmolLM2
     # tables beside the SmolLM2-135M megakernel's bitwise invariance and the streaming GPU tests of SmolLM2 (CK 512:
     # attention on the tensor cores), and beside a branch's deferred warp merges (.merge.tgz, STREAM_ATTN_DEFER=2) and
     # this tree, each its own process; then the SmolLM2-135M table (batch 1-16, every mode), its serving table (4096
     # positions, 512 filled), the branch A/B (Llama-3.2-1B megakernel, A B A B, and a bitwise logits_dump A/B at
     # batch 16), SmolLM2-360M with a full 4096 cache
-    cp .model/smolgz3.00 /tmp/model/ 2>/dev/null
+    cp .model/smolgz4.00 /tmp/model/ 2>/dev/null
     mkdir -p "$W/bench" /tmp/warm /tmp/merge
     [ -f .merge.tgz ] && tar -xzf .merge.tgz -C /tmp/merge
     B0="--model smollm2-135m --random-weights --batch 1,2,4,8,16 --modes torch+graph,graph,pdl,megakernel,megakernel-triton"
@@ -160,16 +161,19 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 60 bench-360m $bench/bench $L3 --steps 50
     ;;
-334) # at once after 333 (warm machine; carry .model/smolgz3.01; ~2 min): 1,000 replays and the forced timeout of
+334) # at once after 333 (warm machine; carry .model/smolgz4.01; ~2 min): 1,000 replays and the forced timeout of
     # SmolLM2-135M, its streaming profile at batch 1 and 16
-    cp .model/smolgz3.01 /tmp/model/ && log "parked: $(ls /tmp/model)"
+    cp .model/smolgz4.01 /tmp/model/ && log "parked: $(ls /tmp/model)"
     step 90 replays-smol python3 scripts/replay_check.py --model smollm2-135m --out "$W/replays-smol.json"
     step 40 profile-smol-1 python3 scripts/stream_profile.py --out "$W/profile" --model smollm2-135m --batch 1 --gemv mma
     step 40 profile-smol-16 python3 scripts/stream_profile.py --out "$W/profile" --model smollm2-135m --batch 16 --gemv mma
     ;;
-335) # at once after 334 (carry .model/smolgz3.02; ~3 min): the default GGUF joined; its greedy tokens (5 prompts
+336) # at once after 334 (carry .model/smolgz4.02; seconds): the GGUF's third part parked
+    cp .model/smolgz4.02 /tmp/model/ && log "parked: $(ls /tmp/model)"
+    ;;
+335) # at once after 336 (carry .model/smolgz4.03; ~3 min): the default GGUF joined; its greedy tokens (5 prompts
     # alone and together, every mode and the reference), then its table at batch 1 and 8
-    cat /tmp/model/smolgz3.00 /tmp/model/smolgz3.01 .model/smolgz3.02 | gunzip >"$GGUF" \
+    cat /tmp/model/smolgz4.00 /tmp/model/smolgz4.01 /tmp/model/smolgz4.02 .model/smolgz4.03 | gunzip >"$GGUF" \
         && log "model joined: $(stat -c %s "$GGUF") bytes"
     mkdir -p "$W/bench-real"
     MK="graph,pdl,megakernel"
