@@ -126,6 +126,29 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+337) # session 33 (~3.5 min): branch s33-merge's deferred warp merges (.merge.tgz = `git archive 9f10871 onekernel
+    # scripts`, STREAM_ATTN_DEFER=2) against this tree, the Llama-3.2-1B megakernel at batch 1 / 8 / 16, each its own
+    # process, A B A B, with a bitwise logits_dump A/B at batch 16; SmolLM2-135M's streaming profile at batch 1 and 16
+    mkdir -p /tmp/warm /tmp/merge "$W/profile"
+    [ -f .merge.tgz ] && tar -xzf .merge.tgz -C /tmp/merge
+    M1="--model llama-3.2-1b --random-weights --batch 1,8,16 --modes megakernel"
+    prof="python3 scripts/stream_profile.py --model smollm2-135m --gemv mma"
+    wtree 200 k0 . X=0 $M1; wtree 200 k2 /tmp/merge STREAM_ATTN_DEFER=2 $M1
+    (timeout 150 $prof --batch 1 --out /tmp/warm/p1 >"$W/warm-p1.log" 2>&1; \
+     timeout 100 $prof --batch 16 --out /tmp/warm/p16 >"$W/warm-p16.log" 2>&1) &
+    wait
+    checked 2
+    ttree 40 k0 . X=0 $M1; ttree 40 k2 /tmp/merge STREAM_ATTN_DEFER=2 $M1
+    ttree 40 k0b . X=0 $M1; ttree 40 k2b /tmp/merge STREAM_ATTN_DEFER=2 $M1
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    dump="scripts/logits_dump.py --model llama-3.2-1b --batch 16"
+    step 40 dump-main python3 $dump "$W/d-main.pt"
+    step 40 dump-defer bash -c "cd /tmp/merge && env STREAM_ATTN_DEFER=2 PYTHONPATH=/tmp/site:/tmp/merge python3 $dump $W/d-defer.pt"
+    step 20 dump-compare python3 scripts/logits_dump.py --compare "$W/d-main.pt" "$W/d-defer.pt"
+    rm -f "$W"/d-*.pt
+    step 30 profile-smol-1 $prof --batch 1 --out "$W/profile"
+    step 30 profile-smol-16 $prof --batch 16 --out "$W/profile"
+    ;;
 333) # session 33's final commit, call 1 of 4 (~5 min; carry .model/smolgz4.00, parked for 335; the tracked tree is 39 MB
     # now, so the gzipped GGUF travels in four parts of 23 MB: `split -n 4 -d smol.gguf.gz .model/smolgz4.`): warm-ups of
     # the SmolLM2-135M tables beside its megakernel's bitwise invariance and the streaming GPU tests of SmolLM2 (CK 512:
