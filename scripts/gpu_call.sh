@@ -62,6 +62,9 @@
 # STREAM_INFLIGHT; neither kept): on branch s32-probe (`git show 8415e83:scripts/gpu_call.sh`); 322 (the publish stamp, the
 # serving and long-cache tables before the split change); 323 (the split-KV size at 4096 positions, ONEKERNEL_ATTN_SPLIT,
 # branch s32-split: `git show 1a3bb33:scripts/gpu_call.sh`); 324: session 32's final kernels; 330: prepared, not run.
+# 331 (gate_up in one wave, rstd16 unrolled: neither kept) and 332 (SmolLM2's chunk columns 256 against 512: kept as
+# stream_support.attn_cols; 331 also ran 330's long-cache tests) are on branches s33-ab (`git show 0fe106a:scripts/gpu_call.sh`)
+# and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.

@@ -60,6 +60,18 @@ def test_chunk_columns_hold_a_kv_block_on_the_tensor_core_path(name, gemv, want)
     assert (tc >= 1) == (gemv == "mma"), tc
 
 
+def test_chunk_columns_of_a_larger_model_keep_their_divisor():
+    """A model of hidden size >= 1024 whose K no power of two >= 8 head_dim divides (hidden 2560, intermediate 9728,
+    head dim 128: the largest dividing power is 512) keeps CK 512 without padding (stream_support.attn_cols: the
+    raise is measured on latency-bound models only), on both paths."""
+    cfg = dataclasses.replace(get_config("llama-3.2-1b"), name="wide-2560", dim=2560, n_heads=20, n_kv_heads=4,
+                              head_dim=128, ffn_dim=9728, n_layers=2)
+    for gemv in ("mma", "fma"):
+        g, _, _ = decode_graph(cfg, 1, 1024, torch.bfloat16, gemv=gemv)
+        ks, ck, _, kxb = chunk_shape(g)
+        assert ck == 512 and all(k % ck == 0 for k in ks), (gemv, ks, ck)
+
+
 def test_a_gqa_group_too_wide_for_the_merge_scratch_is_refused(monkeypatch):
     """32 query heads per KV head at head_dim 64: m and l of the 4 warps x RP heads do not fit one row of the
     scratch (4 * RP > HD), so the streaming plan refuses the step with the counts in the reason; 8 per KV head at
