@@ -60,6 +60,18 @@ def test_chunk_columns_hold_a_kv_block_on_the_tensor_core_path(name, gemv, want)
     assert (tc >= 1) == (gemv == "mma"), tc
 
 
+@pytest.mark.parametrize("kw,why", [(dict(n_heads=4, n_kv_heads=1, head_dim=256), "head dim 256: one K/V view at CK 1024"),
+                                    (dict(n_heads=15, n_kv_heads=1, head_dim=64), "15 query heads per KV head")])
+def test_chunk_columns_stay_where_attention_stays_on_the_cuda_cores(kw, why):
+    """A small model (hidden 640 < 1024) whose attention would not take the tensor cores at the raised CK keeps the old
+    CK (the largest power of two >= 256 dividing every K: 256 here), so it pays no padding for nothing
+    (stream_support.attn_cols)."""
+    cfg = dataclasses.replace(get_config("smollm2-135m"), name="small-640", dim=640, ffn_dim=1728, n_layers=2, **kw)
+    g, _, _ = decode_graph(cfg, 1, 1024, torch.bfloat16, gemv="mma")
+    _, ck, _, _ = chunk_shape(g)
+    assert ck == 256, (why, ck)
+
+
 def test_chunk_columns_of_a_larger_model_keep_their_divisor():
     """A model of hidden size >= 1024 whose K no power of two >= 8 head_dim divides (hidden 2560, intermediate 9728,
     head dim 128: the largest dividing power is 512) keeps CK 512 without padding (stream_support.attn_cols: the

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_smem import CHUNK_ELEMS, _slots, pow2_ceil
+from onekernel.exec.stream_smem import CHUNK_ELEMS, _slots, attn_tc_bufs, pow2_ceil
 from onekernel.graph.ir import Graph
 
 MIN_SLOTS = 4
@@ -41,22 +41,26 @@ def chunk_cols(ks: list[int], least: int = 256) -> int:
 
 
 def attn_cols(g: Graph) -> int:
-    """The fewest chunk columns CK of a step's graph: 8 head_dim (at most 1024) on the tensor-core path of a model of
-    hidden size below ATTN_COLS_BELOW (1024), where the staged activation tile (32 CK bytes) then holds one K and one
-    V block of the 4 warps ([4, 16, head_dim] each) and attention takes the tensor cores (``stream_smem.attn_tc_bufs``);
-    else 256. So SmolLM2-135M and -360M (head dim 64, K = 576 / 960: no power of two >= 256 divides them) take CK 512,
-    their K zero-padded to 1024, where CK 256 padded 576 to 768 and kept the CUDA-core attention: their steps wait on
-    latency, not on the weight stream, which the padding lengthens (SmolLM2-135M: 33% more bytes in its K = 576
-    GEMVs). Larger models whose K no power of two >= 8 head_dim divides (none in the registry; e.g. hidden 2560 at head
-    dim 128) keep the old rule: their padding would be streamed at the copy bandwidth, unmeasured. Measured on the H200
-    (run 33 call 332, megakernel ms per step at batch 1 / 8 / 16, each its own process): SmolLM2-135M 0.605 / 0.762 /
-    0.943 -> 0.561 / 0.672 / 0.842; SmolLM2-360M 0.748 / 1.061 / 1.305 -> 0.665 / 0.834 / 1.045 (a full 4096 cache:
-    1.185 / 3.211 / 3.026 -> 0.870 / 1.566 / 2.466)."""
+    """The fewest chunk columns CK of a step's graph: 8 head_dim (at most 1024) where the staged activation tile (32 CK
+    bytes) then holds one K and one V block of the 4 warps ([4, 16, head_dim] each) and attention takes the tensor cores
+    (``stream_smem.attn_tc_bufs`` >= 1 at that CK), on the tensor-core path of a single-GPU step of hidden size below
+    ATTN_COLS_BELOW (1024); else 256. So SmolLM2-135M and -360M (head dim 64, K = 576 / 960: no power of two >= 256
+    divides them) take CK 512, their K zero-padded to 1024, where CK 256 padded 576 to 768 and kept the CUDA-core
+    attention: their steps wait on latency, not on the weight stream, which the padding lengthens (SmolLM2-135M: 33%
+    more bytes in its K = 576 GEMVs). Unmeasured, so left at the old rule: larger models whose K no power of two >= 8
+    head_dim divides (none in the registry; e.g. hidden 2560 at head dim 128: the padding would stream at the copy
+    bandwidth), tensor-parallel shards, and steps whose attention would stay on the CUDA cores anyway (more than 4 query
+    heads per KV head, head dim 256). Measured on the H200 (run 33 call 332, megakernel ms per step at batch 1 / 8 / 16,
+    each its own process): SmolLM2-135M 0.605 / 0.762 / 0.943 -> 0.561 / 0.672 / 0.842; SmolLM2-360M 0.748 / 1.061 /
+    1.305 -> 0.665 / 0.834 / 1.045 (a full 4096 cache: 1.185 / 3.211 / 3.026 -> 0.870 / 1.566 / 2.466)."""
     d = next((op.params["D"] for op in g.ops if op.kind.name == "qkv_rope"), 0)
-    if g.meta.get("gemv") != "mma" or d >= ATTN_COLS_BELOW:
+    at = next((op.params for op in g.ops if op.kind.name == "attn_partial"), None)
+    if g.meta.get("gemv") != "mma" or d >= ATTN_COLS_BELOW or at is None or \
+            any(op.kind.name == "allreduce" for op in g.ops):
         return 256
-    hd = next((op.params["HD"] for op in g.ops if op.kind.name == "attn_partial"), 32)
-    return min(1024, max(256, 8 * hd))
+    ck = min(1024, max(256, 8 * at["HD"]))
+    tc = attn_tc_bufs(ck, at["HD"], at["SPLIT"], at["HQ"], at["HKV"], CHUNK_ELEMS // ck, True)
+    return ck if tc else 256
 
 
 def gemv_k(op) -> int:
