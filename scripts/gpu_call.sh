@@ -129,6 +129,19 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+338) # session 33 (~2 min): what CK 512 buys SmolLM2-135M, its tensor-core attention or its 16-row chunks: this tree (CK
+    # 512, ATTN_TC 1) against branch s33-ck's tree (.ck.tgz = `git archive 8aec188 onekernel scripts`, unpacked to
+    # /tmp/ck) with STREAM_CK=512 STREAM_ATTN_TC=0 (CK 512, the CUDA-core attention) and as it is (CK 256, the CUDA-core
+    # attention: main before session 33), the megakernel at batch 1 / 8 / 16, each its own process, A B C A B C
+    mkdir -p /tmp/warm /tmp/ck
+    [ -f .ck.tgz ] && tar -xzf .ck.tgz -C /tmp/ck
+    S1="--model smollm2-135m --random-weights --batch 1,8,16 --modes megakernel"
+    wtree 150 a . X=0 $S1; wtree 150 b /tmp/ck "STREAM_CK=512 STREAM_ATTN_TC=0" $S1; wtree 150 c /tmp/ck X=0 $S1
+    wait
+    checked 3
+    for r in 1 2; do ttree 30 a$r . X=0 $S1; ttree 30 b$r /tmp/ck "STREAM_CK=512 STREAM_ATTN_TC=0" $S1
+        ttree 30 c$r /tmp/ck X=0 $S1; done
+    ;;
 337) # session 33 (~3.5 min): branch s33-merge's deferred warp merges (.merge.tgz = `git archive 9f10871 onekernel
     # scripts`, STREAM_ATTN_DEFER=2) against this tree, the Llama-3.2-1B megakernel at batch 1 / 8 / 16, each its own
     # process, A B A B, with a bitwise logits_dump A/B at batch 16; SmolLM2-135M's streaming profile at batch 1 and 16
