@@ -64,7 +64,8 @@
 # branch s32-split: `git show 1a3bb33:scripts/gpu_call.sh`); 324: session 32's final kernels; 330: prepared, not run.
 # 331 (gate_up in one wave, rstd16 unrolled: neither kept) and 332 (SmolLM2's chunk columns 256 against 512: kept as
 # stream_support.attn_cols; 331 also ran 330's long-cache tests) are on branches s33-ab (`git show 0fe106a:scripts/gpu_call.sh`)
-# and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part).
+# and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part); 338: what CK
+# 512 buys; 339: prepared, not run (CK 1024 on the SmolLM2 models).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -129,6 +130,21 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+339) # prepared in session 33, not run (~2.5 min): CK 1024 on the SmolLM2 models (chunks of 8 rows: each GEMV stage over
+    # twice the workers again; K = 576 / 960 padded to 1024 as at CK 512, SmolLM2-135M's 1536 to 2048; ATTN_TC 2; compiles
+    # on the CPU with 0 / 24 bytes of spills at batch 1 / 16): this tree (CK 512) against branch s33-ck's tree
+    # (.ck.tgz = `git archive 8aec188 onekernel scripts`) with STREAM_CK=1024, the megakernel at batch 1 / 8 / 16, each
+    # its own process, A B A B
+    mkdir -p /tmp/warm /tmp/ck
+    [ -f .ck.tgz ] && tar -xzf .ck.tgz -C /tmp/ck
+    S1="--model smollm2-135m --random-weights --batch 1,8,16 --modes megakernel"
+    S3="--model smollm2-360m --random-weights --batch 1,8,16 --modes megakernel"
+    wtree 150 a . X=0 $S1; wtree 150 b /tmp/ck STREAM_CK=1024 $S1; wtree 150 a3 . X=0 $S3; wtree 150 b3 /tmp/ck STREAM_CK=1024 $S3
+    wait
+    checked 4
+    for r in 1 2; do ttree 30 a$r . X=0 $S1; ttree 30 b$r /tmp/ck STREAM_CK=1024 $S1; done
+    ttree 30 a3 . X=0 $S3; ttree 30 b3 /tmp/ck STREAM_CK=1024 $S3
+    ;;
 338) # session 33 (~2 min): what CK 512 buys SmolLM2-135M, its tensor-core attention or its 16-row chunks: this tree (CK
     # 512, ATTN_TC 1) against branch s33-ck's tree (.ck.tgz = `git archive 8aec188 onekernel scripts`, unpacked to
     # /tmp/ck) with STREAM_CK=512 STREAM_ATTN_TC=0 (CK 512, the CUDA-core attention) and as it is (CK 256, the CUDA-core
