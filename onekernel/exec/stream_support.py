@@ -50,11 +50,9 @@ def attn_cols(g: Graph) -> int:
     more bytes in its K = 576 GEMVs). Unmeasured, so left at the old rule: larger models whose K no power of two >= 8
     head_dim divides (none in the registry; e.g. hidden 2560 at head dim 128: the padding would stream at the copy
     bandwidth), tensor-parallel shards, and steps whose attention would stay on the CUDA cores anyway (more than 4 query
-    heads per KV head, head dim 256). Measured on the H200 (run 33 call 332, megakernel ms per step at batch 1 / 8 / 16,
-    each its own process): SmolLM2-135M 0.605 / 0.762 / 0.943 -> 0.561 / 0.672 / 0.842; SmolLM2-360M 0.748 / 1.061 /
-    1.305 -> 0.665 / 0.834 / 1.045 (a full 4096 cache: 1.185 / 3.211 / 3.026 -> 0.870 / 1.566 / 2.466). At batch 1 the
-    gain is CK 512's chunks of 16 rows (more workers a GEMV stage), at batch 8 / 16 the tensor-core attention adds 5% / 8%
-    (call 338: CK 512 with the CUDA-core attention 0.558 / 0.704 / 0.901)."""
+    heads per KV head, head dim 256). Measured on the H200 (benchmarks/README.md, run 33; megakernel, batch 1 / 8 / 16):
+    SmolLM2-135M 0.605 / 0.762 / 0.943 -> 0.561 / 0.672 / 0.842 ms; at batch 1 the gain is the chunks of 16 rows (more
+    workers a GEMV stage), at batch 8 / 16 the tensor-core attention adds 5% / 8%."""
     d = next((op.params["D"] for op in g.ops if op.kind.name == "qkv_rope"), 0)
     at = next((op.params for op in g.ops if op.kind.name == "attn_partial"), None)
     if g.meta.get("gemv") != "mma" or d >= ATTN_COLS_BELOW or at is None or \
