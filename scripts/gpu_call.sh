@@ -130,6 +130,20 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+340) # session 34 (~6 min): gate_up's rows evened out over two CTAs a SM on the separate kernels' tensor-core path
+    # (ops.tiling.gate_up_rows: Llama-3.1-8B 224 tiles of 64 rows -> 256 of 56, Qwen3-8B 192 of 64 -> 256 of 48) against
+    # the old tiles (ONEKERNEL_GATE_UP_ROWS=0): gemv_sweep.py's gate_up (every layer's op back to back, L2 flushed) at
+    # batch 1 and 16, then Llama-3.1-8B graph at batch 1 / 8 / 16, each its own process, A B A B
+    mkdir -p /tmp/warm
+    V='[[{}, 4], [{"BLOCK_N": 64}, 4]]'
+    L8="--model llama-3.1-8b --random-weights --batch 1,8,16 --modes graph"
+    wtree 240 gA . ONEKERNEL_GATE_UP_ROWS=1 $L8; wtree 240 gB . ONEKERNEL_GATE_UP_ROWS=0 $L8
+    wait
+    checked 2
+    for b in 1 16; do step 100 sweep-b$b python3 scripts/gemv_sweep.py --models llama-3.1-8b,qwen3-8b --kinds gate_up \
+        --batch $b --variants "$V" --out "$W/sweep-gate_up-b$b.json"; done
+    for r in 1 2; do ttree 90 gA$r . ONEKERNEL_GATE_UP_ROWS=1 $L8; ttree 90 gB$r . ONEKERNEL_GATE_UP_ROWS=0 $L8; done
+    ;;
 339) # prepared in session 33, not run (~2.5 min): CK 1024 on the SmolLM2 models (chunks of 8 rows: each GEMV stage over
     # twice the workers again; K = 576 / 960 padded to 1024 as at CK 512, SmolLM2-135M's 1536 to 2048; ATTN_TC 2; compiles
     # on the CPU with 0 / 24 bytes of spills at batch 1 / 16): this tree (CK 512) against branch s33-ck's tree

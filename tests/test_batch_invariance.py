@@ -73,6 +73,19 @@ def b_gate_up_wave(B, gemv="fma", dt=F32):
     return g
 
 
+def b_gate_up_rows(B, gemv="fma", dt=F32):
+    """gate_up in tiles of 24 rows held in 32-row register tiles (ROWS < BLOCK_N: ops.tiling.gate_up_rows' form; the
+    last tile 16 rows), in one wave: the rows past a tile's ROWS masked, PRENORM's scratch one row per 24-row tile."""
+    Fd, K = 40, K_BIG
+    g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
+                            ("w", (2 * Fd, K), dt, "weight")])
+    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=Tiling(4, "cover"), gemv=gemv, blocks={"BLOCK_N": 32, "ROWS": 24})
+    op = g.ops[0]
+    assert op.n_tiles == 2 and op.params["PRENORM"] == (gemv == "mma")
+    assert gemv != "mma" or g.buffers[op.args["xn"]].shape[1] == 2
+    return g
+
+
 def _b_qkv(B, qk_norm, gemv, dt, tiling=None, K=K_BIG):
     HQ, HKV, HD, S = 4, 2, 32, 64
     NH = HQ + 2 * HKV
@@ -234,7 +247,7 @@ def test_oproj_merge_every_row_of_b3_matches_batch1():
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).
-MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_gate_up_wave, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_qkv_wide,
+MMA_BUILDERS = [b_gemv_residual, b_gate_up, b_gate_up_wave, b_gate_up_rows, b_qkv_llama, b_qkv_qwen3, b_qkv_units, b_qkv_wide,
                 b_lm_head, b_oproj_merge]
 
 

@@ -18,8 +18,8 @@ from onekernel.ops.base import OpKind
 from onekernel.ops.gemv_mma import COLS, gemv_mma, load_xt, mma_acc, mma_stages, norm_xt
 from onekernel.ops.gemv_rows import (gemv_rows, last_chunk, load_nw_chunk, load_w_chunk, load_x_raw, norm_x,
                                     rms_norm_ref, rms_norm_rows, rms_rstd, rnd, row_dot, row_of, silu, tile_rows)
-from onekernel.ops.tiling import (MAX_TILE_ELEMS, Tiling, cdiv, check_gemv, gemv_blocks, gemv_cost, prenorm_default,
-                                  prenorm_pipeline, prenorm_scratch, region, row_tiled_tasks)
+from onekernel.ops.tiling import (MAX_TILE_ELEMS, Tiling, cdiv, check_gemv, gate_up_rows, gemv_blocks, gemv_cost,
+                                  prenorm_default, prenorm_pipeline, prenorm_scratch, region, row_tiled_tasks)
 
 
 # ----------------------------------------------------------------------------------------- gemv_residual
@@ -137,22 +137,24 @@ def gate_up_mma(wg0, wu0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, N: tl.co
 @triton.jit
 def gate_up_prologue(tile, x, nw, w, xn, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                     MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr):
-    rows, rmask = tile_rows(tile, N, BLOCK_N)
+                     MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr, ROWS: tl.constexpr):
+    rows, rmask = tile_rows(tile, N, BLOCK_N, ROWS)
     return load_w_chunk(w, rows, rmask, 0, K, BLOCK_K), load_w_chunk(w, rows + N, rmask, 0, K, BLOCK_K)
 
 
 @triton.jit
 def gate_up_body(tile, wg0, wu0, x, nw, w, xn, out, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr,
-                 MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr):
+                 MMA: tl.constexpr, STAGES: tl.constexpr, PRENORM: tl.constexpr, ROWS: tl.constexpr):
     """h = RMSNorm(x); out[b, n] = silu((h @ Wg[n]).to(dt)).to(dt) * (h @ Wu[n]).to(dt), rounded to dt.
     w = cat(w_gate, w_up) [2N, K]: gate row n is row n, up row n is row N + n. MMA: on the tensor cores
     (BLOCK_B = 16). PRENORM (MMA only): h written once into this tile's row of the scratch xn [B, n_tiles, K], the
-    chunk loop loads it (ops/qkv.py's module doc)."""
-    rows, rmask = tile_rows(tile, N, BLOCK_N)
+    chunk loop loads it (ops/qkv.py's module doc). ROWS: the tile's rows, the first ROWS of its BLOCK_N register rows
+    (the others masked: ``tiling.gate_up_rows``); 0: all BLOCK_N."""
+    rows, rmask = tile_rows(tile, N, BLOCK_N, ROWS)
     if PRENORM:
-        NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N  # the op's tiles
+        TR: tl.constexpr = BLOCK_N if ROWS == 0 else ROWS
+        NT: tl.constexpr = (N + TR - 1) // TR  # the op's tiles
         xs = xn + tile.to(tl.int64) * K  # row b of this tile at (b NT + tile) K
         rms_norm_rows(x, nw, xs, B, K, EPS, NT * K)
         tl.debug_barrier()
@@ -192,7 +194,7 @@ def gate_up_reference(op: Op, t: dict) -> None:
 
 GATE_UP = OpKind(
     "gate_up", gate_up_prologue, gate_up_body, ("x", "nw", "w", "xn", "out"),
-    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA", "STAGES", "PRENORM"), 2, gate_up_reference)
+    ("B", "N", "K", "BLOCK_B", "BLOCK_N", "BLOCK_K", "EPS", "MMA", "STAGES", "PRENORM", "ROWS"), 2, gate_up_reference)
 
 
 def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, eps: float,
@@ -212,11 +214,14 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
-    n_tiles = cdiv(N, blocks.get("BLOCK_N", p["BLOCK_N"]))
+    bn, rows = gate_up_rows(N, p["BLOCK_N"], tiling, p["MMA"]) if "BLOCK_N" not in blocks else (blocks["BLOCK_N"], 0)
+    p = {**p, "BLOCK_N": bn, "ROWS": rows}
+    tr = blocks.get("ROWS", rows) or bn  # a tile's rows
+    n_tiles = cdiv(N, tr)
     prenorm = bool(blocks.get("PRENORM", prenorm_default(p["MMA"], tiling, n_tiles)))
     if prenorm and not p["MMA"]:
         raise ValueError(f"{name}: PRENORM needs gemv='mma'")
-    stages = (prenorm_pipeline(2 * blocks.get("BLOCK_N", p["BLOCK_N"]), es, K, tiling, n_tiles) if prenorm else
+    stages = (prenorm_pipeline(2 * bn, es, K, tiling, n_tiles) if prenorm else
               (mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), p["BLOCK_K"]))
     p = {**p, "STAGES": stages[0], "BLOCK_K": stages[1], **blocks, "PRENORM": prenorm}
     xn = prenorm_scratch(graph, n_tiles, B, K, x.dtype) if prenorm else x  # x: unread without PRENORM
@@ -231,5 +236,5 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
         return reads, writes + [region(out, (0, B), (n0, n1))], nbytes, flops + 8 * B * (n1 - n0)
 
     graph.add_op(Op(name, GATE_UP, {"x": x.name, "nw": nw.name, "w": w.name, "xn": xn.name, "out": out.name}, p),
-                 row_tiled_tasks(N, p["BLOCK_N"], make))
+                 row_tiled_tasks(N, tr, make))
     return out

@@ -312,9 +312,16 @@ def gemv_rows(w0, x, nw, rstd, w, rows, rmask, B: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rows, rows < N
+def tile_rows(tile, N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 0):
+    """(rows int64 [BLOCK_N], mask) of a row tile: rows tile*BLOCK_N + [0, BLOCK_N), or, with ROWS (0 < ROWS <=
+    BLOCK_N), tile*ROWS + [0, BLOCK_N) of which the first ROWS are the tile's (the others masked: their loads never
+    issue); rows >= N masked."""
+    if ROWS == 0:
+        rows = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        return rows, rows < N
+    r = tl.arange(0, BLOCK_N)
+    rows = tile.to(tl.int64) * ROWS + r
+    return rows, (r < ROWS) & (rows < N)
 
 
 def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -21,6 +21,7 @@ fp32 accumulator. Choices (H200: 132 SMs, ~4.8 TB/s):
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from onekernel.errors import InputError
@@ -196,6 +197,23 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 # 4 deep of 128 21.2 / 23.6 / 26.8 against the in-loop form's 22.2 / 26.2 / 27.6; Llama-3.1-8B (224 tiles, two CTAs a
 # SM, so 4 deep of 64) 59.6 / 69.0 / 79.5 against 60.0 / 63.5 / 66.5, so gate_up takes PRENORM only in one wave.
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
+
+
+def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool) -> tuple[int, int]:
+    """(BLOCK_N, ROWS) of gate_up's tiles over ``n`` rows per matrix (ROWS 0: BLOCK_N rows a tile). On the separate
+    kernels' tensor-core path, where ``block_n``-row tiles take more than one wave (one tile per SM) but two CTAs
+    share an SM, the tiles' rows are evened out over two CTAs per SM: ROWS = ceil(n / (2 n_sm)) rounded up to 8, in
+    register tiles of BLOCK_N = the next power of two (no more than ``block_n``). Llama-3.1-8B: 224 tiles of 64 rows
+    (92 SMs streaming two, 40 one) become 256 tiles of 56 (124 SMs two, 8 one), the most rows an SM streams 128 ->
+    112; Qwen3-8B 192 of 64 -> 256 of 48. The rows never depend on the batch. ONEKERNEL_GATE_UP_ROWS=0 keeps
+    ``block_n`` (session 34's A/B)."""
+    if os.environ.get("ONEKERNEL_GATE_UP_ROWS", "1") == "0" or not (mma and tiling.separate) \
+            or cdiv(n, block_n) <= tiling.n_sm:
+        return block_n, 0
+    rows = -(-cdiv(n, 2 * tiling.n_sm) // 8) * 8
+    if rows >= block_n or cdiv(n, rows) > 2 * tiling.n_sm:
+        return block_n, 0
+    return pow2_ceil(rows), rows
 
 
 def prenorm_default(mma: bool, tiling: Tiling, n_tiles: int) -> bool:
