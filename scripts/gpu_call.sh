@@ -130,6 +130,35 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+341) # session 34's final commit, call 1 of 2 (~7 min): the Llama-3.1-8B table (every mode but torch.compile, batch 1 / 8 /
+    # 16) after its warm-ups, beside them tests/test_mma_gpu.py's gate_up tests (the rows across tiling.gate_up_rows' batch
+    # limit bitwise) and the bitwise batch invariance of graph and pdl-triton on Llama-3.1-8B (batch 2 and 8 take the
+    # evened-out rows, 16 the power-of-two tiles; each row against its batch-1 run)
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel"
+    WARM_S=220 warm 8b $B8 --batch 1,8 --modes torch+graph,$MK
+    WARM_S=220 warm 8b-16 $B8 --batch 16 --modes torch+graph,$MK
+    (timeout 220 python3 scripts/invariance_check.py llama-3.1-8b --modes graph,pdl-triton --out "$W/inv-8b.json" \
+        >"$W/inv-8b.log" 2>&1) &
+    (timeout 220 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "gate_up" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    checked 2
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 160 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
+    ;;
+342) # session 34's final commit, call 2 of 2 (~6 min; at once after 341 or cold): the Qwen3-8B table at batch 1 and 8
+    # (torch+graph and every Triton mode; torch.compile's rows stay run 29's: its warm-up alone takes minutes)
+    mkdir -p "$W/bench" /tmp/warm
+    Q8="--model qwen3-8b --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel"
+    WARM_S=230 warm q8-1 $Q8 --batch 1 --modes torch+graph,$MK
+    WARM_S=230 warm q8-8 $Q8 --batch 8 --modes torch+graph,$MK
+    wait
+    checked 2
+    step 170 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes torch+graph,$MK --steps 50
+    ;;
 340) # session 34 (~6 min): gate_up's rows evened out over two CTAs a SM on the separate kernels' tensor-core path
     # (ops.tiling.gate_up_rows: Llama-3.1-8B 224 tiles of 64 rows -> 256 of 56, Qwen3-8B 192 of 64 -> 256 of 48) against
     # the old tiles (ONEKERNEL_GATE_UP_ROWS=0): gemv_sweep.py's gate_up (every layer's op back to back, L2 flushed) at

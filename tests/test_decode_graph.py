@@ -16,7 +16,7 @@ from onekernel.models.config import get_config, rope_inv_freq
 from onekernel.models.decode_graph import build_decode_step, decode_graph
 from onekernel.models.random_init import random_weights
 from onekernel.ops.base import run_reference
-from onekernel.ops.tiling import MMA_MIN, SM90_SMEM, Tiling
+from onekernel.ops.tiling import MMA_MIN, SM90_SMEM, Tiling, cdiv
 from onekernel.runtime.kv_cache import KVCache
 from onekernel.runtime.reference import decode_one_token
 
@@ -157,7 +157,9 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
     """Tiling(n, "fit") (the megakernel's, one worker per SM): every row-tiled GEMV op whose BLOCK_N is not at
     its cap has between n/2 and n tiles (no worker runs two tiles of one op); "cover" has at least n where
     BLOCK_N is above its minimum on the CUDA cores (4 rows), and on the tensor cores (Llama-3.2-1B) the same single
-    wave of tiles as "fit" (``Tiling.gemv_min_tiles``); qkv_rope's one wave of units (``ops.qkv.qkv_tiles``) within it."""
+    wave of tiles as "fit" (``Tiling.gemv_min_tiles``), but for a gate_up whose power-of-two tiles take more than one
+    wave (Llama-3.2-1B at 96 SMs), which ``tiling.gate_up_rows`` evens out over two CTAs a SM; qkv_rope's one wave of
+    units (``ops.qkv.qkv_tiles``) within it."""
     cfg = get_config(name)
     fit, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "fit"))
     cover, _, _ = decode_graph(cfg, 1, 512, torch.bfloat16, tiling=Tiling(sms, "cover"))
@@ -166,7 +168,10 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
             assert f.n_tiles <= sms, (f.name, f.n_tiles)
             # more than half the SMs, unless the tiles already have tl.dot's 16 rows (Qwen3-0.6B's o_proj: 1024 / 16)
             assert f.n_tiles > sms // 2 or (f.params["MMA"] and f.params["BLOCK_N"] == MMA_MIN), (f.name, f.n_tiles)
-        if c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["MMA"]:
+        if c.kind.name == "gate_up" and c.params["MMA"] and c.params["ROWS"]:  # tiling.gate_up_rows: 2 CTAs a SM
+            assert sms < c.n_tiles <= 2 * sms and c.params["ROWS"] < c.params["BLOCK_N"], (c.name, c.n_tiles)
+            assert cdiv(c.params["N"], c.params["BLOCK_N"]) > sms, (c.name, f.n_tiles)
+        elif c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["MMA"]:
             assert c.n_tiles == f.n_tiles, (c.name, c.n_tiles, f.n_tiles)
         elif c.kind.name == "qkv_rope" and c.params["MMA"]:  # qkv_tiles: one wave of units, U > 1
             assert f.n_tiles <= c.n_tiles <= sms and f.params["U"] == 1, (c.name, c.n_tiles, f.n_tiles)

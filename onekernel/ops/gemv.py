@@ -214,7 +214,7 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
-    bn, rows = gate_up_rows(N, p["BLOCK_N"], tiling, p["MMA"]) if "BLOCK_N" not in blocks else (blocks["BLOCK_N"], 0)
+    bn, rows = gate_up_rows(N, p["BLOCK_N"], tiling, p["MMA"], B) if "BLOCK_N" not in blocks else (blocks["BLOCK_N"], 0)
     p = {**p, "BLOCK_N": bn, "ROWS": rows}
     tr = blocks.get("ROWS", rows) or bn  # a tile's rows
     n_tiles = cdiv(N, tr)

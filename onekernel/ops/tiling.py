@@ -199,16 +199,27 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 
 
-def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool) -> tuple[int, int]:
+GATE_UP_ROWS_MAX_BATCH = 8  # gate_up_rows' tiles up to this batch (measured: session 34, call 340)
+
+
+def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) -> tuple[int, int]:
     """(BLOCK_N, ROWS) of gate_up's tiles over ``n`` rows per matrix (ROWS 0: BLOCK_N rows a tile). On the separate
-    kernels' tensor-core path, where ``block_n``-row tiles take more than one wave (one tile per SM) but two CTAs
-    share an SM, the tiles' rows are evened out over two CTAs per SM: ROWS = ceil(n / (2 n_sm)) rounded up to 8, in
-    register tiles of BLOCK_N = the next power of two (no more than ``block_n``). Llama-3.1-8B: 224 tiles of 64 rows
-    (92 SMs streaming two, 40 one) become 256 tiles of 56 (124 SMs two, 8 one), the most rows an SM streams 128 ->
-    112; Qwen3-8B 192 of 64 -> 256 of 48. The rows never depend on the batch. ONEKERNEL_GATE_UP_ROWS=0 keeps
-    ``block_n`` (session 34's A/B)."""
+    kernels' tensor-core path at batch <= GATE_UP_ROWS_MAX_BATCH, where ``block_n``-row tiles take more than one wave
+    (one tile per SM) but two CTAs share an SM, the tiles' rows are evened out over two CTAs per SM: ROWS =
+    ceil(n / (2 n_sm)) rounded up to 8, in register tiles of BLOCK_N = the next power of two (no more than
+    ``block_n``). Llama-3.1-8B: 224 tiles of 64 rows (92 SMs streaming two, 40 one) become 256 tiles of 56 (124 SMs
+    two, 8 one), the most rows an SM streams 128 -> 112; Qwen3-8B 192 of 64 -> 256 of 48.
+
+    Measured on the H200 (docs/DESIGN.md, session 34; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B 60.8 ->
+    59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph 4.385 -> 4.335 / 4.888 -> 4.883 /
+    5.406 -> 5.426 ms at batch 1 / 8 / 16. Past batch 8 every tile's in-loop RMSNorm of the [16, BLOCK_K] activation
+    chunk costs more than the evened-out rows save, so those batches keep ``block_n``. Where it applies, the rule only
+    moves rows between tiles: the tiles have the same BLOCK_N, BLOCK_K and chunk loop (no PRENORM on either side,
+    both more than one wave), so every output element is the same sum in the same order, and a sequence's bits do
+    not depend on which side of the batch limit its batch falls (tests/test_batch_invariance.py).
+    ONEKERNEL_GATE_UP_ROWS=0 keeps ``block_n`` at every batch (the A/B switch)."""
     if os.environ.get("ONEKERNEL_GATE_UP_ROWS", "1") == "0" or not (mma and tiling.separate) \
-            or cdiv(n, block_n) <= tiling.n_sm:
+            or batch > GATE_UP_ROWS_MAX_BATCH or cdiv(n, block_n) <= tiling.n_sm:
         return block_n, 0
     rows = -(-cdiv(n, 2 * tiling.n_sm) // 8) * 8
     if rows >= block_n or cdiv(n, rows) > 2 * tiling.n_sm:
