@@ -130,6 +130,17 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+343) # session 34 (~3 min): where the megakernel's GEMV tasks spend their fixed time, with the "before block 1" stamp
+    # (session 30, never run): profiles of SmolLM2-135M at batch 1 and 16 and Llama-3.2-1B at batch 1 and 16, compiled
+    # in parallel first
+    mkdir -p /tmp/warm "$W/profile"
+    ps="python3 scripts/stream_profile.py --model smollm2-135m --gemv mma" pl="python3 scripts/stream_profile.py --model llama-3.2-1b"
+    for b in 1 16; do (timeout 200 $ps --batch $b --out /tmp/warm/s$b >"$W/warm-s$b.log" 2>&1) &
+        (timeout 200 $pl --batch $b --out /tmp/warm/l$b >"$W/warm-l$b.log" 2>&1) & done
+    wait
+    for b in 1 16; do step 60 profile-smol-$b $ps --batch $b --out "$W/profile"; step 60 profile-1b-$b $pl --batch $b \
+        --out "$W/profile"; done
+    ;;
 341) # session 34's final commit, call 1 of 2 (~7 min): the Llama-3.1-8B table (every mode but torch.compile, batch 1 / 8 /
     # 16) after its warm-ups, beside them tests/test_mma_gpu.py's gate_up tests (the rows across tiling.gate_up_rows' batch
     # limit bitwise) and the bitwise batch invariance of graph and pdl-triton on Llama-3.1-8B (batch 2 and 8 take the
