@@ -65,7 +65,10 @@
 # 331 (gate_up in one wave, rstd16 unrolled: neither kept) and 332 (SmolLM2's chunk columns 256 against 512: kept as
 # stream_support.attn_cols; 331 also ran 330's long-cache tests) are on branches s33-ab (`git show 0fe106a:scripts/gpu_call.sh`)
 # and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part); 338: what CK
-# 512 buys; 339: prepared, not run (CK 1024 on the SmolLM2 models).
+# 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
+# 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
+# 341 + 342 (session 34's final tables), 343 (megakernel profiles with the before-block-1 stamp); 344 (SPLIT 128 at the
+# benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -184,7 +187,7 @@ case "$1" in
         --batch $b --variants "$V" --out "$W/sweep-gate_up-b$b.json"; done
     for r in 1 2; do ttree 90 gA$r . ONEKERNEL_GATE_UP_ROWS=1 $L8; ttree 90 gB$r . ONEKERNEL_GATE_UP_ROWS=0 $L8; done
     ;;
-339) # prepared in session 33, not run (~2.5 min): CK 1024 on the SmolLM2 models (chunks of 8 rows: each GEMV stage over
+339) # prepared in session 33, run in session 34 (~2.5 min; not kept): CK 1024 on the SmolLM2 models (chunks of 8 rows: each GEMV stage over
     # twice the workers again; K = 576 / 960 padded to 1024 as at CK 512, SmolLM2-135M's 1536 to 2048; ATTN_TC 2; compiles
     # on the CPU with 0 / 24 bytes of spills at batch 1 / 16): this tree (CK 512) against branch s33-ck's tree
     # (.ck.tgz = `git archive 8aec188 onekernel scripts`) with STREAM_CK=1024, the megakernel at batch 1 / 8 / 16, each
