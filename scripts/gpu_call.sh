@@ -67,7 +67,8 @@
 # and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part); 338: what CK
 # 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
 # 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
-# 341 + 342 (session 34's final tables), 343 (megakernel profiles with the before-block-1 stamp); 344 (SPLIT 128 at the
+# 341 + 342 (session 34's final tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
+# batch 1-16, the rule's limit at batch 2 / 4); 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
@@ -143,6 +144,23 @@ case "$1" in
     wait
     for b in 1 16; do step 60 profile-smol-$b $ps --batch $b --out "$W/profile"; step 60 profile-1b-$b $pl --batch $b \
         --out "$W/profile"; done
+    ;;
+345) # session 34 (~6 min; 75940d0's kernels): the Llama-3.1-8B table at batch 1 / 2 / 4 / 8 / 16 in one process (issue
+    # 12's must-show; 341 ran 1 / 8 / 16), then graph at batch 2 / 4 with the old gate_up tiles (ONEKERNEL_GATE_UP_ROWS=0) and
+    # with the rule's, each its own process, A B A B: the rule's batch limit at the batches 340 did not measure
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights"
+    MK="torch+graph,graph,pdl,pdl-triton,megakernel"
+    G24="--model llama-3.1-8b --random-weights --batch 2,4 --modes graph"
+    WARM_S=240 warm 8b-a $B8 --batch 1,2,4 --modes $MK
+    WARM_S=240 warm 8b-b $B8 --batch 8,16 --modes $MK
+    wait
+    checked 2
+    wtree 120 g0 . ONEKERNEL_GATE_UP_ROWS=0 $G24
+    wait
+    step 200 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    for r in 1 2; do ttree 40 g1-$r . X=0 $G24; ttree 40 g0-$r . ONEKERNEL_GATE_UP_ROWS=0 $G24; done
     ;;
 341) # session 34's final commit, call 1 of 2 (~7 min): the Llama-3.1-8B table (every mode but torch.compile, batch 1 / 8 /
     # 16) after its warm-ups, beside them tests/test_mma_gpu.py's gate_up tests (the rows across tiling.gate_up_rows' batch
