@@ -68,7 +68,7 @@
 # 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
 # 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
 # 341 + 342 (session 34's final tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
-# batch 1-16, the rule's limit at batch 2 / 4); 344 (SPLIT 128 at the
+# batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
@@ -144,6 +144,28 @@ case "$1" in
     wait
     for b in 1 16; do step 60 profile-smol-$b $ps --batch $b --out "$W/profile"; step 60 profile-1b-$b $pl --batch $b \
         --out "$W/profile"; done
+    ;;
+346) # session 34's final commit (~6 min): gate_up_rows up to batch 2 (345 measured batch 4 slower). Warm-ups of the
+    # Llama-3.1-8B table (batch 1-16, every mode but torch.compile) beside tests/test_mma_gpu.py's gate_up tests; then the
+    # bitwise invariance of graph and pdl-triton on Llama-3.1-8B (batch 2: the evened-out rows, 8 and 16: the old tiles,
+    # each row against its batch-1 run) beside the Qwen3-8B warm-up; then both tables
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights" Q8="--model qwen3-8b --random-weights"
+    MK="torch+graph,graph,pdl,pdl-triton,megakernel"
+    WARM_S=240 warm 8b-a $B8 --batch 1,2,4 --modes $MK
+    WARM_S=240 warm 8b-b $B8 --batch 8,16 --modes $MK
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "gate_up" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    WARM_S=200 warm q8 $Q8 --batch 1,8 --modes $MK
+    (timeout 200 python3 scripts/invariance_check.py llama-3.1-8b --modes graph,pdl-triton --out "$W/inv-8b.json" \
+        >"$W/inv-8b.log" 2>&1) &
+    wait
+    checked 3
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 150 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 100 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
     ;;
 345) # session 34 (~6 min; 75940d0's kernels): the Llama-3.1-8B table at batch 1 / 2 / 4 / 8 / 16 in one process (issue
     # 12's must-show; 341 ran 1 / 8 / 16), then graph at batch 2 / 4 with the old gate_up tiles (ONEKERNEL_GATE_UP_ROWS=0) and

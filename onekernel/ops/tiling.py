@@ -199,7 +199,7 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 
 
-GATE_UP_ROWS_MAX_BATCH = 8  # gate_up_rows' tiles up to this batch (measured: session 34, call 340)
+GATE_UP_ROWS_MAX_BATCH = 2  # gate_up_rows' tiles up to this batch (measured: session 34, calls 340 and 345)
 
 
 def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) -> tuple[int, int]:
@@ -211,12 +211,13 @@ def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) ->
     two, 8 one), the most rows an SM streams 128 -> 112; Qwen3-8B 192 of 64 -> 256 of 48.
 
     Measured on the H200 (docs/DESIGN.md, session 34; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B 60.8 ->
-    59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph 4.385 -> 4.335 / 4.888 -> 4.883 /
-    5.406 -> 5.426 ms at batch 1 / 8 / 16. Past batch 8 every tile's in-loop RMSNorm of the [16, BLOCK_K] activation
-    chunk costs more than the evened-out rows save, so those batches keep ``block_n``. Where it applies, the rule only
-    moves rows between tiles: the tiles have the same BLOCK_N, BLOCK_K and chunk loop (no PRENORM on either side,
-    both more than one wave), so every output element is the same sum in the same order, and a sequence's bits do
-    not depend on which side of the batch limit its batch falls (tests/test_batch_invariance.py).
+    59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph, ms at batch 1 / 2 / 4 / 8 / 16:
+    4.385 -> 4.335 / 4.400 -> 4.354 / 4.541 -> 4.570 / 4.888 -> 4.883 / 5.406 -> 5.426. From batch 4 on every tile's
+    in-loop RMSNorm of the [16, BLOCK_K] activation chunks costs about what the evened-out rows save (more at 4 and
+    16), so batches above 2 keep ``block_n``. Where it applies, the rule only moves rows between tiles: the tiles
+    have the same BLOCK_N, BLOCK_K and chunk loop (no PRENORM on either side, both more than one wave), so every
+    output element is the same sum in the same order on the tensor cores, and a sequence's bits do not depend on
+    which side of the batch limit its batch falls (tests/test_mma_gpu.py; scripts/invariance_check.py on the H200).
     ONEKERNEL_GATE_UP_ROWS=0 keeps ``block_n`` at every batch (the A/B switch)."""
     if os.environ.get("ONEKERNEL_GATE_UP_ROWS", "1") == "0" or not (mma and tiling.separate) \
             or batch > GATE_UP_ROWS_MAX_BATCH or cdiv(n, block_n) <= tiling.n_sm:
