@@ -67,7 +67,7 @@
 # and s33-ck (`git show 8aec188:...`); 333-337: session 33's final commit (336 parks the GGUF's third part); 338: what CK
 # 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
 # 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
-# 341 + 342 (session 34's final tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
+# 341 + 342 (session 35: the first rule's tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
 # batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
@@ -134,7 +134,7 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-343) # session 34 (~3 min): where the megakernel's GEMV tasks spend their fixed time, with the "before block 1" stamp
+343) # session 35 (~3 min): where the megakernel's GEMV tasks spend their fixed time, with the "before block 1" stamp
     # (session 30, never run): profiles of SmolLM2-135M at batch 1 and 16 and Llama-3.2-1B at batch 1 and 16, compiled
     # in parallel first
     mkdir -p /tmp/warm "$W/profile"
@@ -145,7 +145,7 @@ case "$1" in
     for b in 1 16; do step 60 profile-smol-$b $ps --batch $b --out "$W/profile"; step 60 profile-1b-$b $pl --batch $b \
         --out "$W/profile"; done
     ;;
-346) # session 34's final commit (~6 min): gate_up_rows up to batch 2 (345 measured batch 4 slower). Warm-ups of the
+346) # session 35's final commit (~6 min): gate_up_rows up to batch 2 (345 measured batch 4 slower). Warm-ups of the
     # Llama-3.1-8B table (batch 1-16, every mode but torch.compile) beside tests/test_mma_gpu.py's gate_up tests; then the
     # bitwise invariance of graph and pdl-triton on Llama-3.1-8B (batch 2: the evened-out rows, 8 and 16: the old tiles,
     # each row against its batch-1 run) beside the Qwen3-8B warm-up; then both tables
@@ -167,7 +167,7 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 100 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
     ;;
-345) # session 34 (~6 min; 75940d0's kernels): the Llama-3.1-8B table at batch 1 / 2 / 4 / 8 / 16 in one process (issue
+345) # session 35 (~6 min; 75940d0's kernels): the Llama-3.1-8B table at batch 1 / 2 / 4 / 8 / 16 in one process (issue
     # 12's must-show; 341 ran 1 / 8 / 16), then graph at batch 2 / 4 with the old gate_up tiles (ONEKERNEL_GATE_UP_ROWS=0) and
     # with the rule's, each its own process, A B A B: the rule's batch limit at the batches 340 did not measure
     mkdir -p "$W/bench" /tmp/warm
@@ -184,7 +184,7 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     for r in 1 2; do ttree 40 g1-$r . X=0 $G24; ttree 40 g0-$r . ONEKERNEL_GATE_UP_ROWS=0 $G24; done
     ;;
-341) # session 34's final commit, call 1 of 2 (~7 min): the Llama-3.1-8B table (every mode but torch.compile, batch 1 / 8 /
+341) # session 35, the first rule (rows up to batch 8), call 1 of 2 (~7 min): the Llama-3.1-8B table (every mode but torch.compile, batch 1 / 8 /
     # 16) after its warm-ups, beside them tests/test_mma_gpu.py's gate_up tests (the rows across tiling.gate_up_rows' batch
     # limit bitwise) and the bitwise batch invariance of graph and pdl-triton on Llama-3.1-8B (batch 2 and 8 take the
     # evened-out rows, 16 the power-of-two tiles; each row against its batch-1 run)
@@ -202,7 +202,7 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 160 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
-342) # session 34's final commit, call 2 of 2 (~6 min; at once after 341 or cold): the Qwen3-8B table at batch 1 and 8
+342) # session 35, the first rule, call 2 of 2 (~6 min; at once after 341 or cold): the Qwen3-8B table at batch 1 and 8
     # (torch+graph and every Triton mode; torch.compile's rows stay run 29's: its warm-up alone takes minutes)
     mkdir -p "$W/bench" /tmp/warm
     Q8="--model qwen3-8b --random-weights"

@@ -258,7 +258,7 @@ def _b_gate_up_limit(B, dt=F32):
 
 
 def test_gate_up_rows_across_the_batch_limit(monkeypatch):
-    """``tiling.gate_up_rows`` picks gate_up's rows by batch (session 34: evened-out rows up to batch 2, the
+    """``tiling.gate_up_rows`` picks gate_up's rows by batch (sessions 34-35: evened-out rows up to batch 2, the
     power-of-two tiles past it). The two sides differ in ROWS alone (the same register tiles, chunks and loop), and
     each sequence of a batch-3 launch (3 tiles of 32 rows) equals its batch-1 launch (4 tiles of 24) and the PyTorch
     reference within fp32 rounding; batch 2 takes batch 1's tiles. Not bitwise here: numpy's matmul, the interpreter's tl.dot, rounds a row

@@ -199,7 +199,7 @@ def prenorm_scratch(graph, n_tiles: int, B: int, D: int, dtype) -> Buffer:
 PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 
 
-GATE_UP_ROWS_MAX_BATCH = 2  # gate_up_rows' tiles up to this batch (measured: session 34, calls 340 and 345)
+GATE_UP_ROWS_MAX_BATCH = 2  # gate_up_rows' tiles up to this batch (measured: sessions 34 and 35, calls 340 and 345)
 
 
 def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) -> tuple[int, int]:
@@ -210,7 +210,7 @@ def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) ->
     ``block_n``). Llama-3.1-8B: 224 tiles of 64 rows (92 SMs streaming two, 40 one) become 256 tiles of 56 (124 SMs
     two, 8 one), the most rows an SM streams 128 -> 112; Qwen3-8B 192 of 64 -> 256 of 48.
 
-    Measured on the H200 (docs/DESIGN.md, session 34; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B 60.8 ->
+    Measured on the H200 (docs/DESIGN.md, sessions 34-35; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B 60.8 ->
     59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph, ms at batch 1 / 2 / 4 / 8 / 16:
     4.385 -> 4.335 / 4.400 -> 4.354 / 4.541 -> 4.570 / 4.888 -> 4.883 / 5.406 -> 5.426. From batch 4 on every tile's
     in-loop RMSNorm of the [16, BLOCK_K] activation chunks costs about what the evened-out rows save (more at 4 and
