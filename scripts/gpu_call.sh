@@ -68,7 +68,8 @@
 # 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
 # 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
 # 341 + 342 (session 35: the first rule's tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
-# batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 344 (SPLIT 128 at the
+# batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 347 (a knock-out probe of the rstd pass: branch s35-probe, `git show
+# ebf3c11:scripts/gpu_call.sh`) and 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
