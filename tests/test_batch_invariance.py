@@ -261,10 +261,11 @@ def test_gate_up_rows_across_the_batch_limit(monkeypatch):
     """``tiling.gate_up_rows`` picks gate_up's rows by batch (sessions 34-35: evened-out rows up to batch 2, the
     power-of-two tiles past it). The two sides differ in ROWS alone (the same register tiles, chunks and loop), and
     each sequence of a batch-3 launch (3 tiles of 32 rows) equals its batch-1 launch (4 tiles of 24) and the PyTorch
-    reference within fp32 rounding; batch 2 takes batch 1's tiles. Not bitwise here: numpy's matmul, the interpreter's tl.dot, rounds a row
-    differently at another position in the tile (a [32, K] @ [K, 16] product's rows 24-31 against the same rows at
-    0-7). On the GPU the same launches are bitwise equal in bf16 (tests/test_mma_gpu.py), and the H200 check of bitwise
-    batch invariance (scripts/invariance_check.py, batch 8 and 16 against batch 1 on Llama-3.1-8B graph) crosses it.
+    reference within fp32 rounding; batch 2 takes batch 1's tiles. Not bitwise here: numpy's matmul, the
+    interpreter's tl.dot, rounds a row differently at another position in the tile (a [32, K] @ [K, 16] product's
+    rows 24-31 against the same rows at 0-7). On the GPU the same launches are bitwise equal in bf16
+    (tests/test_mma_gpu.py), and the H200 check of bitwise batch invariance (scripts/invariance_check.py, batch 8 and
+    16 against batch 1 on Llama-3.1-8B graph) crosses it.
     ONEKERNEL_GATE_UP_ROWS=0 keeps the power-of-two tiles at every batch."""
     g1, g3 = _b_gate_up_limit(1), _b_gate_up_limit(3)
     p1, p3 = g1.ops[0].params, g3.ops[0].params
@@ -287,6 +288,16 @@ def test_gate_up_rows_across_the_batch_limit(monkeypatch):
     monkeypatch.setenv("ONEKERNEL_GATE_UP_ROWS", "0")
     g0 = _b_gate_up_limit(1)
     assert (g0.ops[0].n_tiles, g0.ops[0].params["ROWS"]) == (3, 0)
+
+
+def test_gate_up_rows_outside_the_register_tile_are_refused():
+    """A ROWS override above the tile's BLOCK_N register rows (rows never written) or below 0 is one ValueError."""
+    for blocks in ({"ROWS": 128}, {"BLOCK_N": 16, "ROWS": 24}, {"BLOCK_N": 32, "ROWS": -8}):
+        g, (x, nw, w) = _graph([("x", (2, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
+                                ("w", (200, K_BIG), F32, "weight")])
+        with pytest.raises(ValueError, match="ROWS"):
+            add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=Tiling(2, "cover"), gemv="mma", blocks=blocks)
+        assert not g.ops
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).

@@ -170,7 +170,7 @@ def test_fit_tiling_gives_at_most_one_tile_per_sm(name, sms):
             assert f.n_tiles > sms // 2 or (f.params["MMA"] and f.params["BLOCK_N"] == MMA_MIN), (f.name, f.n_tiles)
         if c.kind.name == "gate_up" and c.params["MMA"] and c.params["ROWS"]:  # tiling.gate_up_rows: 2 CTAs a SM
             assert sms < c.n_tiles <= 2 * sms and c.params["ROWS"] < c.params["BLOCK_N"], (c.name, c.n_tiles)
-            assert cdiv(c.params["N"], c.params["BLOCK_N"]) > sms, (c.name, f.n_tiles)
+            assert cdiv(c.params["N"], c.params["BLOCK_N"]) > sms, (c.name, c.n_tiles)
         elif c.kind.name in ("gemv_residual", "gate_up", "lm_head") and c.params["MMA"]:
             assert c.n_tiles == f.n_tiles, (c.name, c.n_tiles, f.n_tiles)
         elif c.kind.name == "qkv_rope" and c.params["MMA"]:  # qkv_tiles: one wave of units, U > 1
@@ -184,9 +184,10 @@ def test_separate_tensor_core_gemvs_take_the_measured_chunks(name):
     """The separate kernels' tensor-core GEMVs (Tiling "cover"): qkv_rope with its RMSNorm once per tile (PRENORM) and
     ``tiling.prenorm_pipeline``'s depth (4 deep on an H200, its shared memory within the CTA's share; 3 deep of 128
     columns for a 64-row tile on a 99 KB GPU), gate_up the same where it is one wave of tiles (Llama-3.2-1B) and in
-    registers with the in-loop RMSNorm where it is not (Llama-3.1-8B's 224 tiles), the residual GEMVs DEEP; the
-    megakernel's tiles ("fit") keep the depths they had (qkv_rope and gate_up below 64 rows in registers, chunks of
-    8192 / 4096) and never PRENORM. At every batch the same."""
+    registers with the in-loop RMSNorm where it is not (the 8B models: 224 / 192 tiles of 64 rows, and at batch 1-2
+    ``tiling.gate_up_rows``' 256 tiles of 56 / 48 rows), the residual GEMVs DEEP; the megakernel's tiles ("fit")
+    keep the depths they had (qkv_rope and gate_up below 64 rows in registers, chunks of 8192 / 4096) and never
+    PRENORM. At every batch the same but gate_up's rows."""
     cfg = get_config(name)
     for smem in (SM90_SMEM, 101376):
         for b in (1, 16):
@@ -214,8 +215,15 @@ def test_separate_tensor_core_gemvs_take_the_measured_chunks(name):
                     assert cp["STAGES"] == f.params["STAGES"] == 5
                 if k in ("qkv_rope", "gate_up", "gemv_residual"):
                     assert cp["MMA"] and f.params["MMA"]
-    gate_up = next(op for op in cover.ops if op.kind.name == "gate_up")
-    assert gate_up.params["PRENORM"] == (name == "llama-3.2-1b")  # 8B and Qwen3-8B: 224 / 194 tiles, two waves
+    gate_up = next(op for op in cover.ops if op.kind.name == "gate_up")  # batch 16
+    assert gate_up.params["PRENORM"] == (name == "llama-3.2-1b")  # 8B and Qwen3-8B: 224 / 192 tiles, two waves
+    # tiling.gate_up_rows: (tiles, ROWS) at batch 1-2, then at batch 3-16
+    small, big = {"llama-3.2-1b": ((128, 0), (128, 0)), "llama-3.1-8b": ((256, 56), (224, 0)),
+                  "qwen3-8b": ((256, 48), (192, 0))}[name]
+    for b in (1, 2, 3, 16):
+        g, _, _ = decode_graph(cfg, b, 512, torch.bfloat16, tiling=Tiling(132, "cover"))
+        op = next(op for op in g.ops if op.kind.name == "gate_up")
+        assert (op.n_tiles, op.params["ROWS"], op.params["BLOCK_N"]) == (*(small if b <= 2 else big), 64), (name, b)
 
 
 def test_unknown_tiling_is_refused():

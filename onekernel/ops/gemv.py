@@ -201,10 +201,12 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
                 tiling: Tiling = Tiling(), gemv: str = "fma", blocks: dict | None = None) -> Buffer:
     """Append ``out[B, F] = silu(RMSNorm(x) Wg^T) * (RMSNorm(x) Wu^T)`` with w = cat(w_gate, w_up) [2F, D];
     returns ``out`` (``{name}.out``). gemv: "fma" | "mma" (``add_gemv_residual``). blocks: overrides of the
-    tiling (BLOCK_N, BLOCK_K, STAGES, PRENORM; tests and tuning). PRENORM (ops/qkv.py's module doc) defaults to on for
-    the separate kernels' tensor-core path where the op's tiles fit one wave (at most ``tiling.n_sm``), with
+    tiling (BLOCK_N, ROWS, BLOCK_K, STAGES, PRENORM; tests and tuning); ROWS (0 < ROWS <= BLOCK_N): a tile's rows,
+    held in BLOCK_N register rows (``tiling.gate_up_rows``, the default on the separate kernels' tensor-core path at
+    batch 1-2 where the power-of-two tiles take more than one wave). PRENORM (ops/qkv.py's module doc) defaults to on
+    for the separate kernels' tensor-core path where the op's tiles fit one wave (at most ``tiling.n_sm``), with
     ``tiling.prenorm_pipeline``'s depth and chunks; it adds the graph's scratch ``tiling.prenorm_scratch``. Raises
-    ValueError for PRENORM without gemv "mma"."""
+    ValueError for PRENORM without gemv "mma" or a ROWS outside [0, BLOCK_N]."""
     B, K = x.shape
     N = w.shape[0] // 2
     es = w.nbytes // (2 * N * K)
@@ -214,15 +216,19 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     elems = MAX_TILE_ELEMS if tiling.separate and check_gemv(gemv, B) else MAX_TILE_ELEMS // 2
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
-    bn, rows = gate_up_rows(N, p["BLOCK_N"], tiling, p["MMA"], B) if "BLOCK_N" not in blocks else (blocks["BLOCK_N"], 0)
+    dflt = p["BLOCK_N"]  # the power-of-two tiles' rows (mma_stages' depth is theirs)
+    bn, rows = (blocks["BLOCK_N"], 0) if "BLOCK_N" in blocks else gate_up_rows(N, dflt, tiling, p["MMA"], B)
+    rows = blocks.get("ROWS", rows)
+    if not 0 <= rows <= bn:
+        raise ValueError(f"{name}: ROWS {rows} must be 0 (all BLOCK_N rows) or within BLOCK_N {bn}")
     p = {**p, "BLOCK_N": bn, "ROWS": rows}
-    tr = blocks.get("ROWS", rows) or bn  # a tile's rows
+    tr = rows or bn  # a tile's rows
     n_tiles = cdiv(N, tr)
     prenorm = bool(blocks.get("PRENORM", prenorm_default(p["MMA"], tiling, n_tiles)))
     if prenorm and not p["MMA"]:
         raise ValueError(f"{name}: PRENORM needs gemv='mma'")
     stages = (prenorm_pipeline(2 * bn, es, K, tiling, n_tiles) if prenorm else
-              (mma_stages("gate_up", p["BLOCK_N"], p["MMA"], tiling.separate), p["BLOCK_K"]))
+              (mma_stages("gate_up", dflt, p["MMA"], tiling.separate), p["BLOCK_K"]))
     p = {**p, "STAGES": stages[0], "BLOCK_K": stages[1], **blocks, "PRENORM": prenorm}
     xn = prenorm_scratch(graph, n_tiles, B, K, x.dtype) if prenorm else x  # x: unread without PRENORM
 

@@ -206,15 +206,16 @@ def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) ->
     """(BLOCK_N, ROWS) of gate_up's tiles over ``n`` rows per matrix (ROWS 0: BLOCK_N rows a tile). On the separate
     kernels' tensor-core path at batch <= GATE_UP_ROWS_MAX_BATCH, where ``block_n``-row tiles take more than one wave
     (one tile per SM) but two CTAs share an SM, the tiles' rows are evened out over two CTAs per SM: ROWS =
-    ceil(n / (2 n_sm)) rounded up to 8, in register tiles of BLOCK_N = the next power of two (no more than
-    ``block_n``). Llama-3.1-8B: 224 tiles of 64 rows (92 SMs streaming two, 40 one) become 256 tiles of 56 (124 SMs
-    two, 8 one), the most rows an SM streams 128 -> 112; Qwen3-8B 192 of 64 -> 256 of 48.
+    ceil(n / (2 n_sm)) rounded up to 8, held in the same ``block_n`` register rows (n > n_sm block_n there, so ROWS >
+    block_n / 2: no smaller power of two holds them). Llama-3.1-8B: 224 tiles of 64 rows (92 SMs streaming two, 40
+    one) become 256 tiles of 56 (124 SMs two, 8 one), the most rows an SM streams 128 -> 112; Qwen3-8B 192 of 64 ->
+    256 of 48.
 
-    Measured on the H200 (docs/DESIGN.md, sessions 34-35; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B 60.8 ->
-    59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph, ms at batch 1 / 2 / 4 / 8 / 16:
-    4.385 -> 4.335 / 4.400 -> 4.354 / 4.541 -> 4.570 / 4.888 -> 4.883 / 5.406 -> 5.426. From batch 4 on every tile's
-    in-loop RMSNorm of the [16, BLOCK_K] activation chunks costs about what the evened-out rows save (more at 4 and
-    16), so batches above 2 keep ``block_n``. Where it applies, the rule only moves rows between tiles: the tiles
+    Measured on the H200 (docs/DESIGN.md, sessions 34-35; gate_up alone, us per op at batch 1 / 16): Llama-3.1-8B
+    60.8 -> 59.4 / 67.2 -> 68.1, Qwen3-8B 54.2 -> 52.7 / 63.2 -> 64.7; Llama-3.1-8B graph, ms at batch 1 / 2 / 4 /
+    8 / 16: 4.385 -> 4.335 / 4.400 -> 4.354 / 4.541 -> 4.570 / 4.888 -> 4.883 / 5.406 -> 5.426, so batches above 2 keep
+    ``block_n`` (likely because every tile normalises its [16, BLOCK_K] activation chunks in the loop, 32 more tiles'
+    worth at a larger batch; not measured apart). Where it applies, the rule only moves rows between tiles: the tiles
     have the same BLOCK_N, BLOCK_K and chunk loop (no PRENORM on either side, both more than one wave), so every
     output element is the same sum in the same order on the tensor cores, and a sequence's bits do not depend on
     which side of the batch limit its batch falls (tests/test_mma_gpu.py; scripts/invariance_check.py on the H200).
@@ -222,10 +223,8 @@ def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) ->
     if os.environ.get("ONEKERNEL_GATE_UP_ROWS", "1") == "0" or not (mma and tiling.separate) \
             or batch > GATE_UP_ROWS_MAX_BATCH or cdiv(n, block_n) <= tiling.n_sm:
         return block_n, 0
-    rows = -(-cdiv(n, 2 * tiling.n_sm) // 8) * 8
-    if rows >= block_n or cdiv(n, rows) > 2 * tiling.n_sm:
-        return block_n, 0
-    return pow2_ceil(rows), rows
+    rows = -(-cdiv(n, 2 * tiling.n_sm) // 8) * 8  # at most 2 n_sm tiles of it
+    return (block_n, 0) if rows >= block_n else (block_n, rows)
 
 
 def prenorm_default(mma: bool, tiling: Tiling, n_tiles: int) -> bool:
