@@ -57,11 +57,11 @@ def b_gemv_residual(B, gemv="fma", dt=F32):
     return g
 
 
-def b_gate_up(B, gemv="fma", dt=F32, tiling=SMALL):
-    Fd, K = 48, K_BIG
-    g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
-                            ("w", (2 * Fd, K), dt, "weight")])
-    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=tiling, gemv=gemv)
+def b_gate_up(B, gemv="fma", dt=F32, tiling=SMALL, Fd=48, blocks=None):
+    """gate_up over Fd rows per matrix and K = K_BIG; blocks: add_gate_up's overrides."""
+    g, (x, nw, w) = _graph([("x", (B, K_BIG), dt, "activation"), ("nw", (K_BIG,), dt, "weight"),
+                            ("w", (2 * Fd, K_BIG), dt, "weight")])
+    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=tiling, gemv=gemv, blocks=blocks)
     return g
 
 
@@ -76,10 +76,7 @@ def b_gate_up_wave(B, gemv="fma", dt=F32):
 def b_gate_up_rows(B, gemv="fma", dt=F32):
     """gate_up in tiles of 24 rows held in 32-row register tiles (ROWS < BLOCK_N: ops.tiling.gate_up_rows' form; the
     last tile 16 rows), in one wave: the rows past a tile's ROWS masked, PRENORM's scratch one row per 24-row tile."""
-    Fd, K = 40, K_BIG
-    g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
-                            ("w", (2 * Fd, K), dt, "weight")])
-    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=Tiling(4, "cover"), gemv=gemv, blocks={"BLOCK_N": 32, "ROWS": 24})
+    g = b_gate_up(B, gemv, dt, Tiling(4, "cover"), Fd=40, blocks={"BLOCK_N": 32, "ROWS": 24})
     op = g.ops[0]
     assert op.n_tiles == 2 and op.params["PRENORM"] == (gemv == "mma")
     assert gemv != "mma" or g.buffers[op.args["xn"]].shape[1] == 2
@@ -250,11 +247,7 @@ def _b_gate_up_limit(B, dt=F32):
     """gate_up with the production tiling rule (``ops.tiling.gate_up_rows``) on 2 SMs of the separate kernels'
     tensor-core path: 96 rows per matrix are 3 tiles of 32 rows, more than one wave, so batch <= 2 takes 4 tiles of
     24 rows in 32-row register tiles and batch 3+ keeps the 3 tiles of 32."""
-    Fd, K = 96, K_BIG
-    g, (x, nw, w) = _graph([("x", (B, K), dt, "activation"), ("nw", (K,), dt, "weight"),
-                            ("w", (2 * Fd, K), dt, "weight")])
-    add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=Tiling(2, "cover"), gemv="mma")
-    return g
+    return b_gate_up(B, "mma", dt, Tiling(2, "cover"), Fd=96)
 
 
 def test_gate_up_rows_across_the_batch_limit(monkeypatch):
@@ -293,11 +286,8 @@ def test_gate_up_rows_across_the_batch_limit(monkeypatch):
 def test_gate_up_rows_outside_the_register_tile_are_refused():
     """A ROWS override above the tile's BLOCK_N register rows (rows never written) or below 0 is one ValueError."""
     for blocks in ({"ROWS": 128}, {"BLOCK_N": 16, "ROWS": 24}, {"BLOCK_N": 32, "ROWS": -8}):
-        g, (x, nw, w) = _graph([("x", (2, K_BIG), F32, "activation"), ("nw", (K_BIG,), F32, "weight"),
-                                ("w", (200, K_BIG), F32, "weight")])
         with pytest.raises(ValueError, match="ROWS"):
-            add_gate_up(g, "gu", x, nw, w, eps=1e-5, tiling=Tiling(2, "cover"), gemv="mma", blocks=blocks)
-        assert not g.ops
+            b_gate_up(2, "mma", F32, Tiling(2, "cover"), Fd=100, blocks=blocks)
 
 
 # Every GEMV op, on the tensor-core path (ops/gemv_mma.py: the batch padded to 16 columns for every B).

@@ -217,8 +217,8 @@ def add_gate_up(graph: Graph, name: str, x: Buffer, nw: Buffer, w: Buffer, *, ep
     p = {"B": B, "N": N, "K": K, **gemv_blocks(N, K, B, tiling, max_elems=elems, gemv=gemv), "EPS": float(eps)}
     blocks = blocks or {}
     dflt = p["BLOCK_N"]  # the power-of-two tiles' rows (mma_stages' depth is theirs)
-    bn, rows = (blocks["BLOCK_N"], 0) if "BLOCK_N" in blocks else gate_up_rows(N, dflt, tiling, p["MMA"], B)
-    rows = blocks.get("ROWS", rows)
+    bn = blocks.get("BLOCK_N", dflt)
+    rows = blocks.get("ROWS", 0 if "BLOCK_N" in blocks else gate_up_rows(N, dflt, tiling, p["MMA"], B))
     if not 0 <= rows <= bn:
         raise ValueError(f"{name}: ROWS {rows} must be 0 (all BLOCK_N rows) or within BLOCK_N {bn}")
     p = {**p, "BLOCK_N": bn, "ROWS": rows}

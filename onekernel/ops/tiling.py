@@ -202,8 +202,8 @@ PRENORM_PIPELINES = ((4, 256), (3, 256), (4, 128), (3, 128), (4, 64), (3, 64))
 GATE_UP_ROWS_MAX_BATCH = 2  # gate_up_rows' tiles up to this batch (measured: sessions 34 and 35, calls 340 and 345)
 
 
-def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) -> tuple[int, int]:
-    """(BLOCK_N, ROWS) of gate_up's tiles over ``n`` rows per matrix (ROWS 0: BLOCK_N rows a tile). On the separate
+def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) -> int:
+    """ROWS of gate_up's tiles over ``n`` rows per matrix (0: ``block_n`` rows a tile, the default). On the separate
     kernels' tensor-core path at batch <= GATE_UP_ROWS_MAX_BATCH, where ``block_n``-row tiles take more than one wave
     (one tile per SM) but two CTAs share an SM, the tiles' rows are evened out over two CTAs per SM: ROWS =
     ceil(n / (2 n_sm)) rounded up to 8, held in the same ``block_n`` register rows (n > n_sm block_n there, so ROWS >
@@ -222,9 +222,9 @@ def gate_up_rows(n: int, block_n: int, tiling: Tiling, mma: bool, batch: int) ->
     ONEKERNEL_GATE_UP_ROWS=0 keeps ``block_n`` at every batch (the A/B switch)."""
     if os.environ.get("ONEKERNEL_GATE_UP_ROWS", "1") == "0" or not (mma and tiling.separate) \
             or batch > GATE_UP_ROWS_MAX_BATCH or cdiv(n, block_n) <= tiling.n_sm:
-        return block_n, 0
+        return 0
     rows = -(-cdiv(n, 2 * tiling.n_sm) // 8) * 8  # at most 2 n_sm tiles of it
-    return (block_n, 0) if rows >= block_n else (block_n, rows)
+    return rows if rows < block_n else 0
 
 
 def prenorm_default(mma: bool, tiling: Tiling, n_tiles: int) -> bool:
