@@ -71,6 +71,11 @@
 # batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 347 (a knock-out probe of the rstd pass: branch s35-probe, `git show
 # ebf3c11:scripts/gpu_call.sh`) and 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
+# 348-352 (session 36: the RMSNorm partials, stream_plan.SS_PARTIALS, on and off) and 353 (session 36's final tables: the
+# partials from hidden size 4096). 348 (`git show 525b28e:scripts/gpu_call.sh`, branch s36-partials-348), 349 (`git show
+# ad56374:...`, branch s36-partials: the pointer loads before the wait, slower) and 350 (`git show f121516:...`, branch
+# s36-gt: a GEMV task's fields loaded inside the non-attention branch, slower) are in git history; 351 + 352 run 525b28e's
+# tree (.p348.tgz) with the partials on and off on Llama-3.1-8B.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -135,6 +140,51 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+353) # session 36's final commit (~5 min): the RMSNorm partials on by default from hidden size 4096 (stream_plan.SS_MIN_D;
+    # the smaller models' kernels have 44b46fa's PTX, scripts/ptx_compare.py). Warm-ups of the Llama-3.1-8B table (batch
+    # 1-16, every mode but torch.compile) beside the partials GPU test (Llama-3.2-1B with STREAM_SS_PARTIALS=1: the
+    # partials against float64 sums, the logits against the reference, each row bitwise its batch-1 run); then the bitwise
+    # invariance of the 8B megakernel and pdl (batch 2 / 8 / 16, each row against its batch-1 run) beside the Qwen3-8B
+    # warm-up; then both tables
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights" Q8="--model qwen3-8b --random-weights"
+    MK="torch+graph,graph,pdl,pdl-triton,megakernel"
+    WARM_S=240 warm 8b-a $B8 --batch 1,2,4 --modes $MK
+    WARM_S=240 warm 8b-b $B8 --batch 8,16 --modes $MK
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "partials" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    WARM_S=200 warm q8 $Q8 --batch 1,8 --modes $MK
+    (timeout 200 python3 scripts/invariance_check.py llama-3.1-8b --modes megakernel,pdl --out "$W/inv-8b.json" \
+        >"$W/inv-8b.log" 2>&1) &
+    wait
+    checked 3
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 150 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 100 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
+    ;;
+352) # at once after 351 (~3 min): the same A/B at batch 1 and 4, where rstd16 is one round trip (its 1-4 tiles unrolled)
+    mkdir -p /tmp/warm /tmp/p348
+    [ -f .p348.tgz ] && tar -xzf .p348.tgz -C /tmp/p348
+    B8="--model llama-3.1-8b --random-weights --batch 1,4 --modes megakernel"
+    wtree 240 on /tmp/p348 X=0 $B8; wtree 240 off /tmp/p348 STREAM_SS_PARTIALS=0 $B8
+    wait
+    checked 2
+    for r in 1 2; do ttree 60 on14-$r /tmp/p348 X=0 $B8; ttree 60 off14-$r /tmp/p348 STREAM_SS_PARTIALS=0 $B8; done
+    ;;
+351) # session 36 (~5 min): the RMSNorm partials of branch s36-partials-348 (.p348.tgz = `git archive 525b28e onekernel
+    # scripts`) on Llama-3.1-8B, where rstd16 loops over 4 k-chunks at batch 8 and 16 (4 dependent L2 round trips a
+    # task, 1B: 2 at batch 16): the megakernel at batch 8 / 16 with the partials on (X=0) and off
+    # (STREAM_SS_PARTIALS=0), each its own process, A B A B
+    mkdir -p /tmp/warm /tmp/p348
+    [ -f .p348.tgz ] && tar -xzf .p348.tgz -C /tmp/p348
+    B8="--model llama-3.1-8b --random-weights --batch 8,16 --modes megakernel"
+    wtree 240 on /tmp/p348 X=0 $B8; wtree 240 off /tmp/p348 STREAM_SS_PARTIALS=0 $B8
+    wait
+    checked 2
+    for r in 1 2; do ttree 60 on-$r /tmp/p348 X=0 $B8; ttree 60 off-$r /tmp/p348 STREAM_SS_PARTIALS=0 $B8; done
+    ;;
 343) # session 35 (~3 min): where the megakernel's GEMV tasks spend their fixed time, with the "before block 1" stamp
     # (session 30, never run): profiles of SmolLM2-135M at batch 1 and 16 and Llama-3.2-1B at batch 1 and 16, compiled
     # in parallel first

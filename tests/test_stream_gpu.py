@@ -95,6 +95,43 @@ def test_pdl_takes_the_streaming_bodies_for_an_mma_step(seed):
         assert torch.equal(step_on_copy(model, "pdl", one, tokens[i:i + 1])[0][0], got[0][i]), f"row {i}"
 
 
+def test_rmsnorm_partials_are_each_tasks_sums_of_squares(seed, monkeypatch):
+    """stream_plan.SS_PARTIALS forced on (STREAM_SS_PARTIALS=1; by default only hidden sizes >= 4096 take them) for a
+    tensor-core megakernel step of Llama-3.2-1B at batch 5: each residual GEMV's partials (stream.ss.<op>, poisoned with
+    -1 before the step: stream_pack.scratch_tensors) hold, for every sequence b and task j, the sum of squares of the
+    rows task j stored (units plan.units[t]), as float64 sums of those rows give them (fp32 partial sums: rtol 1e-5).
+    Every residual GEMV has them (an RMSNorm'd GEMV reads each output; the first layer's qkv reads the embedding and
+    keeps its rstd pass). The logits the readers make of them are within bf16 rounding of the PyTorch reference, the
+    tokens their argmax, and each row bitwise its batch-1 run (the partials' sum order does not depend on B)."""
+    from onekernel.exec import stream_plan
+    monkeypatch.setattr(stream_plan, "SS_PARTIALS", "1")
+    model = load_model("llama-3.2-1b", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
+    lens = torch.randint(1, 250, (5,), generator=torch.Generator().manual_seed(seed)).tolist()
+    cache, tokens = random_decode_state(model, 5, 256, lens, seed)
+    ref = step_on_copy(model, "reference", cache, tokens)
+    got = step_on_copy(model, "megakernel", cache, tokens, backend="gluon", gemv="mma")
+    r = got[3]
+    plan, rg = r.plan, r.plan.consts["RG"]
+    assert plan.consts["NSS"] == min(model.config.dim // rg, r.n_workers)
+    ops = [op for op in plan.graph.ops if op.kind.name == "gemv_residual"]
+    assert len(ops) == 2 * model.config.n_layers and all("ss" in op.args for op in ops)
+    for op in ops:
+        out = r.tensors[op.args["out"]].double()
+        want = torch.stack([(out[:, u0 * rg:(u0 + nu) * rg] ** 2).sum(1)
+                            for u0, nu in (plan.units[t] for t in op.task_ids)], 1)
+        torch.testing.assert_close(r.scratch[op.args["ss"]].double(), want, rtol=1e-5, atol=0, msg=op.name)
+    err = ((got[0] - ref[0]).norm(dim=-1) / ref[0].norm(dim=-1)).max().item()
+    assert err < 0.08, err
+    assert torch.equal(got[1], got[0].argmax(-1).to(torch.int32))
+    for i, n in enumerate(lens):
+        one, _ = random_decode_state(model, 1, 256, [n], seed)
+        one.k.copy_(cache.k[:, i:i + 1])
+        one.v.copy_(cache.v[:, i:i + 1])
+        alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon", gemv="mma")
+        assert alone[3].plan.consts["NSS"] > 0
+        assert torch.equal(alone[0][0], got[0][i]), f"row {i} differs from its batch-1 run"
+
+
 def test_norm_bf16_is_rnd_to_the_bit():
     """stream_stage.norm_bf16 (cvt.rn.bf16x2.f32, then mul.rn.bf16x2 by the norm weight) gives the bits of
     ``rnd(rnd(y) * g).to(bf16)`` (RMSNorm's rounding points, ops.gemv_rows.rnd) and of PyTorch's bf16 rounding of

@@ -301,3 +301,64 @@ def test_mma_activation_prefetch_at_every_batch(name):
         assert not any(sd.mma_async_a(b, c) for c in (256, 512)), b
         rows = sd.mma_raw_rows(b)  # Gluon allocates power-of-two shapes only
         assert rows & (rows - 1) == 0 and b <= rows <= 16, (b, rows)
+
+
+@pytest.mark.parametrize("gemv,mode,min_d,on", [("mma", "auto", 1024, True), ("mma", "auto", 4096, False),
+                                                ("mma", "1", 4096, True), ("mma", "0", 1024, False),
+                                                ("fma", "1", 1024, False)])
+def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_d, on, seed, monkeypatch):
+    """stream_plan.SS_PARTIALS on a tensor-core step (2 layers, hidden size 1024): every residual GEMV gets its own fp32
+    [B, NSS] partials buffer, NSS = its tasks (min(units, workers)); task j writes column j (region, F_IDX) and the
+    reader of its output (gate_up, the next layer's qkv_rope, lm_head) reads all of it, at argument slot
+    ss_arg_slot(kind); the first layer's qkv_rope (the embedding's reader) has none. The records flag exactly those
+    tasks (F_SS) and every reader task waits, through its events, on every producer task. "auto" below SS_MIN_D, "0",
+    or the CUDA-core path: no partials, NSS 0, no flag. A mode other than auto / 1 / 0: ValueError."""
+    from onekernel.exec import stream_plan
+    monkeypatch.setattr(stream_plan, "SS_PARTIALS", mode)
+    monkeypatch.setattr(stream_plan, "SS_MIN_D", min_d)
+    cfg = dataclasses.replace(CFG8, n_layers=2)
+    step, W = _step(3, seed, workers=12, cfg=cfg, gemv=gemv)
+    plan = make_plan(step, W)
+    g, ev = plan.graph, plan.events
+    nss = min(-(-cfg.dim // plan.consts["RG"]), W) if on else 0
+    assert plan.consts["NSS"] == nss
+    assert plan.consts["MAXA"] == stream_plan.MAXA == 10  # the all-reduce's 10 slots: "ss" widens no row
+    qrec, _ = records(plan)
+    flag = {row[sd.F_TASK.value]: row[sd.F_SS.value] for row in qrec[:-1].tolist()}
+    idx = {row[sd.F_TASK.value]: row[sd.F_IDX.value] for row in qrec[:-1].tolist()}
+    tensors = dict(step.tensors, **scratch_tensors(plan, "cpu"))
+    bases = {dt: torch.zeros(8, dtype=dt) for dt in (torch.bfloat16, torch.float32, torch.int32)}
+    tab = arg_table(plan, tensors, bases)
+    assert tab.shape == (len(g.ops), plan.consts["MAXA"])
+    producer = {op.args["out"]: op for op in g.ops if op.kind.name == "gemv_residual"}
+    readers = [op for op in g.ops if op.kind.name in ("qkv_rope", "gate_up", "lm_head")]
+    assert len(producer) == 2 * cfg.n_layers and len(readers) == 2 * cfg.n_layers + 1
+    for op in producer.values():
+        assert ("ss" in op.args) == on
+        if not on:
+            assert all(flag[task] == 0 for task in op.task_ids)
+            continue
+        buf = g.buffers[op.args["ss"]]
+        assert buf.shape == (3, nss) and buf.dtype == torch.float32 and len(op.task_ids) == nss
+        t = tensors[op.args["ss"]]
+        assert tab[op.index, sd.ss_arg_slot(sd.K_RESID.value)] * 16 == t.data_ptr() - bases[torch.float32].data_ptr()
+        assert (t == -1).all()  # poisoned until the kernel writes it
+        for j, task in enumerate(op.task_ids):
+            assert idx[task] == j and flag[task] == 1
+            assert [w.box for w in g.tasks[task].writes if w.buffer == op.args["ss"]] == [((0, 3), (j, j + 1))]
+    for op in readers:
+        src = producer.get(op.args["x"])
+        assert ("ss" in op.args) == (on and src is not None), op.name
+        for task in op.task_ids:
+            assert flag[task] == int("ss" in op.args)
+        if "ss" not in op.args:
+            continue
+        assert op.args["ss"] == src.args["ss"]
+        slot = sd.ss_arg_slot(plan.kinds[op.index])
+        assert tab[op.index, slot] == tab[src.index, sd.ss_arg_slot(sd.K_RESID.value)]
+        for task in op.task_ids:
+            waited = {p for e in ev.waits[task] for p in ev.producers[e]}
+            assert set(src.task_ids) <= waited, op.name
+    monkeypatch.setattr(stream_plan, "SS_PARTIALS", "yes")
+    with pytest.raises(ValueError, match="STREAM_SS_PARTIALS must be auto, 1 or 0"):
+        make_plan(step, W)

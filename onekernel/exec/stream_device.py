@@ -85,7 +85,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, QKN: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, QKN: gl.constexpr, NSS: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel)."""
@@ -152,7 +152,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, QKN)
+                                 prof + (n_prof + t) * 4, QKN, NSS)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
@@ -194,7 +194,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      QKN: gl.constexpr = False):
+                      QKN: gl.constexpr = False, NSS: gl.constexpr = 0):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -260,7 +260,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN, NSS)),
         (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

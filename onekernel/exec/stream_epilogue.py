@@ -8,7 +8,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import libdevice
 
-from onekernel.exec.stream_base import F_K, F_N, F_NKB, F_NU, F_TASK, F_U0
+from onekernel.exec.stream_base import (F_K, F_N, F_NKB, F_NU, F_TASK, F_U0, K_LMHEAD, K_QKV, SS_ARG, SS_ARG_LM,
+                                        SS_ARG_QKV)
 from onekernel.ops.gemv_rows import rnd, silu
 
 
@@ -136,3 +137,9 @@ def qkv_buffers(a, base_t, base_f, base_i, bidx, B: gl.constexpr, live=True):
     return (base_t + gl.load(a + 2) * 8, base_t + gl.load(a + 3) * 8, base_t + gl.load(a + 4) * 8,
             gl.load(base_i + gl.load(a + 5) * 4 + bidx, mask=(bidx < B) & live, other=0, cache_modifier=".cg"),
             base_f + gl.load(a + 6) * 4)
+
+
+@gluon.jit
+def ss_buffer(kind, a, base_f):
+    """A GEMV op's RMSNorm partials buffer fp32 [B, NSS] (argument slot stream_base.SS_ARG* of its kind)."""
+    return base_f + gl.load(a + gl.where(kind == K_QKV, SS_ARG_QKV, gl.where(kind == K_LMHEAD, SS_ARG_LM, SS_ARG))) * 4

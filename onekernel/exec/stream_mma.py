@@ -14,11 +14,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
+from onekernel.exec.stream_base import (F_IDX, F_SS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_direct_a, mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
                                         warp_release)
-from onekernel.exec.stream_epilogue import gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin
-from onekernel.exec.stream_stage import copy_a, load_a, raw_a, rstd16, stack, stage_layout, store_a
+from onekernel.exec.stream_epilogue import (gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin,
+                                           ss_buffer)
+from onekernel.exec.stream_stage import copy_a, load_a, raw_a, rstd16, rstd_partials, stack, stage_layout, store_a
 from onekernel.ops.gemv_rows import rnd
 
 # a block's GB group sums to accbuf in one store (stream_stage.stack); STREAM_STACK_ACC=0: one store per group
@@ -164,7 +165,7 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False, NSS: gl.constexpr = 0):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -205,14 +206,24 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B, isq)
     res = base_t + gl.load(a + 1) * 8
     out = base_t + gl.load(a + 2) * 8
+    if NSS > 0:  # RMSNorm partials (stream_plan.SS_PARTIALS): a residual task writes them, a normed one reads them
+        ssf = gl.load(rec + F_SS)
+        ssb = ss_buffer(kind, a, base_f)
     if norm != 0:
-        rs = rstd16(x, K, B, CK, EPS, D)
+        if NSS > 0:
+            if ssf != 0:  # x's producer summed its rows' squares: NSS partials a row, not the rows themselves
+                rs = rstd_partials(ssb, K, B, NSS, CK, EPS)
+            else:
+                rs = rstd16(x, K, B, CK, EPS, D)
+        else:
+            rs = rstd16(x, K, B, CK, EPS, D)
     else:
         rs = rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
     CH: gl.constexpr = HD // RG
     P: gl.constexpr = RG // 2
     best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
     barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
+    ssq = gl.zeros([BP], gl.float32, gl.SliceLayout(1, AL))  # a residual task's rows' sums of squares (NSS)
     ps = (0, 0, 0)
     epi = 0
     if PROFILE:  # the time before the first block (operand pointers, the rstd pass): above bit 32 of sub[2]
@@ -243,7 +254,13 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                     offs = b64 * N + (u * RG + r)[None, :]
                     m = bm & ((u * RG + r) < N)[None, :]
                     acc = _acc_of(accbuf, j, BP, RG, AL)
-                    gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
+                    if NSS > 0:  # and the stored values' squares (rows >= N and >= B are 0), in unit order
+                        y = (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt)
+                        gl.store(out + offs, y, mask=m)
+                        yf = y.to(gl.float32)
+                        ssq = ssq + gl.sum(yf * yf, axis=1)
+                    else:
+                        gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
         elif kind == K_GATEUP:
             for u in range(ub, ue):
                 gateup_out(_acc_of(accbuf, 2 * (u - ub), BP, RG, AL), _acc_of(accbuf, 2 * (u - ub) + 1, BP, RG, AL), u, r,
@@ -280,6 +297,9 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         gl.store(sub + 1, ps[1])
         gl.store(sub + 2, epi)
         gl.store(sub + 3, ps[2])
+    if NSS > 0:
+        if (kind == K_RESID) & (ssf != 0):  # this task's column of the RMSNorm partials
+            gl.store(ssb + bidx * NSS + gl.load(rec + F_IDX), ssq, mask=bidx < B)
     if ASYNC:  # the wrap-around copy: landed before the next task's copies can target rbuf
         async_copy.wait_group(0)
     if kind == K_LMHEAD:

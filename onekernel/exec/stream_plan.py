@@ -68,13 +68,27 @@ OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
 # attention tiles for Llama-3.2-1B: one task each cost ~5 us of record loads, waits and signals per tile)
 GROUPED_KINDS = ("attn_partial", "attn_merge")
-ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out"), sd.K_GATEUP.value: ("x", "nw", "out"),
-         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn"),
-         sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx"),
+ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out", "ss"),
+         sd.K_GATEUP.value: ("x", "nw", "out", "ss"),
+         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn", "ss"),
+         sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx", "ss"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
          sd.K_ALLREDUCE.value: tuple(f"in{j}" for j in range(8)) + ("res", "out")}
 MAXA = max(len(r) for r in ROLES.values())
+# the kernel finds a GEMV op's RMSNorm partials at these argument slots (stream_base.SS_ARG, SS_ARG_QKV, SS_ARG_LM)
+assert all(ROLES[k].index("ss") == sd.ss_arg_slot(k) for k in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value,
+                                                                 sd.K_LMHEAD.value))
+# RMSNorm partials (gemv="mma"): a residual GEMV whose output an RMSNorm'd GEMV reads stores each task's per-row sums of
+# squares of its rounded outputs (stream.ss.<op> fp32 [B, tasks]); the reader sums them in one fixed order for its rstd
+# instead of re-reading the [B, D] rows (docs/DESIGN.md, "RMSNorm partials"). Measured (run 36, calls 348-352, the
+# megakernel, each variant its own process): Llama-3.1-8B (D 4096) batch 1 / 4 / 8 / 16 3.825 / 4.016 / 4.200 / 4.624 ms
+# against 3.827 / 4.039 / 4.256 / 4.649 without; Llama-3.2-1B (D 2048) 0.819 / 0.977 / 1.099 against 0.812 / 0.966 /
+# 1.104 at batch 1 / 8 / 16 and SmolLM2-135M (D 576) 3-6% slower. So by default ("auto") only where D >= SS_MIN_D;
+# STREAM_SS_PARTIALS=1: every tensor-core step, 0: none (the rstd pass over the rows in every reader task).
+SS_PARTIALS = os.environ.get("STREAM_SS_PARTIALS", "auto")
+SS_MIN_D = 4096
+NORMED = ("qkv_rope", "gate_up", "lm_head")
 # gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows
 MMA_WARPS, MMA_ROWS = sd.MMA_WARPS, sd.MMA_ROWS
 mma_weight_bases, mma_act_bases = sd.mma_weight_bases, sd.mma_act_bases
@@ -129,6 +143,8 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
     a, p = op.args, op.params
     B = g.buffers[a["x"]].shape[0]
     reads = [Region(a["x"], ((0, B), (0, g.buffers[a["x"]].shape[1])))]
+    if "ss" in a and kind != sd.K_RESID.value:  # the producer's RMSNorm partials (every task's)
+        reads.append(g.buffers[a["ss"]].full())
     if kind == sd.K_QKV.value:
         hd, hq, hkv = p["HD"], p["HQ"], p["HKV"]
         S = p["S"]
@@ -148,7 +164,8 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
     lo, hi = u0 * rg, min(u1 * rg, n)
     if kind == sd.K_RESID.value:
         reads.append(Region(a["res"], ((0, B), (lo, hi))))
-        return reads, [Region(a["out"], ((0, B), (lo, hi)))]
+        ss = [Region(a["ss"], ((0, B), (idx, idx + 1)))] if "ss" in a else []
+        return reads, [Region(a["out"], ((0, B), (lo, hi)))] + ss
     reads.append(g.buffers[a["nw"]].full())
     if kind == sd.K_GATEUP.value:
         return reads, [Region(a["out"], ((0, B), (lo, hi)))]
@@ -174,6 +191,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     g.add_buffer("stream.pidx", (B, nt), torch.int32, "scratch")
     kinds, units, group_rows, weight_of, entries = [], [], {}, {}, []
     merges = {op.args["o_part"]: op for op in src.ops if op.kind.name == "attn_merge"}
+    ss_of, nss = _ss_partials(src, n_workers, rg)
     for op in src.ops:
         name = op.kind.name
         args = dict(op.args)
@@ -189,6 +207,12 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
             # chain the splits by WAW); the dependencies come from the plan with the merge tasks (stream_fold)
             arrive = g.add_buffer(f"stream.arrive.{op.name}", (op.params["HKV"] * B,), torch.int32, "scratch")
             args.update(out=merges[op.args["o_part"]].args["out"], arrive=arrive.name)
+        if name == "gemv_residual" and op.args["out"] in ss_of:
+            args["ss"] = g.add_buffer(ss_of[op.args["out"]], (B, nss), torch.float32, "scratch").name
+        elif name in NORMED and op.args["x"] in ss_of:
+            args["ss"] = ss_of[op.args["x"]]
+            if args["ss"] not in g.buffers:
+                raise ScheduleError(f"streaming megakernel: {op.name} reads {op.args['x']} before its producer")
         if name in GEMV_KINDS:
             kind = GEMV_KINDS[name]
             nu, rows, wname = _units(kind, op, rg)
@@ -204,7 +228,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 u0, u1 = bounds[j], bounds[j + 1]
                 if u1 == u0:
                     continue
-                reads, writes = _gemv_regions(kind, op, g, rows_l, u0, u1, rg, len(tasks))
+                reads, writes = _gemv_regions(kind, new, g, rows_l, u0, u1, rg, len(tasks))
                 nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
                 tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
                 units.append((u0, u1 - u0))
@@ -254,7 +278,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, NGP=ngp, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops),
+                  FOLD=fold, NGP=ngp, NSS=nss, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops),
                   ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
@@ -302,6 +326,27 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
     plan.cache_hit = hit
     return plan
+
+
+def _ss_partials(src: Graph, n_workers: int, rg: int) -> tuple[dict, int]:
+    """({residual GEMV output buffer: its RMSNorm partials buffer name}, NSS: the tasks of each such op) of a
+    gemv="mma" step (module constants SS_PARTIALS, SS_MIN_D: by default hidden sizes >= 4096): the residual GEMVs (N = D: every one has the same min(units,
+    workers) tasks, make_plan's split) whose output an RMSNorm'd GEMV (qkv_rope, gate_up, lm_head) reads with K = D.
+    ({}, 0) for the CUDA-core path, with the partials off or below SS_MIN_D, or when no residual GEMV qualifies (the first layer's qkv
+    reads the embedding and tensor parallel's readers the all-reduce: their rstd pass stays)."""
+    d = next(op for op in src.ops if op.kind.name == "embed").params["D"]
+    if SS_PARTIALS not in ("auto", "1", "0"):
+        raise ValueError(f"STREAM_SS_PARTIALS must be auto, 1 or 0, got {SS_PARTIALS!r}")
+    if SS_PARTIALS == "0" or (SS_PARTIALS == "auto" and d < SS_MIN_D) or src.meta.get("gemv") != "mma":
+        return {}, 0
+    normed_x = {op.args["x"] for op in src.ops if op.kind.name in NORMED and gemv_k(op) == d}
+    writers = {}
+    for op in src.ops:
+        writers[op.args.get("out")] = writers.get(op.args.get("out"), 0) + 1
+    ss_of = {op.args["out"]: f"stream.ss.{op.name}" for op in src.ops  # (one writer: the reader's producer)
+             if op.kind.name == "gemv_residual" and op.params["N"] == d and op.args["out"] in normed_x
+             and writers[op.args["out"]] == 1}
+    return ss_of, (min(-(-d // rg), n_workers) if ss_of else 0)
 
 
 def _tp_consts(g: Graph, kinds: list[int], D: int) -> dict:

@@ -35,6 +35,7 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
                 rec[sd.F_K.value], rec[sd.F_NKB.value] = op.params["KG"], op.params["NKB"]
                 rec[sd.F_N.value] = op.params.get("N", 0)
                 rec[sd.F_IDX.value] = task.tile
+                rec[sd.F_SS.value] = int("ss" in op.args)  # RMSNorm partials: written (residual) or read
             if ev.remote_waits:  # tensor parallel (stream_base: F_SYS, F_RWB/F_RWE/F_RES of all-reduce tasks)
                 sig = ev.signal[t]
                 rec[sd.F_SYS.value] = int(sig >= 0 and ev.sys_signal[sig])

@@ -77,6 +77,38 @@ def rstd16(x, K, B: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr, D: gl.con
     return rs
 
 
+@gluon.constexpr_function
+def ss_cols(NSS):
+    """The columns of rstd_partials' tile: NSS rounded up to a power of two, at least 8 (one thread's run)."""
+    return max(8, 1 << max(0, (int(NSS) - 1).bit_length()))
+
+
+@gluon.jit
+def rstd_partials(ss, K, B: gl.constexpr, NSS: gl.constexpr, CK: gl.constexpr, EPS: gl.constexpr):
+    """rstd16's result (4 quads of fp32 [4], rows >= B: 0) from the RMSNorm partials of x's producer: ss fp32
+    [B, NSS], ss[b, j] = the sum of squares of row b of the outputs residual GEMV task j stored (rounded to the model
+    dtype, as the reader loads them; stream_mma.gemv_mma), so rstd = rsqrt(sum_j ss[b, j] / K + EPS) (RMSNorm,
+    Zhang and Sennrich 2019, eq. 4; HF LlamaRMSNorm's mean of squares in fp32). Per quad that holds a row < B one
+    [4, NSS] tile (``.cg``: another SM wrote it), summed along its row in the layout's order (8 consecutive
+    columns per thread, then across lanes), which does not depend on B: row b's rstd is the same for every batch
+    (batch invariance). One L2 round trip of B * NSS * 4 bytes instead of rstd16's B * K * 2."""
+    SL3: gl.constexpr = stage_layout(CK)
+    RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
+    TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(1, TL))
+    cols = gl.arange(0, ss_cols(NSS), layout=gl.SliceLayout(0, TL))[None, :]
+    rs = ()
+    for q in gl.static_range(4):
+        rows = q * 4 + r4
+        s = gl.zeros([4], gl.float32, gl.SliceLayout(1, TL))
+        if q * 4 < B:
+            v = gl.load(ss + rows[:, None] * NSS + cols, mask=(rows[:, None] < B) & (cols < NSS), other=0.0,
+                        cache_modifier=".cg")
+            s = gl.sum(v, axis=1)
+        rs = rs + (gl.convert_layout(gl.where(rows < B, gl.rsqrt(s / K + EPS), 0.0), RQ),)
+    return rs
+
+
 @gluon.jit
 def _rstd_step(x, K, k0, ss, r4, cols, B: gl.constexpr):
     """rstd16's quads' sums of squares plus k-chunk k0's."""
