@@ -140,6 +140,16 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+354) # after 353 (~4 min): 353's pdl rows at batch 1-4 read 1-1.5% slower than run 34's (7d7734c, another call) while its
+    # megakernel rows did not move: pdl on Llama-3.1-8B at batch 1 / 4 with the partials on (X=0) and off
+    # (STREAM_SS_PARTIALS=0), each its own process, A B A B
+    mkdir -p /tmp/warm
+    P8="--model llama-3.1-8b --random-weights --batch 1,4 --modes pdl"
+    wtree 200 on . X=0 $P8; wtree 200 off . STREAM_SS_PARTIALS=0 $P8
+    wait
+    checked 2
+    for r in 1 2; do ttree 45 pon-$r . X=0 $P8; ttree 45 poff-$r . STREAM_SS_PARTIALS=0 $P8; done
+    ;;
 353) # session 36's final commit (~5 min): the RMSNorm partials on by default from hidden size 4096 (stream_plan.SS_MIN_D;
     # the smaller models' kernels have 44b46fa's PTX, scripts/ptx_compare.py). Warm-ups of the Llama-3.1-8B table (batch
     # 1-16, every mode but torch.compile) beside the partials GPU test (Llama-3.2-1B with STREAM_SS_PARTIALS=1: the
