@@ -124,7 +124,7 @@ def main() -> None:
            "compile_s": round(time.perf_counter() - t0, 1),
            **report(k), "tasks": len(plan.graph.tasks),
            **{n: consts[n] for n in ("B", "XB", "RG", "CK", "KXB", "SLOTS", "BARS", "NT", "BN", "GB", "HD", "ATTN_TC",
-                                          "SPLIT", "NSPLIT", "compiles")}}
+                                          "SPLIT", "NSPLIT", "NSS", "compiles")}}
     print(json.dumps(rec))
     if os.environ.get("PTX_OUT"):
         Path(os.environ["PTX_OUT"]).write_text(k.asm["ptx"])

@@ -29,7 +29,7 @@ def _check(model: str, batch: int, gemv: str, seq: int = 1024, **env) -> dict:
                                               ("smollm2-135m", 16, "mma"), ("llama-3.2-1b", 1, "mma"),
                                               ("llama-3.2-1b", 8, "mma"), ("llama-3.2-1b", 16, "mma"),
                                               ("smollm2-1.7b", 1, "mma"), ("llama-3.2-3b", 1, "mma"),
-                                              ("qwen3-0.6b", 3, "mma")])
+                                              ("qwen3-0.6b", 3, "mma"), ("llama-3.1-8b", 8, "mma")])
 def test_compiles_for_sm90_without_spills(model, batch, gemv):
     """The Gluon kernel compiles for sm_90a on this CPU (ptxas ships with Triton): at most 32 bytes of register
     spills (the attention run's flattened loop carries the next block's K/V and the next tile's q: 0-20 bytes in
@@ -40,15 +40,18 @@ def test_compiles_for_sm90_without_spills(model, batch, gemv):
     double-buffered; SmolLM2-135M's CK 512 tile, stream_support.attn_cols, one K/V buffer). The ring at
     shared byte 0, where the loader's bulk copies address it: fit_kernel raises otherwise (the CUDA-core batch-8
     kernel's activation buffer was once larger than the ring and the allocator put it first). Qwen3-0.6B: the q/k
-    RMSNorm pass after each qkv task (head dim 128: attention on the tensor cores with one K/V view)."""
+    RMSNorm pass after each qkv task (head dim 128: attention on the tensor cores with one K/V view). Llama-3.1-8B:
+    the RMSNorm partials (hidden size 4096, stream_plan.SS_MIN_D: one column per residual GEMV task, NSS = 132); the
+    other models' kernels have none (NSS 0)."""
     rec = _check(model, batch, gemv)
     assert rec["spill_bytes"] <= 32, rec
     assert rec["smem"] <= 232448 and rec["SLOTS"] >= 4 and rec["BARS"] > 0, rec
     assert rec["bulk_copies"] >= 1 and rec["setmaxnreg"] == [24, 256], rec
     assert rec["compiles"] == 1, rec  # bars_guess right: a cold start compiles the kernel once, not twice
     tc = {("llama-3.2-1b", "mma"): 2, ("smollm2-1.7b", "mma"): 2, ("llama-3.2-3b", "mma"): 1,
-          ("qwen3-0.6b", "mma"): 1, ("smollm2-135m", "mma"): 1}.get((model, gemv), 0)
+          ("qwen3-0.6b", "mma"): 1, ("smollm2-135m", "mma"): 1, ("llama-3.1-8b", "mma"): 1}.get((model, gemv), 0)
     assert rec["ATTN_TC"] == tc, rec
+    assert rec["NSS"] == (132 if model == "llama-3.1-8b" else 0), rec
     if gemv == "mma":  # GB groups x (CK/4 / 16 k-steps x RG/8 n-tiles) per staged tile, unrolled once; attention on
         # the tensor cores: per block S = Q K^T (HD/16 k-steps x 2 n-tiles) and O += P V (HD/8 n-tiles), HD/4 in all
         att = rec["HD"] // 4 if tc else 0

@@ -5,6 +5,9 @@ test configs from here); its sm_90a compile: tests/test_stream_compile.py; the d
 (tests/test_stream_gpu.py).
 """
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -312,7 +315,7 @@ def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_
     reader of its output (gate_up, the next layer's qkv_rope, lm_head) reads all of it, at argument slot
     ss_arg_slot(kind); the first layer's qkv_rope (the embedding's reader) has none. The records flag exactly those
     tasks (F_SS) and every reader task waits, through its events, on every producer task. "auto" below SS_MIN_D, "0",
-    or the CUDA-core path: no partials, NSS 0, no flag. A mode other than auto / 1 / 0: ValueError."""
+    or the CUDA-core path: no partials, NSS 0, no flag."""
     from onekernel.exec import stream_plan
     monkeypatch.setattr(stream_plan, "SS_PARTIALS", mode)
     monkeypatch.setattr(stream_plan, "SS_MIN_D", min_d)
@@ -359,6 +362,13 @@ def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_
         for task in op.task_ids:
             waited = {p for e in ev.waits[task] for p in ev.producers[e]}
             assert set(src.task_ids) <= waited, op.name
-    monkeypatch.setattr(stream_plan, "SS_PARTIALS", "yes")
-    with pytest.raises(ValueError, match="STREAM_SS_PARTIALS must be auto, 1 or 0"):
-        make_plan(step, W)
+
+
+
+def test_a_bad_rmsnorm_partials_mode_stops_the_import():
+    """STREAM_SS_PARTIALS other than auto / 1 / 0 is an InputError when exec.stream_plan is imported (raised inside a
+    runner's build, backend="auto" would fall back to the Triton megakernel on it and change the bits silently)."""
+    out = subprocess.run([sys.executable, "-c", "import onekernel.exec.stream_plan"], capture_output=True, text=True,
+                         env=dict(os.environ, STREAM_SS_PARTIALS="on"), timeout=300)
+    assert out.returncode != 0
+    assert "InputError: STREAM_SS_PARTIALS must be auto, 1 or 0, got 'on'; unset it for the default (auto)" in out.stderr

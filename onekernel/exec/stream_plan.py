@@ -47,7 +47,7 @@ import os
 import numpy as np
 import torch
 
-from onekernel.errors import ScheduleError
+from onekernel.errors import InputError, ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
@@ -87,6 +87,8 @@ assert all(ROLES[k].index("ss") == sd.ss_arg_slot(k) for k in (sd.K_RESID.value,
 # 1.104 at batch 1 / 8 / 16 and SmolLM2-135M (D 576) 3-6% slower. So by default ("auto") only where D >= SS_MIN_D;
 # STREAM_SS_PARTIALS=1: every tensor-core step, 0: none (the rstd pass over the rows in every reader task).
 SS_PARTIALS = os.environ.get("STREAM_SS_PARTIALS", "auto")
+if SS_PARTIALS not in ("auto", "1", "0"):  # at import: inside a runner's build, backend="auto" would fall back on it
+    raise InputError(f"STREAM_SS_PARTIALS must be auto, 1 or 0, got {SS_PARTIALS!r}; unset it for the default (auto)")
 SS_MIN_D = 4096
 NORMED = ("qkv_rope", "gate_up", "lm_head")
 # gemv="mma": the consumer's 4 warps each take a CK/4 slice of a chunk; the batch is padded to 16 rows
@@ -330,13 +332,13 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
 
 def _ss_partials(src: Graph, n_workers: int, rg: int) -> tuple[dict, int]:
     """({residual GEMV output buffer: its RMSNorm partials buffer name}, NSS: the tasks of each such op) of a
-    gemv="mma" step (module constants SS_PARTIALS, SS_MIN_D: by default hidden sizes >= 4096): the residual GEMVs (N = D: every one has the same min(units,
-    workers) tasks, make_plan's split) whose output an RMSNorm'd GEMV (qkv_rope, gate_up, lm_head) reads with K = D.
-    ({}, 0) for the CUDA-core path, with the partials off or below SS_MIN_D, or when no residual GEMV qualifies (the first layer's qkv
-    reads the embedding and tensor parallel's readers the all-reduce: their rstd pass stays)."""
+    gemv="mma" step (module constants SS_PARTIALS, SS_MIN_D: by default hidden sizes >= 4096): the residual GEMVs with
+    N = D (every one has the same min(units, workers) tasks, make_plan's split) whose output buffer has no other writer
+    and is read with K = D by an RMSNorm'd GEMV (qkv_rope, gate_up, lm_head). ({}, 0) for the CUDA-core path, with the
+    partials off or below SS_MIN_D, or when no residual GEMV qualifies (the first layer's qkv reads the embedding and
+    tensor parallel's readers the all-reduce: their rstd pass stays). A bad STREAM_SS_PARTIALS raises InputError when
+    this module is imported."""
     d = next(op for op in src.ops if op.kind.name == "embed").params["D"]
-    if SS_PARTIALS not in ("auto", "1", "0"):
-        raise ValueError(f"STREAM_SS_PARTIALS must be auto, 1 or 0, got {SS_PARTIALS!r}")
     if SS_PARTIALS == "0" or (SS_PARTIALS == "auto" and d < SS_MIN_D) or src.meta.get("gemv") != "mma":
         return {}, 0
     normed_x = {op.args["x"] for op in src.ops if op.kind.name in NORMED and gemv_k(op) == d}

@@ -1,6 +1,6 @@
 """The activation staging of the streaming megakernel's tensor-core GEMV (Gluon, sm_90; ``exec.stream_mma``): the
 [16, CK] activation tile of a k-chunk, batch rows padded to 16, as [4 warp k-slices, 4-row quads, CK/4]: RMSNorm's
-rstd per row (rstd16), the tile's loads into registers (load_a) or cp.async copies into shared memory (copy_a,
+rstd per row (rstd16 over the rows, or rstd_partials from the producer's per-task sums of squares), the tile's loads into registers (load_a) or cp.async copies into shared memory (copy_a,
 raw_a), and its RMSNorm'd store into the staged tile operand A is read from (store_a; HF's rounding points, bf16 by
 packed conversions: norm_bf16). A row's values and their order never depend on the batch size (batch invariance).
 docs/DESIGN.md, "Tensor cores in the streaming megakernel", "The activation prefetch by batch", "One shared store per
@@ -89,9 +89,10 @@ def rstd_partials(ss, K, B: gl.constexpr, NSS: gl.constexpr, CK: gl.constexpr, E
     [B, NSS], ss[b, j] = the sum of squares of row b of the outputs residual GEMV task j stored (rounded to the model
     dtype, as the reader loads them; stream_mma.gemv_mma), so rstd = rsqrt(sum_j ss[b, j] / K + EPS) (RMSNorm,
     Zhang and Sennrich 2019, eq. 4; HF LlamaRMSNorm's mean of squares in fp32). Per quad that holds a row < B one
-    [4, NSS] tile (``.cg``: another SM wrote it), summed along its row in the layout's order (8 consecutive
-    columns per thread, then across lanes), which does not depend on B: row b's rstd is the same for every batch
-    (batch invariance). One L2 round trip of B * NSS * 4 bytes instead of rstd16's B * K * 2."""
+    [4, ss_cols(NSS)] tile (``.cg``: another SM wrote it; columns >= NSS masked to 0), summed along its row in the
+    layout's order (8 consecutive columns a thread, then across lanes; a tile narrower than 256 columns repeats
+    columns over the lanes, which the reduction counts once), an order that depends on NSS, not on B: row b's rstd is
+    the same for every batch (batch invariance). One L2 round trip of B * NSS * 4 bytes instead of rstd16's B * K * 2."""
     SL3: gl.constexpr = stage_layout(CK)
     RQ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, SL3))
     TL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
