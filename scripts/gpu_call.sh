@@ -75,7 +75,7 @@
 # partials from hidden size 4096). 348 (`git show 525b28e:scripts/gpu_call.sh`, branch s36-partials-348), 349 (`git show
 # ad56374:...`, branch s36-partials: the pointer loads before the wait, slower) and 350 (`git show f121516:...`, branch
 # s36-gt: a GEMV task's fields loaded inside the non-attention branch, slower) are in git history; 351 + 352 run 525b28e's
-# tree (.p348.tgz) with the partials on and off on Llama-3.1-8B.
+# tree (.p348.tgz) with the partials on and off on Llama-3.1-8B; 354: pdl at batch 1 / 4 on and off; 355: prepared.
 # 309 (session 30's STREAM_MMA_DEFER=1 A/B, run in session 31: slower, the switch removed): in git history (`git show
 # 796d22f:scripts/gpu_call.sh`). 314: session 31's final commit. 310 (session 31: the 1B / 8B tables with the dead-tile skip on, whose first version,
 # fns per block, was slower; `git show 0801cbb:scripts/gpu_call.sh`); 313: its A/B as a switch.
@@ -140,6 +140,16 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+355) # prepared in session 36, not run (~5 min): the rule by mode and batch for the RMSNorm partials that call 354 asks
+    # for: pdl on Llama-3.1-8B at every batch with the partials on (X=0) and off (STREAM_SS_PARTIALS=0), each its own
+    # process, A B A B (353 / 354: slower at batch 1 / 4, faster at 8 / 16 against another call)
+    mkdir -p /tmp/warm
+    P8="--model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl"
+    wtree 240 on . X=0 $P8; wtree 240 off . STREAM_SS_PARTIALS=0 $P8
+    wait
+    checked 2
+    for r in 1 2; do ttree 60 pon-$r . X=0 $P8; ttree 60 poff-$r . STREAM_SS_PARTIALS=0 $P8; done
+    ;;
 354) # after 353 (~4 min): 353's pdl rows at batch 1-4 read 1-1.5% slower than run 34's (7d7734c, another call) while its
     # megakernel rows did not move: pdl on Llama-3.1-8B at batch 1 / 4 with the partials on (X=0) and off
     # (STREAM_SS_PARTIALS=0), each its own process, A B A B
