@@ -68,7 +68,8 @@
 # 512 buys; 339: CK 1024 on the SmolLM2 models (run in session 34 with 340: not kept).
 # 340 (session 34: gate_up's evened-out rows against the old tiles through ONEKERNEL_GATE_UP_ROWS=0; kept up to batch 8),
 # 341 + 342 (session 35: the first rule's tables), 343 (megakernel profiles with the before-block-1 stamp), 345 (the 8B table at
-# batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables); 347 (a knock-out probe of the rstd pass: branch s35-probe, `git show
+# batch 1-16, the rule's limit at batch 2 / 4: batch 4 slower, so the limit went to 2), 346 (the final tables; 353 repeats
+# it with the partials' checks: `git show 44b46fa:scripts/gpu_call.sh`); 347 (a knock-out probe of the rstd pass: branch s35-probe, `git show
 # ebf3c11:scripts/gpu_call.sh`) and 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 348-352 (session 36: the RMSNorm partials, stream_plan.SS_PARTIALS, on and off) and 353 (session 36's final tables: the
@@ -138,27 +139,24 @@ checked() { log "warm-up done: $(grep -l "^wrote" "$W"/warm-*.log | wc -l)${1:+ 
             tail -n 3 "$W/gpu-tests.log" | tee -a "$OUT/log.txt"
             grep -h '"mode"' "$W"/inv-*.log | cut -c1-200 | tee -a "$OUT/log.txt"; }
 
+# abab WARM_LIM TIME_LIM A B DIR ENV_A ENV_B ARGS...: an A/B of `onekernel bench ARGS` of the tree in DIR under ENV_A
+# and ENV_B (one word each): both warmed at once (wtree), then each timed in its own process, A B A B (ttree; output
+# under $W/A-1, $W/B-1, $W/A-2, $W/B-2)
+abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
+         mkdir -p /tmp/warm; wtree "$wl" "$na" "$dir" "$ea" "$@"; wtree "$wl" "$nb" "$dir" "$eb" "$@"; wait; checked 2
+         for r in 1 2; do ttree "$tl" "$na-$r" "$dir" "$ea" "$@"; ttree "$tl" "$nb-$r" "$dir" "$eb" "$@"; done; }
+
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
 355) # prepared in session 36, not run (~5 min): the rule by mode and batch for the RMSNorm partials that call 354 asks
     # for: pdl on Llama-3.1-8B at every batch with the partials on (X=0) and off (STREAM_SS_PARTIALS=0), each its own
     # process, A B A B (353 / 354: slower at batch 1 / 4, faster at 8 / 16 against another call)
-    mkdir -p /tmp/warm
-    P8="--model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl"
-    wtree 240 on . X=0 $P8; wtree 240 off . STREAM_SS_PARTIALS=0 $P8
-    wait
-    checked 2
-    for r in 1 2; do ttree 60 pon-$r . X=0 $P8; ttree 60 poff-$r . STREAM_SS_PARTIALS=0 $P8; done
+    abab 240 60 pon poff . X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl
     ;;
 354) # after 353 (~4 min): 353's pdl rows at batch 1-4 read 1-1.5% slower than run 34's (7d7734c, another call) while its
     # megakernel rows did not move: pdl on Llama-3.1-8B at batch 1 / 4 with the partials on (X=0) and off
     # (STREAM_SS_PARTIALS=0), each its own process, A B A B
-    mkdir -p /tmp/warm
-    P8="--model llama-3.1-8b --random-weights --batch 1,4 --modes pdl"
-    wtree 200 on . X=0 $P8; wtree 200 off . STREAM_SS_PARTIALS=0 $P8
-    wait
-    checked 2
-    for r in 1 2; do ttree 45 pon-$r . X=0 $P8; ttree 45 poff-$r . STREAM_SS_PARTIALS=0 $P8; done
+    abab 200 45 pon poff . X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,4 --modes pdl
     ;;
 353) # session 36's final commit (~5 min): the RMSNorm partials on by default from hidden size 4096 (stream_plan.SS_MIN_D;
     # the smaller models' kernels have 44b46fa's PTX, scripts/ptx_compare.py). Warm-ups of the Llama-3.1-8B table (batch
@@ -185,25 +183,19 @@ case "$1" in
     step 100 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
     ;;
 352) # at once after 351 (~3 min): the same A/B at batch 1 and 4, where rstd16 is one round trip (its 1-4 tiles unrolled)
-    mkdir -p /tmp/warm /tmp/p348
+    mkdir -p /tmp/p348
     [ -f .p348.tgz ] && tar -xzf .p348.tgz -C /tmp/p348
-    B8="--model llama-3.1-8b --random-weights --batch 1,4 --modes megakernel"
-    wtree 240 on /tmp/p348 X=0 $B8; wtree 240 off /tmp/p348 STREAM_SS_PARTIALS=0 $B8
-    wait
-    checked 2
-    for r in 1 2; do ttree 60 on14-$r /tmp/p348 X=0 $B8; ttree 60 off14-$r /tmp/p348 STREAM_SS_PARTIALS=0 $B8; done
+    abab 240 60 on14 off14 /tmp/p348 X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,4 \
+        --modes megakernel
     ;;
 351) # session 36 (~5 min): the RMSNorm partials of branch s36-partials-348 (.p348.tgz = `git archive 525b28e onekernel
     # scripts`) on Llama-3.1-8B, where rstd16 loops over 4 k-chunks at batch 8 and 16 (4 dependent L2 round trips a
     # task, 1B: 2 at batch 16): the megakernel at batch 8 / 16 with the partials on (X=0) and off
     # (STREAM_SS_PARTIALS=0), each its own process, A B A B
-    mkdir -p /tmp/warm /tmp/p348
+    mkdir -p /tmp/p348
     [ -f .p348.tgz ] && tar -xzf .p348.tgz -C /tmp/p348
-    B8="--model llama-3.1-8b --random-weights --batch 8,16 --modes megakernel"
-    wtree 240 on /tmp/p348 X=0 $B8; wtree 240 off /tmp/p348 STREAM_SS_PARTIALS=0 $B8
-    wait
-    checked 2
-    for r in 1 2; do ttree 60 on-$r /tmp/p348 X=0 $B8; ttree 60 off-$r /tmp/p348 STREAM_SS_PARTIALS=0 $B8; done
+    abab 240 60 on off /tmp/p348 X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 8,16 \
+        --modes megakernel
     ;;
 343) # session 35 (~3 min): where the megakernel's GEMV tasks spend their fixed time, with the "before block 1" stamp
     # (session 30, never run): profiles of SmolLM2-135M at batch 1 and 16 and Llama-3.2-1B at batch 1 and 16, compiled
@@ -215,28 +207,6 @@ case "$1" in
     wait
     for b in 1 16; do step 60 profile-smol-$b $ps --batch $b --out "$W/profile"; step 60 profile-1b-$b $pl --batch $b \
         --out "$W/profile"; done
-    ;;
-346) # session 35's final commit (~6 min): gate_up_rows up to batch 2 (345 measured batch 4 slower). Warm-ups of the
-    # Llama-3.1-8B table (batch 1-16, every mode but torch.compile) beside tests/test_mma_gpu.py's gate_up tests; then the
-    # bitwise invariance of graph and pdl-triton on Llama-3.1-8B (batch 2: the evened-out rows, 8 and 16: the old tiles,
-    # each row against its batch-1 run) beside the Qwen3-8B warm-up; then both tables
-    mkdir -p "$W/bench" /tmp/warm
-    B8="--model llama-3.1-8b --random-weights" Q8="--model qwen3-8b --random-weights"
-    MK="torch+graph,graph,pdl,pdl-triton,megakernel"
-    WARM_S=240 warm 8b-a $B8 --batch 1,2,4 --modes $MK
-    WARM_S=240 warm 8b-b $B8 --batch 8,16 --modes $MK
-    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_mma_gpu.py -k "gate_up" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    WARM_S=200 warm q8 $Q8 --batch 1,8 --modes $MK
-    (timeout 200 python3 scripts/invariance_check.py llama-3.1-8b --modes graph,pdl-triton --out "$W/inv-8b.json" \
-        >"$W/inv-8b.log" 2>&1) &
-    wait
-    checked 3
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 150 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MK --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 100 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
     ;;
 345) # session 35 (~6 min; 75940d0's kernels): the Llama-3.1-8B table at batch 1 / 2 / 4 / 8 / 16 in one process (issue
     # 12's must-show; 341 ran 1 / 8 / 16), then graph at batch 2 / 4 with the old gate_up tiles (ONEKERNEL_GATE_UP_ROWS=0) and

@@ -313,7 +313,7 @@ def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_
     """stream_plan.SS_PARTIALS on a tensor-core step (2 layers, hidden size 1024): every residual GEMV gets its own fp32
     [B, NSS] partials buffer, NSS = its tasks (min(units, workers)); task j writes column j (region, F_IDX) and the
     reader of its output (gate_up, the next layer's qkv_rope, lm_head) reads all of it, at argument slot
-    ss_arg_slot(kind); the first layer's qkv_rope (the embedding's reader) has none. The records flag exactly those
+    ROLES[kind].index("ss"); the first layer's qkv_rope (the embedding's reader) has none. The records flag exactly those
     tasks (F_SS) and every reader task waits, through its events, on every producer task. "auto" below SS_MIN_D, "0",
     or the CUDA-core path: no partials, NSS 0, no flag."""
     from onekernel.exec import stream_plan
@@ -344,7 +344,8 @@ def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_
         buf = g.buffers[op.args["ss"]]
         assert buf.shape == (3, nss) and buf.dtype == torch.float32 and len(op.task_ids) == nss
         t = tensors[op.args["ss"]]
-        assert tab[op.index, sd.ss_arg_slot(sd.K_RESID.value)] * 16 == t.data_ptr() - bases[torch.float32].data_ptr()
+        assert tab[op.index, stream_plan.ROLES[sd.K_RESID.value].index("ss")] * 16 == \
+            t.data_ptr() - bases[torch.float32].data_ptr()
         assert (t == -1).all()  # poisoned until the kernel writes it
         for j, task in enumerate(op.task_ids):
             assert idx[task] == j and flag[task] == 1
@@ -357,8 +358,8 @@ def test_rmsnorm_partials_link_each_residual_gemv_to_its_reader(gemv, mode, min_
         if "ss" not in op.args:
             continue
         assert op.args["ss"] == src.args["ss"]
-        slot = sd.ss_arg_slot(plan.kinds[op.index])
-        assert tab[op.index, slot] == tab[src.index, sd.ss_arg_slot(sd.K_RESID.value)]
+        slot = stream_plan.ROLES[plan.kinds[op.index]].index("ss")
+        assert tab[op.index, slot] == tab[src.index, stream_plan.ROLES[sd.K_RESID.value].index("ss")]
         for task in op.task_ids:
             waited = {p for e in ev.waits[task] for p in ev.producers[e]}
             assert set(src.task_ids) <= waited, op.name

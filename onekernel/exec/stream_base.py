@@ -43,14 +43,9 @@ F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
 # (exec.stream_plan.SS_PARTIALS): a residual task stores its outputs' per-row sums of squares at column F_IDX of its
 # op's "ss" buffer; an RMSNorm'd task takes its rstd from its producer's (stream_stage.rstd_partials)
 F_SS = F_TILE
-# the "ss" buffer's slot in a GEMV op's arguments (exec.stream_plan.ROLES): after each kind's own buffers
+# the "ss" buffer's slot in a GEMV op's arguments (exec.stream_plan.ROLES, which asserts them): after each kind's own
+# buffers; gate_up and the residual GEMV at SS_ARG (the kernel: stream_epilogue.ss_buffer)
 SS_ARG, SS_ARG_LM, SS_ARG_QKV = _c(3), _c(5), _c(9)
-
-
-def ss_arg_slot(kind: int) -> int:
-    """The argument slot of the "ss" buffer of a GEMV op of task kind ``kind`` (host side; the kernel:
-    stream_epilogue.ss_buffer)."""
-    return {K_QKV.value: SS_ARG_QKV.value, K_LMHEAD.value: SS_ARG_LM.value}.get(kind, SS_ARG.value)
 # err int32 [5] (TP: [ERR_RSLOT + 6]), the Triton megakernel's layout (exec.mk_device.ERR_RSLOT): err[0:5] the
 # first local failure; at TP > 1 err[ERR_RSLOT:ERR_RSLOT + 6] = (5, task, event, seen, expected, peer rank), the
 # first remote wait that gave up, in its own slot so that local waits timing out first (gpu-scope polls are faster

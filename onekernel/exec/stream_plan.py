@@ -76,9 +76,9 @@ ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
          sd.K_ALLREDUCE.value: tuple(f"in{j}" for j in range(8)) + ("res", "out")}
 MAXA = max(len(r) for r in ROLES.values())
-# the kernel finds a GEMV op's RMSNorm partials at these argument slots (stream_base.SS_ARG, SS_ARG_QKV, SS_ARG_LM)
-assert all(ROLES[k].index("ss") == sd.ss_arg_slot(k) for k in (sd.K_RESID.value, sd.K_GATEUP.value, sd.K_QKV.value,
-                                                                 sd.K_LMHEAD.value))
+# the kernel finds a GEMV op's RMSNorm partials at these argument slots (stream_epilogue.ss_buffer)
+assert [ROLES[k.value].index("ss") for k in (sd.K_RESID, sd.K_GATEUP, sd.K_QKV, sd.K_LMHEAD)] == \
+    [sd.SS_ARG.value, sd.SS_ARG.value, sd.SS_ARG_QKV.value, sd.SS_ARG_LM.value]
 # RMSNorm partials (gemv="mma"): a residual GEMV whose output an RMSNorm'd GEMV reads stores each task's per-row sums of
 # squares of its rounded outputs (stream.ss.<op> fp32 [B, tasks]); the reader sums them in one fixed order for its rstd
 # instead of re-reading the [B, D] rows (docs/DESIGN.md, "RMSNorm partials"). Measured (run 36, calls 348-352, the
