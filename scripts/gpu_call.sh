@@ -148,6 +148,65 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+356) # session 37's closing run, call 1 of 4 (~8.5 min; the kernels are b85d206's, scripts/ptx_compare.py): warm-ups
+    # of the Llama-3.2-1B table (batch 1-16, every mode and both PyTorch baselines) and the SmolLM2-135M table beside
+    # 1,000 replays of graph / pdl / megakernel with the forced timeout and the bitwise batch invariance of every Triton
+    # mode on Llama-3.2-1B (eager, graph, pdl, pdl-triton, megakernel at 2 / 8 / 16); then both tables
+    mkdir -p "$W/bench" /tmp/warm
+    B1="--model llama-3.2-1b --random-weights" S0="--model smollm2-135m --random-weights"
+    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile" SM="torch+graph,graph,pdl,megakernel"
+    WARM_S=200 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
+    WARM_S=200 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
+    WARM_S=200 warm smol $S0 --batch 1,2,4,8,16 --modes $SM
+    WARM_S=200 warm smol-t $S0 --batch 8 --modes torch+compile
+    (timeout 200 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
+    (timeout 200 python3 scripts/invariance_check.py llama-3.2-1b --modes eager,graph,pdl,pdl-triton,megakernel \
+        --out "$W/inv-1b.json" >"$W/inv-1b.log" 2>&1) &
+    wait
+    checked 4
+    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 90 bench-smol $bench/bench $S0 --batch 1,2,4,8,16 --modes $SM --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 40 bench-smol-tc $bench/bench $S0 --batch 8 --modes torch+compile --steps 50
+    ;;
+357) # session 37's closing run, call 2 of 4 (~6 min, at once after 356): the cold and warm start of five batch-16 cases
+    # (fresh processes, an empty then the filled Triton cache, 2 at a time), then the per-op GEMV table (gpu_suite ops)
+    # and one profiled Llama-3.2-1B megakernel step at batch 1 (the PNG issue 11 asks for) and at 16
+    mkdir -p "$W/profile" "$W/compile"
+    step 230 compile python3 scripts/compile_times.py --out "$W/compile" --jobs 2 --timeout 120 --cases \
+        llama-3.2-1b:16:megakernel,llama-3.1-8b:16:megakernel,llama-3.2-1b:16:pdl,llama-3.1-8b:16:pdl,llama-3.2-1b:16:graph
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 120 ops $suite ops
+    [ -f "$W/results.json" ] && mv "$W/results.json" "$W/ops.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 50 profile-1b-1 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 1
+    step 50 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
+    ;;
+358) # session 37's closing run, call 3 of 4 (~5 min, at once after 357): 353's Llama-3.1-8B and Qwen3-8B tables, with the
+    # bitwise batch invariance of the 8B megakernel, pdl, graph and pdl-triton (2 / 8 / 16) after the warm-ups
+    mkdir -p "$W/bench" /tmp/warm
+    B8="--model llama-3.1-8b --random-weights" Q8="--model qwen3-8b --random-weights"
+    MK="torch+graph,graph,pdl,pdl-triton,megakernel"
+    WARM_S=200 warm 8b-a $B8 --batch 1,2,4 --modes $MK
+    WARM_S=200 warm 8b-b $B8 --batch 8,16 --modes $MK
+    wait
+    WARM_S=150 warm q8 $Q8 --batch 1,8 --modes $MK
+    (timeout 150 python3 scripts/invariance_check.py llama-3.1-8b --modes megakernel,pdl,graph,pdl-triton \
+        --out "$W/inv-8b.json" >"$W/inv-8b.log" 2>&1) &
+    wait
+    checked 3
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 150 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $MK --steps 50
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 90 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $MK --steps 50
+    ;;
+359) # session 37's closing run, call 4 of 4 (~5 min, at once after 358): 355, pdl on Llama-3.1-8B at every batch with
+    # the RMSNorm partials on and off, A B A B (the 8B caches warm from 358)
+    abab 150 60 pon poff . X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl
+    ;;
 355) # prepared in session 36, not run (~5 min): the rule by mode and batch for the RMSNorm partials that call 354 asks
     # for: pdl on Llama-3.1-8B at every batch with the partials on (X=0) and off (STREAM_SS_PARTIALS=0), each its own
     # process, A B A B (353 / 354: slower at batch 1 / 4, faster at 8 / 16 against another call)
