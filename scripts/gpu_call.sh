@@ -148,6 +148,16 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+360) # session 37 (~2.5 min, a fresh machine): where the warm start of Llama-3.1-8B's batch-16 megakernel goes (call 357:
+    # 6.7 s, issue 12 asks <= 5 s; pdl 4.0 s): a cold start fills the caches, then the warm start under cProfile, both
+    # runners
+    export ONEKERNEL_CACHE=/tmp/okc
+    for m in megakernel pdl; do
+        step 90 start-8b-$m-cold python3 scripts/compile_times.py --child llama-3.1-8b 16 $m
+        step 60 start-8b-$m-cprofile bash -c "python3 -m cProfile -s cumtime scripts/compile_times.py --child \
+            llama-3.1-8b 16 $m | head -120"
+    done
+    ;;
 356) # session 37's closing run, call 1 of 4 (~8.5 min; the kernels are b85d206's, scripts/ptx_compare.py): warm-ups
     # of the Llama-3.2-1B table (batch 1-16, every mode and both PyTorch baselines) and the SmolLM2-135M table beside
     # 1,000 replays of graph / pdl / megakernel with the forced timeout and the bitwise batch invariance of every Triton
