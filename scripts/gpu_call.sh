@@ -148,6 +148,12 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+361) # session 37 (~2 min, a fresh machine): the cold and warm start of Llama-3.1-8B's batch-16 megakernel and pdl one
+    # process at a time (357 ran two at a time: the megakernel's warm start read 6.7 s; 360 under cProfile, 5.8 s)
+    mkdir -p "$W/compile"
+    step 200 compile python3 scripts/compile_times.py --out "$W/compile" --jobs 1 --timeout 90 --cases \
+        llama-3.1-8b:16:megakernel,llama-3.1-8b:16:pdl
+    ;;
 360) # session 37 (~2.5 min, a fresh machine): where the warm start of Llama-3.1-8B's batch-16 megakernel goes (call 357:
     # 6.7 s, issue 12 asks <= 5 s; pdl 4.0 s): a cold start fills the caches, then the warm start under cProfile, both
     # runners
