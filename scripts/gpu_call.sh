@@ -148,6 +148,15 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+362) # session 37 (~3 min, a fresh machine): the weight stream packed by one gather per op (stream_pack.pack_weights; a
+    # start made thousands of small launches, one set per task): the streaming GPU tests of the tensor-core path (against
+    # the reference, each row its batch-1 run; both GEMV paths' streams), then 361's starts again
+    mkdir -p "$W/compile"
+    step 90 gpu-tests env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k \
+        "matches_reference and (llama-3.2-1b-3-mma or llama-3.2-1b-3-fma)" -p no:cacheprovider -rfE
+    step 200 compile python3 scripts/compile_times.py --out "$W/compile" --jobs 1 --timeout 90 --cases \
+        llama-3.1-8b:16:megakernel,llama-3.1-8b:16:pdl
+    ;;
 361) # session 37 (~2 min, a fresh machine): the cold and warm start of Llama-3.1-8B's batch-16 megakernel and pdl one
     # process at a time (357 ran two at a time: the megakernel's warm start read 6.7 s; 360 under cProfile, 5.8 s)
     mkdir -p "$W/compile"

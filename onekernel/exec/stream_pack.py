@@ -7,6 +7,7 @@ runners of the same weights).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from onekernel.exec import stream_base as sd
@@ -36,20 +37,30 @@ def mma_chunk_perm(ck: int, rg: int) -> torch.Tensor:
     return c[:, 2] * ck + c[:, 0] * ks + c[:, 1]
 
 
-def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> list[int]:
-    """The order in which the MMA path streams the chunks (group g, kb) = g * nkb + kb of groups [g0, g1): blocks
-    of gb groups from g0, each k-major."""
-    order = []
-    for b0 in range(g0, g1, gb):
-        b1 = min(b0 + gb, g1)
-        order += [g * nkb + kb for kb in range(nkb) for g in range(b0, b1)]
-    return order
+def mma_chunk_order(g0: int, g1: int, nkb: int, gb: int) -> np.ndarray:
+    """int64: the order in which the MMA path streams the chunks (group g, kb) = g * nkb + kb of groups [g0, g1):
+    blocks of gb groups from g0, each k-major."""
+    return np.concatenate([(np.arange(b0, min(b0 + gb, g1))[None, :] * nkb + np.arange(nkb)[:, None]).ravel()
+                           for b0 in range(g0, g1, gb)] or [np.zeros(0, np.int64)]).astype(np.int64)
+
+
+def _op_chunks(w: torch.Tensor, rows: torch.Tensor, nkb: int, rg: int, ck: int, perm) -> torch.Tensor:
+    """[groups * nkb, RG, CK]: weight ``w`` [N, K] as chunk groups (group j: the rows ``rows[j]``, -1 = a zero row;
+    chunk kb of a group: its columns kb*CK.., K zero-padded to nkb*CK), elements permuted by ``perm`` (MMA) or not."""
+    n, k = w.shape
+    wp = torch.zeros(n + 1, nkb * ck, dtype=w.dtype, device=w.device)
+    wp[:n, :k] = w
+    idx = torch.where(rows >= 0, rows, n).to(w.device)
+    out = wp[idx].view(-1, rg, nkb, ck).transpose(1, 2).reshape(-1, rg, ck)
+    return out if perm is None else out.reshape(-1, rg * ck)[:, perm].reshape(-1, rg, ck)
 
 
 def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight stream bf16/fp16 [chunks, RG, CK] (each worker's GEMV chunks in queue order, back to back) and
     chunk_off int32 [W + 1] (worker w streams chunks chunk_off[w]:chunk_off[w+1]). MMA plans: each task's chunks
-    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc)."""
+    in ``mma_chunk_order``, each chunk's elements permuted by ``mma_chunk_perm`` (module doc). One gather per op
+    (its chunks, then every destination of them at once), so a start costs a few launches per op, not per task,
+    and only one op's chunk copy is alive at a time."""
     g, c = plan.graph, plan.consts
     rg, ck = c["RG"], c["CK"]
     mma = bool(c.get("MMA"))
@@ -61,39 +72,30 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
         for t in op.task_ids:
             u0, nu = plan.units[t]
             per_task[t] = (oi, u0 * gpu, (u0 + nu) * gpu, nkb)
-    sizes = [sum((per_task[t][2] - per_task[t][1]) * per_task[t][3] for t in q if t in per_task)
-             for q in plan.schedule.queues]
-    off = [0]
-    for s in sizes:
-        off.append(off[-1] + s)
-    w0 = next(iter(plan.weight_of.values()))
-    dev, dtype = tensors[w0].device, tensors[w0].dtype
-    packed = torch.empty(max(off[-1], 1), rg, ck, dtype=dtype, device=dev)
-    chunks = {}
-    for oi, rows in plan.group_rows.items():
-        w = tensors[plan.weight_of[oi]]
-        n, k = w.shape
-        nkb = g.ops[oi].params["NKB"]
-        wp = torch.zeros(n + 1, nkb * ck, dtype=dtype, device=dev)
-        wp[:n, :k] = w
-        idx = torch.where(rows >= 0, rows, n).to(dev)
-        chunks[oi] = wp[idx].view(-1, rg, nkb, ck).transpose(1, 2).reshape(-1, rg, ck)  # [groups * nkb, RG, CK]
-        if mma:
-            perm = mma_chunk_perm(ck, rg).to(dev)
-            chunks[oi] = chunks[oi].reshape(-1, rg * ck)[:, perm].reshape(-1, rg, ck)
-    for w, q in enumerate(plan.schedule.queues):
-        o = off[w]
+    dst, src, off = {}, {}, [0]
+    for q in plan.schedule.queues:  # each task's chunks: where they go in the stream, which of its op's they are
+        o = off[-1]
         for t in q:
             if t not in per_task:
                 continue
             oi, g0, g1, nkb = per_task[t]
             n = (g1 - g0) * nkb
-            if mma:
-                order = torch.tensor(mma_chunk_order(g0, g1, nkb, c["GB"]), device=dev)
-                packed[o:o + n] = chunks[oi][order]
-            else:
-                packed[o:o + n] = chunks[oi][g0 * nkb:g1 * nkb]
+            dst.setdefault(oi, []).append(np.arange(o, o + n, dtype=np.int64))
+            src.setdefault(oi, []).append(mma_chunk_order(g0, g1, nkb, c["GB"]) if mma
+                                          else np.arange(g0 * nkb, g1 * nkb, dtype=np.int64))
             o += n
+        off.append(o)
+    w0 = next(iter(plan.weight_of.values()))
+    dev, dtype = tensors[w0].device, tensors[w0].dtype
+    packed = torch.empty(max(off[-1], 1), rg, ck, dtype=dtype, device=dev)
+    perm = mma_chunk_perm(ck, rg).to(dev) if mma else None
+    for oi, rows in plan.group_rows.items():
+        if oi not in dst:
+            continue
+        chunks = _op_chunks(tensors[plan.weight_of[oi]], rows, g.ops[oi].params["NKB"], rg, ck, perm)
+        packed[torch.from_numpy(np.concatenate(dst[oi])).to(dev)] = \
+            chunks[torch.from_numpy(np.concatenate(src[oi])).to(dev)]
+        del chunks
     return packed, torch.tensor(off, dtype=torch.int32, device=dev)
 
 
