@@ -231,6 +231,9 @@ def _run_bench(args) -> int:
         stem += "-random"
     if args.fill is not None:  # one fill at several cache lengths: one file each
         stem += f"-ctx{args.context}-fill{args.fill}"
+    base, n = stem, 2
+    while (out / f"{stem}.json").exists():  # a second run of the same day, model and commit (other modes or
+        stem, n = f"{base}-{n}", n + 1      # batches) gets its own files: run 37 lost a table to this
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):

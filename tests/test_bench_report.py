@@ -253,6 +253,23 @@ def test_bench_fill_reaches_the_records_and_names_the_files(tmp_path, monkeypatc
     assert "--fill must be at most --context" in err and "Traceback" not in err, err
 
 
+def test_a_second_bench_of_the_same_day_keeps_the_first_ones_files(tmp_path, monkeypatch):
+    """Two benches of one model, commit and day with other modes (run 37: a torch.compile row overwrote the table of
+    every other mode): the second writes -2 files, the first's records stay as they were."""
+    import json
+
+    _fake_gpu(monkeypatch)
+    rng = random.Random()
+    first, second = rng.sample(["graph", "pdl", "eager", "megakernel"], 2)
+    for m in (first, second):
+        assert main(["bench", "--model", "tiny", "--random-weights", "--batch", "1", "--modes", m,
+                     "--out", str(tmp_path)]) == 0
+    jsons = sorted(tmp_path.glob("*.json"), key=lambda p: len(p.name))
+    assert len(jsons) == 2 and jsons[1].name == jsons[0].name.replace(".json", "-2.json"), jsons
+    assert [[r["mode"] for r in json.loads(p.read_text())] for p in jsons] == [[first], [second]]
+    assert len(list(tmp_path.glob("*.md"))) == 2
+
+
 def test_study_variants_subset_runs_only_those_and_keeps_the_full_files(tmp_path, monkeypatch):
     """--variants: exactly the named variants per batch, in a file of its own (a full study's file stays)."""
     import json
