@@ -72,6 +72,8 @@
 # it with the partials' checks: `git show 44b46fa:scripts/gpu_call.sh`); 347 (a knock-out probe of the rstd pass: branch s35-probe, `git show
 # ebf3c11:scripts/gpu_call.sh`) and 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
+# 356-362 (session 37: the closing run of issues 11 and 12: tables, checks, compile times, pdl partials A/B, the warm start
+# under cProfile and with one gather per op).
 # 348-352 (session 36: the RMSNorm partials, stream_plan.SS_PARTIALS, on and off) and 353 (session 36's final tables: the
 # partials from hidden size 4096). 348 (`git show 525b28e:scripts/gpu_call.sh`, branch s36-partials-348), 349 (`git show
 # ad56374:...`, branch s36-partials: the pointer loads before the wait, slower) and 350 (`git show f121516:...`, branch
