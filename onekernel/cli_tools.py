@@ -191,7 +191,7 @@ def _run_bench(args) -> int:
     from onekernel.bench.chart import bench_chart
     from onekernel.bench.modes import bench_modes
     from onekernel.bench.progress import progress
-    from onekernel.bench.report import bench_table, commit_id, study_report
+    from onekernel.bench.report import bench_table, commit_id, reserve_stem, study_report
     from onekernel.bench.study import pick_variants, run_study, variant_names
     from onekernel.bench.timing import copy_bandwidth_gbs
 
@@ -231,9 +231,7 @@ def _run_bench(args) -> int:
         stem += "-random"
     if args.fill is not None:  # one fill at several cache lengths: one file each
         stem += f"-ctx{args.context}-fill{args.fill}"
-    base, n = stem, 2
-    while (out / f"{stem}.json").exists():  # a second run of the same day, model and commit (other modes or
-        stem, n = f"{base}-{n}", n + 1      # batches) gets its own files: run 37 lost a table to this
+    stem = reserve_stem(out, stem)  # another run of the same day, model and commit keeps its files
 
     def keep(done):  # every record is written as soon as it exists: a run stopped early keeps what it measured
         def f(rec):

@@ -112,7 +112,7 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
 
     import torch
 
-    from onekernel.bench.report import commit_id
+    from onekernel.bench.report import commit_id, reserve_stem
     from onekernel.bench.tp import TP_BENCH_MODES, bench_tp, tp_table
     from onekernel.models.load import open_model
 
@@ -137,7 +137,8 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
             "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)
     stem = f"bench-tp{args.tp}-{meta['date']}-{files.config.name}-{commit or 'nocommit'}"
-    path = out / f"{stem}{'-' + args.gemv if args.gemv else ''}.json"  # the two paths' records apart
+    stem += f"-{args.gemv}" if args.gemv else ""  # the two paths' records apart
+    path = out / f"{reserve_stem(out, stem) if rank.rank == 0 else stem}.json"  # only rank 0 writes
     done: list[dict] = []
 
     def keep(rec):  # rank 0 writes every record as soon as it exists: a run stopped early keeps what it measured

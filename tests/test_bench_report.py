@@ -270,6 +270,42 @@ def test_a_second_bench_of_the_same_day_keeps_the_first_ones_files(tmp_path, mon
     assert len(list(tmp_path.glob("*.md"))) == 2
 
 
+def test_a_bench_started_while_another_runs_keeps_both(tmp_path, monkeypatch):
+    """Run B starts (and finishes) while run A has written no record yet: each keeps its own file (the name is
+    reserved when a run starts, not when its first record is written)."""
+    import json
+
+    import onekernel.bench.modes
+
+    _fake_gpu(monkeypatch)
+    rng = random.Random()
+    a, b = rng.sample(["graph", "pdl", "eager", "megakernel"], 2)
+    args = ["bench", "--model", "tiny", "--random-weights", "--batch", "1", "--out", str(tmp_path)]
+    nested = []
+
+    def overlapping(model, name, batch, *rest, **kw):
+        if not nested:
+            nested.append(1)
+            assert main(args + ["--modes", b]) == 0
+        return _fake_bench_modes(model, name, batch, *rest, **kw)
+    monkeypatch.setattr(onekernel.bench.modes, "bench_modes", overlapping)
+    assert main(args + ["--modes", a]) == 0
+    got = sorted([r["mode"] for r in json.loads(p.read_text())] for p in tmp_path.glob("*.json"))
+    assert got == sorted([[a], [b]]), got
+
+
+def test_reserve_stem_skips_every_taken_name(tmp_path):
+    """A crashed run's half-written file and earlier reservations are never reused; each call creates its file."""
+    from onekernel.bench.report import reserve_stem
+
+    n = random.randint(1, 4)
+    (tmp_path / "s.json").write_text('[{"partial": 1}]')
+    names = [reserve_stem(tmp_path / "sub", "s") for _ in range(n)] + [reserve_stem(tmp_path, "s")]
+    assert names[:n] == ["s"] + [f"s-{i}" for i in range(2, n + 1)] and names[n] == "s-2", names
+    assert (tmp_path / "s.json").read_text() == '[{"partial": 1}]'
+    assert all((tmp_path / "sub" / f"{x}.json").read_text() == "[]" for x in names[:n])
+
+
 def test_study_variants_subset_runs_only_those_and_keeps_the_full_files(tmp_path, monkeypatch):
     """--variants: exactly the named variants per batch, in a file of its own (a full study's file stays)."""
     import json

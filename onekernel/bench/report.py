@@ -24,6 +24,22 @@ def commit_id() -> str:
         return ""
 
 
+def reserve_stem(out: Path, stem: str) -> str:
+    """``stem``, or ``stem-2``, ``stem-3``, ... : the first whose ``.json`` in ``out`` did not exist, created empty
+    ("[]") here with an exclusive open, so that a bench of the same day, model and commit started earlier, at the same
+    time or left half-written by a crash keeps its files (run 37 lost a table to a later run of the same name).
+    Creates ``out``; raises OSError only if ``out`` cannot be written."""
+    out.mkdir(parents=True, exist_ok=True)
+    name, n = stem, 2
+    while True:
+        try:
+            with open(out / f"{name}.json", "x") as f:
+                f.write("[]")
+            return name
+        except FileExistsError:
+            name, n = f"{stem}-{n}", n + 1
+
+
 def _f(x, fmt=".3f", none="-"):
     return none if x is None else format(x, fmt)
 
