@@ -4,6 +4,9 @@ rows and a model x mode pivot of ms per step) and one PNG per model.
 
     python scripts/latest_table.py OUT_STEM FILE.json [FILE.json ...]     # later files win
 
+Name the files in the order they ran: a shell glob sorts a same-day rerun's ``...-2.json`` (``onekernel bench``
+writes it beside an existing file of the same name) before the first run's ``....json``, and ``-10`` before ``-2``.
+
 Rules: a bench record beats a study record of the same cell (the study's ``graph``, ``pdl`` and
 ``megakernel`` variants are those modes with default options; other variants are left out); a file whose name
 contains ``fusedmerge`` gives only its PyTorch baselines (its onekernel modes ran the fused merge, now off).
