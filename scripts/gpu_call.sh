@@ -73,7 +73,9 @@
 # ebf3c11:scripts/gpu_call.sh`) and 344 (SPLIT 128 at the
 # benchmark cache, not kept) is on branch s34-split (`git show c261453:scripts/gpu_call.sh`, the switch there).
 # 356-362 (session 37: the closing run of issues 11 and 12: tables, checks, compile times, pdl partials A/B, the warm start
-# under cProfile and with one gather per op).
+# under cProfile and with one gather per op). 356 replaces 306 (session 30's 1B / 8B tables with replays and invariance:
+# `git show 1a82b87:scripts/gpu_call.sh`), 359 ran 355 (prepared in session 36), 362 repeats 361's starts (361: `git show
+# 0e274c8:scripts/gpu_call.sh`).
 # 348-352 (session 36: the RMSNorm partials, stream_plan.SS_PARTIALS, on and off) and 353 (session 36's final tables: the
 # partials from hidden size 4096). 348 (`git show 525b28e:scripts/gpu_call.sh`, branch s36-partials-348), 349 (`git show
 # ad56374:...`, branch s36-partials: the pointer loads before the wait, slower) and 350 (`git show f121516:...`, branch
@@ -159,12 +161,6 @@ case "$1" in
     step 200 compile python3 scripts/compile_times.py --out "$W/compile" --jobs 1 --timeout 90 --cases \
         llama-3.1-8b:16:megakernel,llama-3.1-8b:16:pdl
     ;;
-361) # session 37 (~2 min, a fresh machine): the cold and warm start of Llama-3.1-8B's batch-16 megakernel and pdl one
-    # process at a time (357 ran two at a time: the megakernel's warm start read 6.7 s; 360 under cProfile, 5.8 s)
-    mkdir -p "$W/compile"
-    step 200 compile python3 scripts/compile_times.py --out "$W/compile" --jobs 1 --timeout 90 --cases \
-        llama-3.1-8b:16:megakernel,llama-3.1-8b:16:pdl
-    ;;
 360) # session 37 (~2.5 min, a fresh machine): where the warm start of Llama-3.1-8B's batch-16 megakernel goes (call 357:
     # 6.7 s, issue 12 asks <= 5 s; pdl 4.0 s): a cold start fills the caches, then the warm start under cProfile, both
     # runners
@@ -175,7 +171,7 @@ case "$1" in
             llama-3.1-8b 16 $m | head -120"
     done
     ;;
-356) # session 37's closing run, call 1 of 4 (~8.5 min; the kernels are b85d206's, scripts/ptx_compare.py): warm-ups
+356) # session 37's closing run, call 1 of 4 (~8.5 min; b85d206's kernels: no kernel source changed after it): warm-ups
     # of the Llama-3.2-1B table (batch 1-16, every mode and both PyTorch baselines) and the SmolLM2-135M table beside
     # 1,000 replays of graph / pdl / megakernel with the forced timeout and the bitwise batch invariance of every Triton
     # mode on Llama-3.2-1B (eager, graph, pdl, pdl-triton, megakernel at 2 / 8 / 16); then both tables
@@ -233,11 +229,6 @@ case "$1" in
 359) # session 37's closing run, call 4 of 4 (~5 min, at once after 358): 355, pdl on Llama-3.1-8B at every batch with
     # the RMSNorm partials on and off, A B A B (the 8B caches warm from 358)
     abab 150 60 pon poff . X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl
-    ;;
-355) # prepared in session 36, not run (~5 min): the rule by mode and batch for the RMSNorm partials that call 354 asks
-    # for: pdl on Llama-3.1-8B at every batch with the partials on (X=0) and off (STREAM_SS_PARTIALS=0), each its own
-    # process, A B A B (353 / 354: slower at batch 1 / 4, faster at 8 / 16 against another call)
-    abab 240 60 pon poff . X=0 STREAM_SS_PARTIALS=0 --model llama-3.1-8b --random-weights --batch 1,2,4,8,16 --modes pdl
     ;;
 354) # after 353 (~4 min): 353's pdl rows at batch 1-4 read 1-1.5% slower than run 34's (7d7734c, another call) while its
     # megakernel rows did not move: pdl on Llama-3.1-8B at batch 1 / 4 with the partials on (X=0) and off
@@ -549,29 +540,6 @@ case "$1" in
     ttree 45 fills0 . "$V0" $FS; ttree 45 fills1 . "$V1" $FS
     tar -czf "$OUT/results.tgz" -C "$W" .
     ttree 45 std8-0 . "$V0" $S8; ttree 45 std8-1 . "$V1" $S8
-    ;;
-306) # session 30's final commit, call 1 of 3 (~9 min): warm-ups of the Llama-3.2-1B and Llama-3.1-8B tables beside the
-    # streaming GPU tests, the megakernel's and pdl's bitwise invariance on Llama-3.2-1B and 1,000 replays of graph / pdl /
-    # megakernel with the forced timeout; then both tables
-    mkdir -p "$W/bench" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" B8="--model llama-3.1-8b --random-weights"
-    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile"
-    WARM_S=180 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=180 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=180 warm 8b $B8 --batch 1,8 --modes $MK
-    WARM_S=180 warm 8b-16 $B8 --batch 16 --modes $MK
-    (timeout 180 python3 scripts/replay_check.py --out "$W/replays-1b.json" >"$W/replays-1b.log" 2>&1) &
-    (timeout 180 python3 scripts/invariance_check.py llama-3.2-1b --modes megakernel,pdl --out "$W/inv-1b.json" \
-        >"$W/inv-1b.log" 2>&1) &
-    (timeout 180 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "mma or auto" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    checked 4
-    tail -n 4 "$W/replays-1b.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 140 bench-8b $bench/bench $B8 --batch 1,8,16 --modes torch+graph,$MK --steps 50
     ;;
 308) # session 30's final commit, call 3 (~4.5 min): 1,000 replays of graph / pdl / megakernel at batch 1 and 8 with the
     # forced timeout (306's ran out of GPU memory beside the warm-ups) beside the warm-up of Qwen3-8B's batch-8 rows, which
