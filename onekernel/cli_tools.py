@@ -218,8 +218,7 @@ def _run_bench(args) -> int:
     meta = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw}
     name = model.config.name
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)  # made by reserve_stem below
     stem = f"{'study' if args.study else 'bench'}-{meta['date']}-{name}-{commit or 'nocommit'}"
     if only is not None:  # a subset never overwrites the full study's files
         stem += "-" + hashlib.sha1(",".join(sorted(only)).encode()).hexdigest()[:6]

@@ -143,8 +143,7 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
 
     def keep(rec):  # rank 0 writes every record as soon as it exists: a run stopped early keeps what it measured
         done.append({**meta, **rec})
-        if rank.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
+        if rank.rank == 0:  # its reserve_stem made out
             path.write_text(json.dumps(done, indent=1))
             print(f"tp{args.tp} batch {rec['batch']} {rec['mode']} {rec['allreduce'] or ''}: "
                   f"{rec['ms_per_step'] or rec.get('error')}", file=sys.stderr, flush=True)
