@@ -35,10 +35,11 @@ SMEM_OPTIN_H200 = 232448  # shared memory per block (opt-in) of an H100/H200
 
 def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 132, seq: int = 1024,
                    dtype=torch.bfloat16, gemv: str = "fma", tp: tuple[int, int] | None = None,
-                   shard: tuple[int, int] | None = None):
+                   shard: tuple[int, int] | None = None, push: bool = False):
     """(compiled kernel, plan, constants) of the streaming megakernel for ``model`` compiled for sm_90a; with
     ``tp`` = (rank, n) rank's shard of the tensor-parallel graph (all-reduce tasks, remote waits); with only
-    ``shard`` = (rank, n) that shard's single-GPU graph (the TP=1 kernel of the same shapes)."""
+    ``shard`` = (rank, n) that shard's single-GPU graph (the TP=1 kernel of the same shapes); ``push``: the TP
+    kernel of the push all-reduce (constexpr PUSH)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -68,6 +69,8 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
             torch.zeros(4, dtype=torch.float32), i32, i32, i64, i32, i32, i32, i32]
     fn = sd.stream_megakernel
     consts = dict(plan.consts, WAIT_NS=2_000_000_000, PROFILE=os.environ.get("STREAM_PROFILE") == "1")
+    if push:
+        consts["PUSH"] = True
     seg = os.environ.get("STREAM_PDL")  # first | mid | last: a kernel of the segmented pdl mode (exec.stream_segments)
     if seg:
         consts.update(FIRST=seg == "first", LAST=seg == "last", PDL=True)

@@ -16,7 +16,8 @@ vocabulary; each rank's cache holds its KV heads of the same numbers), then
    then compared with the TP=N reference mode instead (records say ``compared_with``);
 2. TP=N on N GPUs: the same in reference ("torch"), torch+graph, eager, graph, pdl with each all-reduce
    (nccl, symm), megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``; backend "triton") and
-   megakernel-gluon (the same tasks in the streaming Gluon kernel, backend "gluon"); rank 0 compares with
+   megakernel-gluon (the same tasks in the streaming Gluon kernel, backend "gluon") and megakernel-push (the
+   streaming kernel with the push all-reduce, ``push=True``, compared with megakernel-gluon at TP=1); rank 0 compares with
    TP=1: ``rel_err`` (relative L2 error of the whole logits) against the same
    mode at TP=1 (torch and torch+graph: the reference) and ``rel_err_vs_reference``; ``argmax_agree`` (rows);
    greedy: ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row) and the TP=1 top-2 margin there
@@ -27,7 +28,8 @@ vocabulary; each rank's cache holds its KV heads of the same numbers), then
    KernelTimeoutError naming the all-reduce task, its op, the event and "peer rank 1" first (record
    ``mode: megakernel-timeout``, ``timeout_ok``; ``local_consequence``: a local wait gave up too, reported after
    it: the remote failure has its own error slot, ``exec.mk_device.ERR_RSLOT``); then (still rank 0's first record) the ranks go on.
-   The same for megakernel-gluon (``wait_ms`` TIMEOUT_MS; record ``megakernel-gluon-timeout``; its remote slot
+   The same for megakernel-gluon and megakernel-push (``wait_ms`` TIMEOUT_MS; records ``megakernel-gluon-timeout``,
+   ``megakernel-push-timeout``: the push kernel's remote wait polls this rank's receive counter; its remote slot
    is the same: ``stream_base.ERR_RSLOT``).
 
 ``--gemv``: the GEMV path of every onekernel mode at TP=1 and TP=N (default: the model's, the same at every TP
@@ -52,10 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TP1_MODES = ("reference", "eager", "graph", "pdl", "megakernel", "megakernel-gluon")
 TP2_MODES = (("reference", None), ("torch+graph", None), ("eager", "nccl"), ("graph", "nccl"), ("pdl", "nccl"),
-             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("megakernel", None), ("megakernel-gluon", None))
+             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("megakernel", None), ("megakernel-gluon", None),
+             ("megakernel-push", None))
 TIMEOUT_SPINS = 1 << 16  # the forced timeout's spin limit: ~0.1 s of ld.acquire.sys polls
 TIMEOUT_MS = 200  # the streaming kernel's: its waits are bounded in time (%globaltimer)
-MK_BACKEND = {"megakernel": "triton", "megakernel-gluon": "gluon"}
+MK_BACKEND = {"megakernel": "triton", "megakernel-gluon": "gluon", "megakernel-push": "gluon"}
+MK_PUSH = {"megakernel-push": True}  # the push all-reduce (compared with megakernel-gluon at TP=1)
 
 
 def _args():
@@ -153,7 +157,8 @@ def _forced_timeout(name, b, group, model, cache, tokens, rank, kw, mode="megake
     from onekernel.errors import KernelTimeoutError
 
     rec = {"model": name, "batch": b, "tp": group.shard.tp, "mode": f"{mode}-timeout", "allreduce": None}
-    limit = {"wait_ms": TIMEOUT_MS} if mode == "megakernel-gluon" else {"spin_limit": TIMEOUT_SPINS}
+    limit = {"wait_ms": TIMEOUT_MS} if MK_BACKEND[mode] == "gluon" else {"spin_limit": TIMEOUT_SPINS}
+    limit.update({"push": True} if mode in MK_PUSH else {})
     os.environ["ONEKERNEL_TP_FAULT"] = "1:skip:1"
     try:
         r = group.step_runner("megakernel", model, _copy(cache), backend=MK_BACKEND[mode], **limit, **kw)
@@ -206,7 +211,8 @@ def main() -> int:
             out.write_text(json.dumps(records, indent=1))
 
     want = None if a.modes is None else set(a.modes.split(",")) | {"reference"}
-    tp1_modes = [m for m in TP1_MODES if want is None or m in want]
+    tp1_modes = [m for m in TP1_MODES if want is None or m in want
+                 or (m == "megakernel-gluon" and "megakernel-push" in want)]  # push is compared with it
     tp2_modes = [(m, ar) for m, ar in TP2_MODES if want is None or m in want]
     if a.no_tp1:
         tp1_modes = []
@@ -263,13 +269,15 @@ def main() -> int:
                             return group.step_runner("reference", model, c)
                     elif mode in MK_BACKEND:
                         def make(c, m=mode):
-                            return group.step_runner("megakernel", model, c, backend=MK_BACKEND[m], **kw)
+                            return group.step_runner("megakernel", model, c, backend=MK_BACKEND[m],
+                                                     **({"push": True} if m in MK_PUSH else {}), **kw)
                     else:
                         def make(c, m=mode, ar=ar):
                             return group.step_runner(m, model, c, allreduce=ar, **kw)
                     got = _run(make, local, tokens, a.steps)
                     rec["gemv"] = got[3]
-                    same = "reference" if mode in ("reference", "torch+graph") else mode
+                    same = ("reference" if mode in ("reference", "torch+graph") else
+                            "megakernel-gluon" if mode in MK_PUSH else mode)
                     if rank == 0 and same in tp1 and "reference" in tp1:
                         _compare(rec, got, tp1[same], tp1["reference"])
                     elif rank == 0 and a.no_tp1:  # the TP=N reference mode runs first: compare with it
@@ -290,7 +298,7 @@ def main() -> int:
         _, local, tokens = _state(cfg, shard, b, a.context, dev, dtype)
         dist.barrier(group=slow)
         for mk in MK_BACKEND:
-            if (want is None or mk in want) and not (a.cpu and mk == "megakernel-gluon"):
+            if (want is None or mk in want) and not (a.cpu and MK_BACKEND[mk] == "gluon"):
                 emit(_forced_timeout(name, b, group, model, local, tokens, rank, kw, mk))
         del local
         full = model = None

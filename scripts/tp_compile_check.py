@@ -1,6 +1,6 @@
 """Compile the tensor-parallel megakernel (rank 0 of N) for an H200 (sm_90a) on a machine WITHOUT a GPU.
 
-    python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon] [--tp N] [--gemv fma|mma]
+    python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon] [--tp N] [--gemv fma|mma] [--push]
                                              # default llama-3.2-1b 1 triton, N = 2 (N must divide its heads)
 
 Builds rank 0's shard (uninitialised weights of the shard's shapes: only shapes matter here, and a 70B shard
@@ -17,6 +17,10 @@ shard. Exit code 1 when a needed instruction is missing.
 rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
 instructions (the all-reduce's reads of the partials are ``ld.volatile.global.b16``: counted apart from the
 error-word polls, which are 32-bit volatile loads). Register spills fail it beyond SPILL_LIMIT.
+
+``--push`` (with ``--backend gluon``): a third kernel, the TP kernel of the push all-reduce (constexpr PUSH:
+producers store their rows into the peers' pools and signal there, ``stream_base.push_rows``), with the same
+instructions needed and more stores of 16-bit values (``st.global`` of the pushed rows) than the pull kernel.
 
 ``--gemv``: the GEMV path of both kernels (default: the unsharded model's, as the TP runners take it:
 ``dist.tp_kernels.rank_gemv``; tensor cores for bf16 Llama models); it ends the labels (``..._tp2_mma``).
@@ -66,7 +70,8 @@ def model_gemv(name: str) -> str:
     return default_gemv(get_config(name), torch.bfloat16)
 
 
-def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | None = None) -> int:
+def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | None = None,
+               push: bool = False) -> int:
     """The streaming kernel's compile check (module doc)."""
     import time
 
@@ -74,15 +79,15 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
 
     gemv = gemv or model_gemv(name)
     rows = []
-    for tp in (None, (0, n)):
+    for tp, psh in ((None, False), ((0, n), False)) + ((((0, n), True),) if push else ()):
         t0 = time.perf_counter()
-        k, plan, consts = compile_stream(name, batch, 132, 512, gemv=gemv, tp=tp, shard=(0, n))
+        k, plan, consts = compile_stream(name, batch, 132, 512, gemv=gemv, tp=tp, shard=(0, n), push=psh)
         rep = report(k)
-        label = f"{name}_B{batch}_stream_{f'tp{n}' if tp else f'tp1shard{n}'}_{gemv}"
+        label = f"{name}_B{batch}_stream_{f'tp{n}' if tp else f'tp1shard{n}'}{'_push' if psh else ''}_{gemv}"
         ptx = k.asm["ptx"]
         PTXDIR.mkdir(parents=True, exist_ok=True)
         (PTXDIR / f"{label}.ptx").write_text(ptx)
-        found = {n: len(re.findall(p, ptx)) for n, p in GLUON_NEEDED.items()}
+        found = {n: len(re.findall(p, ptx)) for n, p in {**GLUON_NEEDED, "st.global.b16": r"st\.global\.b16"}.items()}
         rows.append((label, rep, found, len(plan.graph.tasks), plan.events.n_events, consts,
                      time.perf_counter() - t0))
     ok = True
@@ -98,10 +103,14 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
         if (rep["mma_sync"] > 0) != (gemv == "mma"):
             ok = False
             print(f"{label}: mma.sync x{rep['mma_sync']} on the {gemv} path")
-    missing = [n for n, c in rows[1][2].items() if not c]
-    if missing:
+    for row in rows[1:]:
+        missing = [n for n, c in row[2].items() if not c]
+        if missing:
+            ok = False
+            print(f"MISSING in the {row[0]} kernel's PTX: {', '.join(missing)}")
+    if push and rows[2][2]["st.global.b16"] <= rows[1][2]["st.global.b16"]:
         ok = False
-        print(f"MISSING in the TP kernel's PTX: {', '.join(missing)}")
+        print("the push kernel stores no more 16-bit values than the pull kernel: nothing is pushed")
     if any(rows[0][2][n] for n in ("ld.global.acquire.sys", "atom.sys.release", "ld.volatile.global.b16")):
         ok = False
         print("the TP=1 kernel has system-scope or volatile partial loads: the TP switch is not compiled out")
@@ -165,11 +174,16 @@ if __name__ == "__main__":
             i = argv.index(f)
             flags[f] = argv[i + 1]
             del argv[i:i + 2]
+    push = "--push" in argv
+    if push:
+        argv.remove("--push")
     backend, gemv = flags["--backend"], flags["--gemv"]
+    if push and backend != "gluon":
+        sys.exit("--push needs --backend gluon (the push all-reduce is the streaming kernel's)")
     if backend not in ("triton", "gluon"):
         sys.exit(f"--backend must be triton or gluon, got {backend!r}")
     if gemv not in (None, "fma", "mma"):
         sys.exit(f"--gemv must be fma or mma, got {gemv!r}")
     fn = main_gluon if backend == "gluon" else main
     sys.exit(fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
-                gemv=gemv))
+                gemv=gemv, **({"push": True} if push else {})))

@@ -169,7 +169,7 @@ def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
 def test_bench_tp_refusals(capsys):
     bench = ("bench", "--model", "tiny", "--random-weights", "--tp", "2")
     assert main([*bench, "--modes", "megakernel,torch+compile"]) == 2
-    assert "--tp 2 times torch, torch+graph, eager, graph, pdl, megakernel, megakernel-triton (not torch+compile)" in capsys.readouterr().err
+    assert "--tp 2 times torch, torch+graph, eager, graph, pdl, megakernel, megakernel-triton, megakernel-push (not torch+compile)" in capsys.readouterr().err
     assert main([*bench, "--study"]) == 2
     assert "--study runs at --tp 1 only" in capsys.readouterr().err
     if not torch.cuda.is_available():

@@ -3,7 +3,9 @@ one group: "torch" (``dist.tp_reference``), "torch+graph" (``bench.tp_graph``: t
 with NCCL inside), the kernel modes eager, graph, pdl (``dist.tp_kernels``) with each all-reduce asked for
 ("nccl", "symm": ``dist.allreduce``), and the megakernel (``dist.tp_megakernel``: its all-reduces are tile tasks;
 allreduce null): "megakernel" with the backend "auto" picks (the streaming Gluon kernel for bf16 Llama-family
-shards on Hopper; the record's ``backend`` says which ran), "megakernel-triton" the Triton megakernel.
+shards on Hopper; the record's ``backend`` says which ran), "megakernel-triton" the Triton megakernel,
+"megakernel-push" the streaming kernel with the push all-reduce (``push=True``: producers store their rows in the
+peers' memory and signal there; the all-reduce tasks read and poll only their own GPU's).
 
 Each record (rank 0's), the TP=1 bench's fields (``bench.modes``) plus ``tp`` and ``allreduce``: model, batch,
 context, mode, allreduce (null for the torch modes: they all-reduce through NCCL), tp, runner, gemv (the GEMV path
@@ -26,7 +28,7 @@ from onekernel.bench.modes import random_decode_state, runner_gemv
 from onekernel.bench.report import fill_ratios, md_table
 from onekernel.bench.timing import copy_bandwidth_gbs, floor_ms, median_ms, step_bytes
 
-TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel", "megakernel-triton")
+TP_BENCH_MODES = ("torch", "torch+graph", "eager", "graph", "pdl", "megakernel", "megakernel-triton", "megakernel-push")
 KERNEL_MODES = ("eager", "graph", "pdl")
 
 
@@ -38,6 +40,8 @@ def tp_runner(mode: str, model, cache, group, allreduce: str | None, gemv: str |
         return TPTorchGraphRunner(model, cache, group)
     if mode == "torch":
         return group.step_runner("reference", model, cache)
+    if mode == "megakernel-push":
+        return group.step_runner("megakernel", model, cache, backend="gluon", push=True, gemv=gemv)
     if mode in ("megakernel", "megakernel-triton"):
         return group.step_runner("megakernel", model, cache, backend="auto" if mode == "megakernel" else "triton",
                                  gemv=gemv)

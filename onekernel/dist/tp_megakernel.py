@@ -37,6 +37,19 @@ after the other), its readers included. ``graph.deps.check_cross_step`` checks e
 (and the runner refuses a graph where it fails). The event counters are monotonic (waits compare with
 expected x epoch), so they are never overwritten.
 
+Pull or push (``push``, the streaming backend only; default pull). *Pull*: an all-reduce tile reads each peer's
+partial from the peer's memory and polls the peer's counters (every wait and read an NVLink round trip on the
+critical path). *Push*: a producer whose rows a peer reads (its record's F_SYS) stores them into every peer's
+pool as well as its own (the same offsets in every pool: ``bind_pools``' slot per rank), then adds to its own
+counter (gpu scope) and, with a system-scope release, to each peer's *receive* counter for it; the all-reduce
+tile polls and reads only its own GPU's memory (``exec.persistent.push_counters`` gives the kernel the three
+offset tables). The NVLink writes are posted; the producer's release waits for them, off the reader's path.
+The graph, the tasks, the events and the sums (rank order, one rounding) are the same, so both give the same
+bits. Cross-step safety holds with the roles mirrored: rank p's pushes of step t+1 into rank q's slot follow
+p's step-t end (``embed.out``: after q's ``embed.ar`` tiles read slot p, through q's ``o_proj.0`` pushes that
+p's ``o_proj.0.ar`` waited on) or p's ``embed.ar`` of step t+1 (which waits on q's step-t+1 ``embed`` pushes,
+made after q's whole step t); the receive counters are monotonic, zeroed only by the rank barrier's rewind.
+
 Backends: "triton" (``exec.megakernel``, every device and the interpreter; run on two H200s) or "gluon" (the
 streaming kernel, ``exec.stream_runner``: the all-reduces are non-GEMV tile tasks of the re-tiled plan, its remote
 waits and system-scope signals built as the Triton kernel's; run on two H200s in run 8); "auto" takes "gluon" where the
@@ -82,20 +95,58 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def pool_layout(graph, min_counters: int = 0) -> tuple[int, int, dict[str, int]]:
+def pool_layout(graph, min_counters: int = 0, push: int = 0) -> tuple[int, int, dict[str, int]]:
     """(pool bytes, counter entries, {buffer name: byte offset}) of a tensor-parallel graph: the event counters
     (one int32 per task, or ``min_counters``: the streaming kernel's re-tiled graph may have more tasks,
     ``stream_plan.task_bound``) first, then every buffer that a peer buffer mirrors, in graph order, each 16-byte
-    aligned. The same on every rank (identical graphs)."""
+    aligned. The same on every rank (identical graphs). ``push`` = n ranks (the push all-reduce): the counters
+    n + 1 times over (this rank's, then a receive copy per sending rank: ``exec.persistent.push_counters``) and
+    each mirrored buffer n times, slot r holding rank r's partial (``push_slot``); the counter entries returned
+    are still one set's."""
     n_counters = max(len(graph.tasks), min_counters, 1)
-    off = _align(4 * n_counters)
+    off = _align(4 * n_counters * (1 + push))
     sources = {src for _, src in (graph.meta.get("peers") or {}).values()}
     offsets = {}
     for name, b in graph.buffers.items():
         if name in sources:
             offsets[name] = off
-            off += _align(b.nbytes)
+            off += _align(b.nbytes) * max(push, 1)
     return off, n_counters, offsets
+
+
+def push_slot(offsets: dict, buffers: dict, name: str, rank: int) -> int:
+    """Byte offset of rank ``rank``'s partial of mirrored buffer ``name`` in a push pool (``pool_layout``)."""
+    return offsets[name] + rank * _align(buffers[name].nbytes)
+
+
+def bind_pools(graph, tensors: dict, pools: list, rank: int, offsets: dict, n_counters: int,
+               push: bool = False) -> list[torch.Tensor]:
+    """Point ``tensors`` (the bound step's) of a tensor-parallel ``graph`` into the pools (``pool_layout``'s
+    ``offsets`` and ``n_counters``; every rank's pool uint8, rank order) and return every rank's counters int32
+    (1 set, push: n + 1 sets). This rank's counters are zeroed and its mirrored buffers poisoned (NaN: a missed
+    write or push shows). Pull: a mirrored buffer lives in its rank's pool and ``peer{p}.X`` is rank p's own
+    ``X`` (read over NVLink). Push: every pool holds a slot per rank for each mirrored buffer (``push_slot``);
+    ``X`` is this rank's slot in its own pool and ``peer{p}.X`` slot p in its own pool, which rank p's producers
+    fill (the same offset in every pool: ``exec.persistent.push_counters``' element offsets)."""
+    n = len(pools)
+    own = pools[rank]
+    n_cnt = n_counters * (1 + n) if push else n_counters
+    own[:_align(4 * n_cnt)].zero_()
+
+    def view(pool, off, b):
+        return pool[off:off + b.nbytes].view(b.dtype).view(b.shape)
+
+    for src, off in offsets.items():
+        b = graph.buffers[src]
+        for r in (range(n) if push else ()):
+            view(own, push_slot(offsets, graph.buffers, src, r), b).fill_(float("nan"))
+        tensors[src] = view(own, push_slot(offsets, graph.buffers, src, rank), b) if push else view(own, off, b)
+        tensors[src].fill_(float("nan"))
+    for name, (p, src) in graph.meta["peers"].items():
+        b = graph.buffers[name]
+        tensors[name] = (view(own, push_slot(offsets, graph.buffers, src, p), b) if push
+                         else view(pools[p], offsets[src], b))
+    return [p[:4 * n_cnt].view(torch.int32) for p in pools]
 
 
 def shared_pools(n_ranks: int, nbytes: int) -> list[torch.Tensor]:
@@ -149,10 +200,11 @@ class TPMegakernelRunner(TPRankRunner):
     ``backend`` ("auto" | "gluon" | "triton", default DEFAULT_BACKEND: module doc) and the chosen megakernel's own
     options (``exec.megakernel.MegakernelRunner``: ``spin_limit``, ``comm_workers`` (SM reservation), ...;
     ``exec.stream_runner.StreamMegakernelRunner``: ``wait_ms``; ``n_workers``, ``use_cuda_graph``,
-    ``check_every``, ``profile`` both). ``self.backend``: the one that runs; the GEMV path:
+    ``check_every``, ``profile`` both). ``push`` (bool, default False: the pull all-reduce; the streaming backend
+    only): the push all-reduce (module doc). ``self.backend``: the one that runs; the GEMV path:
     ``self.bound.graph.meta["gemv"]``. Building it is collective (the pools' rendezvous, the fingerprint
     comparison). Raises InputError (pools missing or too small, an unknown backend or gemv path, "gluon" where it
-    cannot run, an option of the other backend), ScheduleError (the ranks built different schedules, or the
+    cannot run, an option of the other backend, ``push`` where the Triton kernel runs), ScheduleError (the ranks built different schedules, or the
     cross-step check failed), DeviceError (no GPU and not ``interpret``), RankError from a collective."""
 
     mode = "megakernel"
@@ -170,6 +222,9 @@ class TPMegakernelRunner(TPRankRunner):
         if options.pop("allreduce", None) not in (None, "megakernel"):
             raise InputError("--allreduce applies to the kernel modes eager, graph and pdl; the megakernel's "
                              "all-reduce is its own tile tasks")
+        push = options.pop("push", False)
+        if not isinstance(push, bool):
+            raise InputError(f"push must be True (the push all-reduce) or False (pull), got {push!r}")
         self.model, self.cache, self.group = model, cache, group
         shard = group.shard
         n, rank = shard.tp, shard.rank
@@ -187,10 +242,15 @@ class TPMegakernelRunner(TPRankRunner):
         g = bound.graph
         n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
         self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)
+        self.push = push
+        if push and self.backend != "gluon":
+            raise InputError("push=True (the push all-reduce) runs in the streaming (Gluon) megakernel only; this "
+                             "step runs the Triton one (backend='gluon' says why not)")
         from onekernel.exec.stream_plan import task_bound
         # the streaming plan's re-tiled graph may have more tasks (events); pools large enough for it also serve a
         # fall back to the Triton kernel
-        nbytes, n_counters, offsets = pool_layout(g, task_bound(g, n_workers) if self.backend == "gluon" else 0)
+        nbytes, n_counters, offsets = pool_layout(g, task_bound(g, n_workers) if self.backend == "gluon" else 0,
+                                                  n if push else 0)
         if pools is None:
             if dev.type != "cuda":
                 raise InputError("the tensor-parallel megakernel off a GPU needs pools= (every rank's pool in shared "
@@ -201,17 +261,8 @@ class TPMegakernelRunner(TPRankRunner):
             raise InputError(f"pools must be {n} uint8 tensors of at least {nbytes} bytes (one per rank), got "
                              f"{[(tuple(p.shape), p.dtype) for p in pools]}")
         self.pools = pools
-        own = pools[rank]
-        own[:_align(4 * n_counters)].zero_()
+        counters = bind_pools(g, bound.tensors, pools, rank, offsets, n_counters, push)
         t = bound.tensors
-        for src, off in offsets.items():
-            b = g.buffers[src]
-            t[src] = own[off:off + b.nbytes].view(b.dtype).view(b.shape)
-            t[src].fill_(float("nan"))  # poisoned, as every activation: a missed write shows
-        for name, (p, src) in g.meta["peers"].items():
-            b, off = g.buffers[name], offsets[src]
-            t[name] = pools[p][off:off + b.nbytes].view(b.dtype).view(b.shape)
-        counters = [p[:4 * n_counters].view(torch.int32) for p in pools]
 
         B = bound.batch
         self.logits = logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
@@ -229,8 +280,11 @@ class TPMegakernelRunner(TPRankRunner):
             spin_limit = INTERPRET_SPIN_LIMIT
         self.runner = None
         if self.backend == "gluon":
-            self.runner = self._stream_runner(bound, backend, rank, counters, gather, options)
+            self.runner = self._stream_runner(bound, backend, rank, counters, gather, dict(options, push=push))
         if self.runner is None:
+            if push:
+                raise InputError("push=True (the push all-reduce) needs the streaming (Gluon) megakernel, which did "
+                                 "not build here (backend='gluon' raises its error)")
             self.backend = "triton"
             self.runner = MegakernelRunner(bound, interpret=interpret, rank=rank, counters=counters, after=gather,
                                            spin_limit=spin_limit,

@@ -45,6 +45,22 @@ def peer_counters(counters, rank: int, n_events: int, dev, peers=None) -> tuple[
     return own[:n], torch.tensor(off, dtype=torch.int64, device=dev)
 
 
+def push_counters(counters, rank: int, n_events: int, elem_size: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """The push all-reduce's counters (the streaming megakernel, constexpr PUSH; dist/tp_megakernel.py's pools):
+    each rank's int32 array holds n + 1 sets of ``n_events`` counters, its own, then one receive set per sending
+    rank p (set 1 + p), each array at the start of its rank's pool (model-dtype data of ``elem_size`` bytes
+    follows at the same offsets on every rank). Returns (this rank's counters, all n + 1 sets: what a rewind
+    zeroes; peer_off int64 [3 n]): [0:n] where a remote wait on rank p spins (this rank's receive set of p, as
+    int32 elements from its counters), [n:2n] where this rank signals rank q (q's receive set of this rank),
+    [2n:3n] the model-dtype elements from this rank's pool to rank q's (0 for itself: nothing pushed there).
+    Raises InputError as ``peer_counters``."""
+    n, ne = len(counters), max(n_events, 1)
+    own, off = peer_counters(counters, rank, ne * (1 + n), dev)
+    off = off.tolist()  # 16-byte aligned (peer_counters): whole elements of any dtype up to 16 bytes
+    table = [ne * (1 + p) for p in range(n)] + [o + ne * (1 + rank) for o in off] + [4 * o // elem_size for o in off]
+    return own, torch.tensor(table, dtype=torch.int64, device=dev)
+
+
 @contextmanager
 def jit_hooks_off():
     """Run the block with Triton's JIT hooks (``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook``)

@@ -350,6 +350,19 @@ def wait_remote(rec, rwl, peer_off, ev_cnt, err, epoch, t, WAIT_NS: gl.constexpr
 
 
 @gluon.jit
+def push_rows(p, y, m, pdelta, NR: gl.constexpr):
+    """Push (tensor parallel, constexpr PUSH): store y (the values just stored at the pointers ``p``, mask ``m``)
+    at the same offset in every peer's pool: ``p + pdelta[q]`` for q < NR, pdelta int64 [NR] = elements of y's
+    dtype from this rank's pool to rank q's (0 for this rank, skipped; dist/tp_megakernel.py lays the pools out
+    alike). The stores are posted over NVLink; the task's signal (a system-scope release into each peer's
+    counters, stream_device) orders them before the peer's reads."""
+    for q in gl.static_range(NR):
+        d = gl.load(pdelta + q)
+        if d != 0:
+            gl.store(p + d, y, mask=m)
+
+
+@gluon.jit
 def warp_release(addr, ok):
     """Every lane: ``bar.warp.sync``, then lane 0 arrives on the mbarrier at shared address ``addr`` (count: one per
     consumer warp; ``mbarrier.arrive`` has release semantics, so the warp's reads of the slot are ordered before

@@ -85,10 +85,12 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               BN: gl.constexpr, NSP2: gl.constexpr, CHM: gl.constexpr, BD: gl.constexpr, NT: gl.constexpr,
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
-              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, QKN: gl.constexpr, NSS: gl.constexpr):
+              FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, QKN: gl.constexpr, NSS: gl.constexpr,
+              PUSH: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
-    tasks, remote waits, system-scope signals (stream_megakernel)."""
+    tasks, remote waits, system-scope signals (stream_megakernel); PUSH: producers read by peers push their rows
+    and signal into the peers' pools."""
     # GEMV results [BP, RG]: batch rows in registers, RG rows over the warps (as _group reduces them)
     AL: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 1], [1, 1, 32], [1, 4, 1], [2, 1, 0]))
     TM: gl.constexpr = 32 if HD >= 128 else HD // 4
@@ -143,7 +145,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
                     gl.store(prof + t * 4 + 1, now())
                 allreduce_task(rec, a, base_t, B, D, NR, ARD)
         if kind == K_EMBED:
-            embed_task(rec, a, base_t, base_i, B, V, D, BD)
+            embed_task(rec, a, base_t, base_i, B, V, D, BD, peer_off + 2 * NR, PUSH, NR)
         elif kind == K_MERGE:
             merge_task(rec, a, base_t, base_f, HQ, HD, NSPLIT, NSP2, CHM, LM)
         elif kind == K_ARGMAX:
@@ -152,10 +154,10 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, QKN, NSS)
+                                 prof + (n_prof + t) * 4, QKN, NSS, peer_off + 2 * NR, PUSH, NR)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
-                                 RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL)
+                                 RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL, peer_off + 2 * NR, PUSH, NR)
         if PROFILE:  # the publish (this barrier, the release add): prof column 3 = worker + (ns at the barrier) << 16
             t_pub = now()  # + (ns of the whole publish) << 40 (read back by profile.trace.sm_of / publish_of)
         barrier()  # every store of the task issued (and xbuf free for the next one)
@@ -165,7 +167,13 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             sig = gl.load(rec + F_SIGNAL)
         if sig >= 0:
             if TP:  # another rank reads this event (and the rows behind it): a system-scope release
-                if gl.load(rec + F_SYS) != 0:
+                if PUSH:  # own counter (this rank's readers), then each peer's receive counter (rows pushed there)
+                    gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
+                    if gl.load(rec + F_SYS) != 0:
+                        for q in gl.static_range(NR):
+                            if gl.load(peer_off + 2 * NR + q) != 0:
+                                gl.atomic_add(ev_cnt + gl.load(peer_off + NR + q) + sig, 1, sem="release", scope="sys")
+                elif gl.load(rec + F_SYS) != 0:
                     gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="sys")
                 else:
                     gl.atomic_add(ev_cnt + sig, 1, sem="release", scope="gpu")
@@ -194,7 +202,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      QKN: gl.constexpr = False, NSS: gl.constexpr = 0):
+                      QKN: gl.constexpr = False, NSS: gl.constexpr = 0, PUSH: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -215,7 +223,12 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     columns per tile) wait on their local producers, then on the same events in every peer's counters
     (``rwl`` int32 [m, 3] = (event, expected, peer), ``ev_cnt + peer_off[peer]``: int64 [ranks] elements from
     this rank's counters to each rank's) with ``ld.acquire.sys``; tasks whose record has F_SYS signal with a
-    system-scope release; err[ERR_RSLOT:ERR_RSLOT + 6] holds the remote failure (stream_base).
+    system-scope release; err[ERR_RSLOT:ERR_RSLOT + 6] holds the remote failure (stream_base). PUSH (the push
+    all-reduce, dist/tp_megakernel.py): ``peer_off`` int64 [3 x ranks] = (where the remote waits spin: this
+    rank's own receive counters per sending peer; where this rank signals in each peer's receive counters; the
+    element offsets from this rank's pool to each peer's, 0 for itself): a producer read remotely stores its
+    rows into every peer's pool too (stream_base.push_rows), then adds to its own counter (gpu scope) and to each
+    peer's receive counter (system-scope release), so an all-reduce task reads and polls only its own memory.
 
     Segments (exec.stream_segments: the separate-kernel modes on these bodies): worker w runs the queue positions
     qbeg[w]:qend[w] and streams the chunks cbeg[w]:cend[w] (the megakernel: qoff[w]:qoff[w+1], chunk_off[w]:
@@ -260,7 +273,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN, NSS)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN, NSS, PUSH)),
         (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

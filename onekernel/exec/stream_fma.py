@@ -10,8 +10,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import (F_IDX, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, smem_addr, view,
-                                        wait_bounded, warp_release)
+from onekernel.exec.stream_base import (F_IDX, F_SYS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, barrier, push_rows,
+                                        smem_addr, view, wait_bounded, warp_release)
 from onekernel.exec.stream_epilogue import gateup_out, gemv_task, lm_out, qkv_buffers, qkv_out, rope_angles
 from onekernel.ops.gemv_rows import rnd  # the ops' own rounding (a Triton function Gluon calls)
 
@@ -123,9 +123,12 @@ def gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
           B: gl.constexpr, BP: gl.constexpr, XB: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr,
           CK: gl.constexpr,
           SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-          HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr, AL: gl.constexpr):
+          HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr, AL: gl.constexpr,
+          pdelta=None, PUSH: gl.constexpr = False, NR: gl.constexpr = 1):
     """One GEMV task: units [u0, u0 + nu) of op rows (exec.stream_plan: RESID/LMHEAD unit = RG rows, GATEUP =
-    RG gate rows + the same RG up rows, QKV = RG/2 rotation pairs of one head)."""
+    RG gate rows + the same RG up rows, QKV = RG/2 rotation pairs of one head). PUSH (tensor parallel): a
+    residual task whose signal a peer waits on (F_SYS) also stores its outputs into every peer's pool
+    (stream_base.push_rows over ``pdelta``)."""
     dt: gl.constexpr = base_t.dtype.element_ty
     t, u0, nu, K, nkb, N, x, nw = gemv_task(rec, a, base_t, False)
     if (kind == K_GATEUP) | (kind == K_QKV) | (kind == K_LMHEAD):
@@ -146,7 +149,13 @@ def gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err,
             rv = gl.load(res + offs, mask=m, other=0.0, cache_modifier=".cg")  # in flight during the chunks
             acc, ok, i = _group(ring, bars, xbuf, xs, nkb, ok, i, err, t, B, BP, XB, KXB, RG, CK, SLOTS, BARS,
                                 WAIT_NS, False, AL)
-            gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
+            if PUSH:
+                y = (rv.to(gl.float32) + rnd(acc, dt)).to(dt)
+                gl.store(out + offs, y, mask=m)
+                if gl.load(rec + F_SYS) != 0:
+                    push_rows(out + offs, y, m, pdelta, NR)
+            else:
+                gl.store(out + offs, (rv.to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
     elif kind == K_GATEUP:
         out = base_t + gl.load(a + 2) * 8
         for u in range(u0, u0 + nu):

@@ -14,9 +14,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, F_SS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
-                                        mma_direct_a, mma_shared_layouts, mma_split, now, smem_addr, view, wait_bounded,
-                                        warp_release)
+from onekernel.exec.stream_base import (F_IDX, F_SS, F_SYS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
+                                        mma_direct_a, mma_shared_layouts, mma_split, now, push_rows, smem_addr, view,
+                                        wait_bounded, warp_release)
 from onekernel.exec.stream_epilogue import (gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin,
                                            ss_buffer)
 from onekernel.exec.stream_stage import copy_a, load_a, raw_a, rstd16, rstd_partials, stack, stage_layout, store_a
@@ -165,7 +165,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
              B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
              GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
              HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False, NSS: gl.constexpr = 0):
+             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False, NSS: gl.constexpr = 0,
+             pdelta=None, PUSH: gl.constexpr = False, NR: gl.constexpr = 1):
     """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
     (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
     epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
@@ -176,7 +177,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
     block's end to its outputs' stores) + (ns from the body's start to its first block: the operand pointers and the
     rstd pass) << 32, tiles staged + (ns of the staging spent waiting for the tiles' loads, before their first
     barrier) << 16; the rest of the task's time (prof: end - ready) is the fields, the chunks' ldmatrix / MMA and
-    the release."""
+    the release. PUSH (tensor parallel): a residual task whose signal a peer waits on (F_SYS) also stores its
+    outputs into every peer's pool (stream_base.push_rows over ``pdelta``)."""
     dt: gl.constexpr = base_t.dtype.element_ty
     AL: gl.constexpr = _mma_out_layout(RG)
     if PROFILE:
@@ -248,6 +250,8 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
             t_e = now()
         barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
+            if PUSH:
+                sysf = gl.load(rec + F_SYS)
             for j in gl.static_range(GB):
                 u = ub + j
                 if u < ue:
@@ -259,6 +263,11 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
                         gl.store(out + offs, y, mask=m)
                         yf = y.to(gl.float32)
                         ssq = ssq + gl.sum(yf * yf, axis=1)
+                    elif PUSH:
+                        y = (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt)
+                        gl.store(out + offs, y, mask=m)
+                        if sysf != 0:
+                            push_rows(out + offs, y, m, pdelta, NR)
                     else:
                         gl.store(out + offs, (pf[j][0].to(gl.float32) + rnd(acc, dt)).to(dt), mask=m)
         elif kind == K_GATEUP:

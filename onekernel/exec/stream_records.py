@@ -52,15 +52,15 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(rows, dtype=torch.int32), torch.tensor(wl or [(0, 0)], dtype=torch.int32)
 
 
-def fingerprint(plan: StreamPlan) -> int:
+def fingerprint(plan: StreamPlan, extra: tuple = ()) -> int:
     """A 63-bit hash of what every rank must share to wait on each other's counters (as
     ``MegakernelRunner.fingerprint``): the task kinds, units, queues, events (signals, waits, expected counts,
     system-scope signals), the events of the remote waits (without the peer ranks, which differ by rank) and the
-    kernel constants."""
+    kernel constants, and ``extra`` (the runner's own choices the ranks must share: the push all-reduce)."""
     ev = plan.events
     parts = (tuple(plan.kinds), tuple(plan.units), tuple(map(tuple, plan.schedule.queues)), tuple(ev.signal),
              tuple(map(tuple, ev.waits)), tuple(ev.expected), tuple(ev.sys_signal),
-             tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits), sorted(plan.consts.items()))
+             tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits), sorted(plan.consts.items()), extra)
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
 
 

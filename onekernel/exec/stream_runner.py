@@ -19,7 +19,7 @@ import torch
 from onekernel.errors import InputError
 from onekernel.exec import stream_device as sd
 from onekernel.exec.stream_base import ERR_TASKS, ERRORS
-from onekernel.exec.persistent import PersistentRunner, peer_counters
+from onekernel.exec.persistent import PersistentRunner, peer_counters, push_counters
 from onekernel.exec.stream_pack import arg_table, pack_weights, scratch_tensors
 from onekernel.exec.stream_plan import CHUNK_ELEMS, bars_guess, make_plan
 from onekernel.exec.stream_records import fingerprint
@@ -114,13 +114,14 @@ class StreamMegakernelRunner(PersistentRunner):
     ``counters`` (every rank's event-counter array as mapped in this process, int32, zeroed, rank order, at least
     ``plan.events.n_events`` entries; symmetric memory on GPUs), as ``exec.megakernel.MegakernelRunner``;
     ``after`` (a callable run after every launch, captured with it). A remote wait that gives up is reported
-    before any local one (its own error slot: stream_base)."""
+    before any local one (its own error slot: stream_base). ``push``: the push all-reduce (constexpr PUSH;
+    ``counters`` then hold n + 1 sets each: ``exec.persistent.push_counters``; part of ``fingerprint``)."""
 
     wait_errors = {k: v for k, v in ERRORS.items() if k != 1}
 
     def __init__(self, step, *, n_workers: int | None = None, use_cuda_graph: bool | None = None,
                  check_every: int = 0, wait_ms: int = 2000, profile: bool = False, rank: int = 0, counters=None,
-                 after=None):
+                 after=None, push: bool = False):
         reason = unsupported(step)
         if reason:
             raise InputError(f"the streaming (Gluon) megakernel cannot run this step: {reason}; use "
@@ -158,8 +159,14 @@ class StreamMegakernelRunner(PersistentRunner):
                 raise InputError("this step has all-reduce tasks reading other ranks' buffers (a tensor-parallel graph): "
                                  "the streaming megakernel needs every rank's event counters (counters=, rank=; "
                                  "onekernel.dist.tp_megakernel)")
-            self.ev_cnt, self.peer_off = peer_counters(counters, rank, self.events.n_events, dev)
+            if push:
+                self.ev_cnt, self.peer_off = push_counters(counters, rank, self.events.n_events,
+                                                           step.graph.meta["dtype"].itemsize, dev)
+            else:
+                self.ev_cnt, self.peer_off = peer_counters(counters, rank, self.events.n_events, dev)
             self._counters = list(counters)  # the kernel addresses the peers' counters by offset: keep them alive
+        elif push:
+            raise InputError("push=True applies to a tensor-parallel step (all-reduce tasks), not this one")
         else:
             self.ev_cnt = torch.zeros(max(self.events.n_events, 1), **i32)
             self.peer_off = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -174,7 +181,10 @@ class StreamMegakernelRunner(PersistentRunner):
         self._prof_all = torch.zeros(2 * n, 4, dtype=torch.int64, device=dev)
         self.prof, self.prof_sub = self._prof_all[:n], self._prof_all[n:]
         self.wait_limit = f"{wait_ms} ms"
+        self.push = push
         self.consts = dict(self.plan.consts, WAIT_NS=wait_ms * 1_000_000, BARS=0, PROFILE=profile)
+        if push:  # the kernel's constexpr (absent otherwise: the pull and TP=1 kernels keep their cache keys)
+            self.consts["PUSH"] = True
         self.consts["BARS"] = bars_guess(self.consts)
         self._init_run_state(True, use_cuda_graph, check_every)
         self._compile(props)
@@ -195,7 +205,7 @@ class StreamMegakernelRunner(PersistentRunner):
 
     def fingerprint(self) -> int:
         """``stream_records.fingerprint`` of this runner's plan (the tensor-parallel runner compares it across ranks)."""
-        return fingerprint(self.plan)
+        return fingerprint(self.plan, (("PUSH", self.push),))
 
 
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from onekernel.exec.stream_base import F_RES, F_TILE
+from onekernel.exec.stream_base import F_RES, F_SYS, F_TILE, push_rows
 from onekernel.ops.gemv_rows import rnd
 
 
 @gluon.jit
-def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.constexpr, BD: gl.constexpr):
-    """out[b, cols] = table[tokens[b], cols] for the tile's BD columns (a token outside [0, V) gives zeros)."""
+def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.constexpr, BD: gl.constexpr,
+               pdelta=None, PUSH: gl.constexpr = False, NR: gl.constexpr = 1):
+    """out[b, cols] = table[tokens[b], cols] for the tile's BD columns (a token outside [0, V) gives zeros).
+    PUSH (tensor parallel): rows a peer's all-reduce reads (the record's F_SYS) also go into every peer's pool
+    (stream_base.push_rows)."""
     L1: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
     tokens = base_i + gl.load(a) * 4
     table = base_t + gl.load(a + 1) * 8
@@ -24,6 +27,9 @@ def embed_task(rec, a, base_t, base_i, B: gl.constexpr, V: gl.constexpr, D: gl.c
         okt = (tok >= 0) & (tok < V)
         v = gl.load(table + tok.to(gl.int64) * D + cols, mask=(cols < D) & okt, other=0.0)
         gl.store(out + b * D + cols, v, mask=cols < D)
+        if PUSH:
+            if gl.load(rec + F_SYS) != 0:
+                push_rows(out + b * D + cols, v, cols < D, pdelta, NR)
 
 
 @gluon.constexpr_function
