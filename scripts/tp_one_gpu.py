@@ -152,6 +152,7 @@ def main() -> int:
               **({"gemv": a.gemv} if a.gemv else {})}
     sync = (lambda: torch.cuda.current_stream().synchronize()) if not cpu else (lambda: None)
     out, records = Path(a.out), []
+    out.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(rec):
         records.append(rec)
