@@ -193,7 +193,9 @@ class TPMegakernelRunner(TPRankRunner):
     the peer rank).
 
     Options: ``interpret`` (the Triton interpreter, one worker; needs ``pools``), ``pools`` (every rank's pool, a
-    ``shared_pools`` list; default on GPUs: ``cuda_pools``, a collective), ``tiles`` / ``n_sm`` (as
+    ``shared_pools`` list, or a callable ``pools(nbytes, device) -> that list`` called with the bytes this runner
+    needs: ranks as threads of one process, ``dist.threads.PoolFactory``; default on GPUs: ``cuda_pools``, a
+    collective), ``tiles`` / ``n_sm`` (as
     ``make_step_runner``; default "fit"), ``gemv`` ("fma" | "mma" | None: the unsharded model's default,
     ``dist.tp_kernels.rank_gemv``; both backends run either path), ``ar_tiles`` (tiles per all-reduce op:
     ``decode_graph``), ``spin_limit`` (polls before a wait gives up; interpreter default INTERPRET_SPIN_LIMIT),
@@ -251,6 +253,8 @@ class TPMegakernelRunner(TPRankRunner):
         # fall back to the Triton kernel
         nbytes, n_counters, offsets = pool_layout(g, task_bound(g, n_workers) if self.backend == "gluon" else 0,
                                                   n if push else 0)
+        if callable(pools):  # ranks as threads of one process (dist.threads): every rank gets the same pools
+            pools = list(pools(nbytes, dev))
         if pools is None:
             if dev.type != "cuda":
                 raise InputError("the tensor-parallel megakernel off a GPU needs pools= (every rank's pool in shared "

@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,22 +60,28 @@ def cache_dir() -> Path:
     return d
 
 
+_LOAD_LOCK = threading.RLock()  # threads of one process (dist.threads' ranks) load the same module at once
+
+
 def load_source(src: str, stem: str):
-    """Write ``src`` to the cache folder (content-addressed) and import it as a module."""
+    """Write ``src`` to the cache folder (content-addressed) and import it as a module. Thread-safe: without the
+    lock a second thread could take the module from sys.modules before it was executed (AttributeError), or
+    write the same temporary file."""
     h = hashlib.sha1(src.encode()).hexdigest()[:16]
     name = f"onekernel_gen_{stem}_{h}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = cache_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    with _LOAD_LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        path = cache_dir() / f"{name}.py"
+        if not path.exists() or path.read_text() != src:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(src)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
 
 
 def fn_import(fn, alias: str) -> str:

@@ -24,6 +24,7 @@ import hashlib
 import io
 import logging
 import os
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def store(what: str, k: str, arrays: dict) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     body = buf.getvalue()
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp = p.with_suffix(f".tmp{os.getpid()}_{threading.get_ident()}")  # threads of one process: their own file
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(MAGIC + hashlib.sha256(body).digest() + body)
