@@ -152,6 +152,26 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+380) # session 38 (~6 min, one H200: no two-GPU kind lent): the tensor-parallel megakernel's device code with the TP=2
+    # ranks as two threads of one process on ONE GPU (scripts/tp_one_gpu.py: 66 workers each, concurrent kernels, the
+    # peer memory on the same GPU): the streaming kernel pull and push (push=True, new) and the Triton kernel on
+    # Llama-3.2-1B, pull on Llama-3.1-8B, each against TP=1 of the same backend (logits, 16 greedy tokens, reduced
+    # rows bitwise equal across ranks, the forced timeout naming peer rank 1), in parallel processes (time-sliced:
+    # their ms figures are not used); then push on 8B alone, and 1B pull / push again one at a time (the ms figures
+    # of one GPU shared by two ranks: not a TP speed)
+    one="python3 scripts/tp_one_gpu.py --batches 1,8"
+    (timeout 300 $one --model llama-3.2-1b --out "$W/one-1b-pull.json" >"$W/one-1b-pull.log" 2>&1) &
+    (timeout 300 $one --model llama-3.2-1b --opt push=True --out "$W/one-1b-push.json" >"$W/one-1b-push.log" 2>&1) &
+    (timeout 300 $one --model llama-3.2-1b --backend triton --out "$W/one-1b-triton.json" >"$W/one-1b-triton.log" 2>&1) &
+    (timeout 300 $one --model llama-3.1-8b --out "$W/one-8b-pull.json" >"$W/one-8b-pull.log" 2>&1) &
+    wait
+    for f in one-1b-pull one-1b-push one-1b-triton one-8b-pull; do log "$f: $(tail -n 4 "$W/$f.log" | cut -c1-400)"; done
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 150 one-8b-push $one --model llama-3.1-8b --opt push=True --out "$W/one-8b-push.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 60 one-1b-pull-alone $one --model llama-3.2-1b --steps 4 --out "$W/one-1b-pull-alone.json"
+    step 60 one-1b-push-alone $one --model llama-3.2-1b --steps 4 --opt push=True --out "$W/one-1b-push-alone.json"
+    ;;
 362) # session 37 (~3 min, a fresh machine): the weight stream packed by one gather per op (stream_pack.pack_weights; a
     # start made thousands of small launches, one set per task): the streaming GPU tests of the tensor-core path (against
     # the reference, each row its batch-1 run; both GEMV paths' streams), then 361's starts again
