@@ -152,6 +152,25 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+381) # session 38 (~5 min, after 380): the same harness at TP=4 and TP=8 on one H200 (33 and 16 workers a rank; the
+    # code of issue 16's sizes, NR = 4 / 8 partials and peers, on hardware), pull and push, with the records' sha256 of
+    # logits, tokens and reduced rows: push must give pull's bits at every TP size (also at TP=2: 380's records had no
+    # hashes). In parallel processes (time-sliced; ms figures not used); more hardware queues than ranks
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    one="python3 scripts/tp_one_gpu.py --batches 1,8 --steps 8"
+    for tp in 2 4 8; do
+        (timeout 280 $one --model llama-3.2-1b --tp $tp --out "$W/one-1b-tp$tp-pull.json" >"$W/one-1b-tp$tp-pull.log" 2>&1) &
+        (timeout 280 $one --model llama-3.2-1b --tp $tp --opt push=True --out "$W/one-1b-tp$tp-push.json" \
+            >"$W/one-1b-tp$tp-push.log" 2>&1) &
+    done
+    (timeout 280 $one --model llama-3.2-1b --tp 4 --backend triton --out "$W/one-1b-tp4-triton.json" \
+        >"$W/one-1b-tp4-triton.log" 2>&1) &
+    wait
+    for f in "$W"/one-*.log; do log "$(basename "$f"): $(tail -n 3 "$f" | cut -c1-300)"; done
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 200 one-8b-tp4-pull $one --model llama-3.1-8b --tp 4 --batches 1 --out "$W/one-8b-tp4-pull.json"
+    step 200 one-8b-tp4-push $one --model llama-3.1-8b --tp 4 --batches 1 --opt push=True --out "$W/one-8b-tp4-push.json"
+    ;;
 380) # session 38 (~6 min, one H200: no two-GPU kind lent): the tensor-parallel megakernel's device code with the TP=2
     # ranks as two threads of one process on ONE GPU (scripts/tp_one_gpu.py: 66 workers each, concurrent kernels, the
     # peer memory on the same GPU): the streaming kernel pull and push (push=True, new) and the Triton kernel on

@@ -15,7 +15,8 @@ numbers), then
    use_cuda_graph=False, check_every=0, pools=PoolFactory, **opts)``; ``--opt`` entries are passed as they are,
    values parsed as int / bool / None / str); record: ``rel_err`` (relative L2 error of the whole logits against
    TP=1), ``argmax_agree``, ``greedy_agree`` (tokens equal / all), ``first_diff`` (step, row, TP=1's top-2 margin
-   there / logit range), ``reduced_bitwise_equal_across_ranks`` (every ``*.ar.out`` after the last step), and
+   there / logit range), ``reduced_bitwise_equal_across_ranks`` (every ``*.ar.out`` after the last step), ``sha256``
+   of the first step's logits, the greedy tokens and the reduced buffers (pull and push runs compared), and
    ``ms_per_step``: median of ``--launches`` launches of every rank's kernel (each on its stream, synchronised and
    joined per step) after the steps: ONE GPU SHARED BY N RANKS, NOT A TP SPEED (``tp1_ms_per_step`` likewise);
 3. once, at the first batch: a forced timeout: ``ONEKERNEL_TP_FAULT=1:skip:1`` (rank 1 skips its first launch; its
@@ -95,6 +96,18 @@ def _args():
         ap.error(f"--opt takes KEY=VALUE, got {bad}")
     a.opts = {k: _value(v) for k, v in (o.split("=", 1) for o in a.opt)}
     return a
+
+
+def _sha(*tensors) -> str:
+    """sha256 (16 hex digits) of the tensors' bytes, in order: two runs' records tell bitwise-equal results apart."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _greedy(runner, cache, tokens, steps):
@@ -212,6 +225,8 @@ def main() -> int:
             rec["reduced_bitwise_equal_across_ranks"] = bool(red0) and all(
                 set(x[1]) == set(red0) and all(torch.equal(x[1][k], red0[k]) for k in red0) for x in res)
             rec["reduced_finite"] = all(bool(torch.isfinite(v.float()).all()) for v in red0.values())
+            rec["sha256"] = {"logits": _sha(lg), "tokens": _sha(toks),  # pull and push runs: the same bits?
+                             "reduced": _sha(*(red0[k] for k in sorted(red0)))}
             rec["ms_per_step"], rec["ms_note"] = ms, NOTE
         except Exception as e:  # noqa: BLE001 - the other batches still run
             rec["error"] = f"{type(e).__name__}: {e}"[:1000]
