@@ -100,7 +100,7 @@ def start(args, mode: str, device: str, check=None):
 
 def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int:
     """``onekernel bench --tp N``: the tensor-parallel step timed at each batch on N GPUs in torch, torch+graph,
-    eager, graph, pdl and megakernel (``bench.tp``; the kernel modes with --allreduce, default both nccl and symm); rank 0
+    eager, graph, pdl and megakernel (``bench.tp``; the kernel modes with --allreduce, default each of nccl, symm and oneshot); rank 0
     prints the table and writes ``bench-tp{N}-DATE-MODEL-COMMIT[-GEMV].json`` and ``.md`` under --out (the JSON
     after every record; -GEMV when --gemv is given, as at --tp 1). ``context_of(cfg)`` is the checked --context;
     ``modes_given``: --modes was passed (then a subset of ``bench.tp.TP_BENCH_MODES``); --gemv: the onekernel
@@ -148,7 +148,7 @@ def run_bench_tp(args, batches: list[int], context_of, modes_given: bool) -> int
             print(f"tp{args.tp} batch {rec['batch']} {rec['mode']} {rec['allreduce'] or ''}: "
                   f"{rec['ms_per_step'] or rec.get('error')}", file=sys.stderr, flush=True)
 
-    allreduces = [args.allreduce] if args.allreduce else ["nccl", "symm"]
+    allreduces = [args.allreduce] if args.allreduce else ["nccl", "symm", "oneshot"]
     records = bench_tp(model, group, batches, context_of(files.config), modes, allreduces, steps=args.steps,
                        progress=keep, gemv=args.gemv)
     close_rank()

@@ -152,6 +152,21 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+382) # session 38 (~4 min): onekernel's one-shot all-reduce kernels (--allreduce oneshot, dist/tp_oneshot.py) in the
+    # separate-kernel modes eager and pdl (launched with PDL, no CUDA graph), ranks as threads on one H200
+    # (scripts/tp_one_gpu.py): against TP=1 of the same mode, reduced rows bitwise equal across ranks, the forced
+    # timeout naming peer rank 1; TP 2 / 4 / 8 on Llama-3.2-1B, TP 2 on Llama-3.1-8B; in parallel processes
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    one="python3 scripts/tp_one_gpu.py --batches 1,8 --steps 8 --opt allreduce=oneshot"
+    for m in eager pdl; do for tp in 2 4 8; do
+        (timeout 280 $one --mode $m --model llama-3.2-1b --tp $tp --out "$W/one-1b-tp$tp-$m-oneshot.json" \
+            >"$W/one-1b-tp$tp-$m-oneshot.log" 2>&1) &
+    done; done
+    wait
+    for f in "$W"/one-*.log; do log "$(basename "$f"): $(tail -n 3 "$f" | cut -c1-300)"; done
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 200 one-8b-tp2-pdl-oneshot $one --mode pdl --model llama-3.1-8b --tp 2 --out "$W/one-8b-tp2-pdl-oneshot.json"
+    ;;
 381) # session 38 (~5 min, after 380): the same harness at TP=4 and TP=8 on one H200 (33 and 16 workers a rank; the
     # code of issue 16's sizes, NR = 4 / 8 partials and peers, on hardware), pull and push, with the records' sha256 of
     # logits, tokens and reduced rows: push must give pull's bits at every TP size (also at TP=2: 380's records had no

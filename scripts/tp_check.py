@@ -15,7 +15,7 @@ vocabulary; each rank's cache holds its KV heads of the same numbers), then
    backend "gluon"). ``--no-tp1`` skips it (a model that does not fit one GPU: Llama-3.1-70B); every TP mode is
    then compared with the TP=N reference mode instead (records say ``compared_with``);
 2. TP=N on N GPUs: the same in reference ("torch"), torch+graph, eager, graph, pdl with each all-reduce
-   (nccl, symm), megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``; backend "triton") and
+   (nccl, symm, oneshot: dist/tp_oneshot.py), megakernel (its all-reduces are tile tasks: ``dist.tp_megakernel``; backend "triton") and
    megakernel-gluon (the same tasks in the streaming Gluon kernel, backend "gluon") and megakernel-push (the
    streaming kernel with the push all-reduce, ``push=True``, compared with megakernel-gluon at TP=1); rank 0 compares with
    TP=1: ``rel_err`` (relative L2 error of the whole logits) against the same
@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TP1_MODES = ("reference", "eager", "graph", "pdl", "megakernel", "megakernel-gluon")
 TP2_MODES = (("reference", None), ("torch+graph", None), ("eager", "nccl"), ("graph", "nccl"), ("pdl", "nccl"),
-             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("megakernel", None), ("megakernel-gluon", None),
+             ("eager", "symm"), ("graph", "symm"), ("pdl", "symm"), ("eager", "oneshot"), ("graph", "oneshot"),
+             ("pdl", "oneshot"), ("megakernel", None), ("megakernel-gluon", None),
              ("megakernel-push", None))
 TIMEOUT_SPINS = 1 << 16  # the forced timeout's spin limit: ~0.1 s of ld.acquire.sys polls
 TIMEOUT_MS = 200  # the streaming kernel's: its waits are bounded in time (%globaltimer)

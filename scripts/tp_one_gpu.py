@@ -1,7 +1,8 @@
 """The tensor-parallel megakernel's device code on ONE GPU: the N ranks as N threads of this process.
 
     python scripts/tp_one_gpu.py [--model llama-3.2-1b] [--batches 1,8] [--tp 2] [--steps 16]
-        [--backend gluon|triton] [--gemv fma|mma] [--opt key=value ...] [--out F.json] [--cpu]
+        [--backend gluon|triton] [--mode megakernel|eager|graph|pdl] [--gemv fma|mma] [--opt key=value ...]
+        [--out F.json] [--cpu]
 
 Each rank is a thread with its own CUDA stream and ThreadGroup (``onekernel.dist.threads``); its persistent kernel
 gets SMS / N workers (tiled for SMS / N SMs), so the N kernels are co-resident and run concurrently; a rank's peer
@@ -22,6 +23,10 @@ numbers), then
 3. once, at the first batch: a forced timeout: ``ONEKERNEL_TP_FAULT=1:skip:1`` (rank 1 skips its first launch; its
    collectives still run) on fresh runners with ``wait_ms`` 200 (gluon) or ``spin_limit`` 2**16 (triton): rank 0's
    ``check()`` must raise KernelTimeoutError naming "peer rank 1" (``timeout_ok``, ``message``).
+
+``--mode eager|graph|pdl --opt allreduce=oneshot``: the separate-kernel modes with onekernel's one-shot all-reduce
+kernels (dist/tp_oneshot.py) instead of a megakernel, graph and pdl without CUDA-graph capture (pdl still launches
+every kernel with PDL); TP=1 is the same mode on the whole GPU.
 
 One JSON record per line on stdout; the whole list rewritten to ``--out`` after each; a failed part gets "error".
 ``--cpu``: the same in the Triton interpreter (backend triton, one worker per rank, ``tiny``, fp32; defaults
@@ -76,7 +81,10 @@ def _args():
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="greedy steps compared (default 16; --cpu 2)")
     ap.add_argument("--context", type=int, default=None, help="KV positions (default 512; --cpu 24)")
-    ap.add_argument("--backend", choices=("gluon", "triton"), default="gluon")
+    ap.add_argument("--backend", choices=("gluon", "triton"), default="gluon", help="the megakernel's")
+    ap.add_argument("--mode", choices=("megakernel", "eager", "graph", "pdl"), default="megakernel",
+                    help="a kernel mode needs --opt allreduce=oneshot (the all-reduces as kernels reading the peers); "
+                         "graph and pdl run without CUDA-graph capture here")
     ap.add_argument("--gemv", choices=("fma", "mma"), default=None, help="GEMV path at TP=1 and TP=N")
     ap.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="extra TP=N runner option")
     ap.add_argument("--launches", type=int, default=None, help="timed launches (default 50; --cpu 1)")
@@ -89,12 +97,18 @@ def _args():
     a.steps = a.steps if a.steps is not None else (2 if cpu else 16)
     a.context = a.context or (24 if cpu else 512)
     a.launches = a.launches if a.launches is not None else (1 if cpu else 50)
-    if cpu:
-        a.backend = "triton"
     bad = [o for o in a.opt if "=" not in o]
     if bad:
         ap.error(f"--opt takes KEY=VALUE, got {bad}")
     a.opts = {k: _value(v) for k, v in (o.split("=", 1) for o in a.opt)}
+    if cpu and a.mode != "megakernel":
+        ap.error("--cpu runs the megakernel only: the interpreter runs one grid at a time per process, so the separate "
+                 "kernels of concurrent thread ranks cannot run (tests/test_tp_megakernel.py runs them in processes)")
+    if a.mode != "megakernel" and a.opts.get("allreduce") != "oneshot":
+        ap.error("a kernel mode here needs --opt allreduce=oneshot (the all-reduce as kernels over the ranks' pools; "
+                 "nccl and symm need one process per GPU)")
+    if cpu:
+        a.backend = "triton"
     return a
 
 
@@ -129,6 +143,12 @@ def _greedy(runner, cache, tokens, steps):
     return first, torch.stack(toks), torch.stack(margins)
 
 
+def _launcher(runner):
+    """The runner's launch of one step without its host-side work: a megakernel's ``launch``, the separate-kernel
+    executors' ``launch_all`` (every op's kernel, the host calls after ops included)."""
+    return getattr(runner, "launch", None) or runner.launch_all
+
+
 def _timed(launch, n, sync, barrier=lambda: None) -> float | None:
     """Median ms of ``n`` calls of ``launch`` (after 3 untimed), each between ``barrier()`` calls, synchronised."""
     times = []
@@ -161,8 +181,9 @@ def main() -> int:
     dtype = torch.float32 if cpu else torch.bfloat16
     sms = CPU_SMS if cpu else sm_count(dev)
     w1, wn = (1, 1) if cpu else (sms, sms // n)
-    common = {"backend": a.backend, "use_cuda_graph": False, **({"interpret": True} if cpu else {}),
-              **({"gemv": a.gemv} if a.gemv else {})}
+    mk = a.mode == "megakernel"
+    common = {**({"backend": a.backend} if mk else {}), **({"use_cuda_graph": False} if a.mode != "eager" else {}),
+              **({"interpret": True} if cpu else {}), **({"gemv": a.gemv} if a.gemv else {})}
     sync = (lambda: torch.cuda.current_stream().synchronize()) if not cpu else (lambda: None)
     out, records = Path(a.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,12 +198,14 @@ def main() -> int:
     full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
     shards = [shard_config(cfg, n, r) for r in range(n)]
     models = [ShardedModel(s.config, shard_weights(s, full.weights), files.tokenizer, a.model, s) for s in shards]
-    base = {"model": a.model, "tp": n, "backend": a.backend, "workers_per_rank": wn, "tp1_workers": w1,
+    base = {"model": a.model, "tp": n, "mode": a.mode, "backend": a.backend if mk else None,
+            "workers_per_rank": wn, "tp1_workers": w1,
             "device": "cpu (interpreter)" if cpu else torch.cuda.get_device_name(dev), "opts": a.opts}
 
     def rank_runner(r, groups, cache, pools, **extra):
-        kw = {"n_workers": wn, "n_sm": sms // n, "check_every": 0, **common, **a.opts, **extra}  # later keys win
-        return groups[r].step_runner("megakernel", models[r], cache, pools=pools, **kw)
+        kw = {**({"n_workers": wn, "check_every": 0} if mk else {}), "n_sm": sms // n, **common, **a.opts,
+              **extra}  # later keys win
+        return groups[r].step_runner(a.mode, models[r], cache, pools=pools, **kw)
 
     for b in a.batches:
         rec = {**base, "batch": b}
@@ -190,10 +213,10 @@ def main() -> int:
             states = [_state(cfg, s, b, a.context, dev, dtype) for s in shards]
             full_cache, tokens = states[0][0], states[0][2]
             c1 = _copy(full_cache)  # 1. TP=1 on the whole device
-            r1 = make_step_runner("megakernel", full, c1, n_workers=w1, n_sm=sms, **common)
+            r1 = make_step_runner(a.mode, full, c1, n_sm=sms, **({"n_workers": w1} if mk else {}), **common)
             rec["tp1_gemv"], rec["tp1_backend"] = runner_gemv(r1), type(r1).__name__
             want = _greedy(r1, c1, tokens, a.steps)
-            rec["tp1_ms_per_step"] = _timed(r1.launch, a.launches, sync)
+            rec["tp1_ms_per_step"] = _timed(_launcher(r1), a.launches, sync)
             r1.check()
             del r1, c1
             gc.collect()
@@ -205,7 +228,7 @@ def main() -> int:
                 warm_allocator(dev)
                 groups[r].barrier("warm-up")  # no rank's kernel runs while another allocates
                 got = _greedy(runner, c, tokens, a.steps)
-                ms = _timed(runner.runner.launch, a.launches, sync, lambda: groups[r].barrier("timing"))
+                ms = _timed(_launcher(runner.runner), a.launches, sync, lambda: groups[r].barrier("timing"))
                 runner.check()
                 t = runner.bound.tensors
                 red = {k: t[k].cpu().clone() for k in t if k.endswith(".ar.out")}
@@ -239,7 +262,7 @@ def main() -> int:
 
     # 3. the forced timeout, at the first batch
     rec = {**base, "batch": a.batches[0], "mode": "timeout"}
-    limit = CPU_TIMEOUT if cpu else TIMEOUT[a.backend]
+    limit = CPU_TIMEOUT if cpu else TIMEOUT[a.backend if mk else "triton"]
     rec["limit"] = limit
     os.environ["ONEKERNEL_TP_FAULT"] = "1:skip:1"
     try:

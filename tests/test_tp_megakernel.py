@@ -42,13 +42,15 @@ def _spawn(args: dict, timeout: float = 300) -> None:
                 p.kill()
 
 
-@pytest.mark.parametrize("gemv", [None, "mma"])
-def test_tp2_megakernel_equals_tp1_reference(gemv, seed, tmp_path):
+@pytest.mark.parametrize("gemv,mode", [(None, None), ("mma", None), (None, "eager")])
+def test_tp2_megakernel_equals_tp1_reference(gemv, mode, seed, tmp_path):
     """Two ranks (spawned, gloo, the interpreter, one worker each, shared-memory pools) on ``tiny`` with an uneven
     253-row vocabulary (rank 1's shard padded to 127 rows), on the model's GEMV path (fp32: "fma") and the
     tensor-core one (gemv="mma": every GEMV adds ``residual.zero``, the all-reduce tiles the residual): every logit
     of prefill + 3 greedy steps within 1e-5 of the TP=1 reference's range, tokens equal where the top-2 margin is
-    clear, rank 0's KV heads equal, and both ranks' reduced buffers (every ``*.ar.out``) bitwise equal."""
+    clear, rank 0's KV heads equal, and both ranks' reduced buffers (every ``*.ar.out``) bitwise equal. mode
+    "eager": the same graph as separate kernels with the one-shot all-reduce kernels (dist/tp_oneshot.py: each
+    tile meets its peers' at a flag barrier, then sums their rows)."""
     import dataclasses
 
     from test_tp import _reference
@@ -58,7 +60,8 @@ def test_tp2_megakernel_equals_tp1_reference(gemv, seed, tmp_path):
     prompts = [[rnd.randrange(cfg.vocab_size) for _ in range(n)] for n in (4, 2)]
     steps = 3
     out = tmp_path / "mk"
-    _spawn({"tp": 2, "vocab": 253, "seed": seed, "prompts": prompts, "steps": steps, "out": str(out), "gemv": gemv})
+    _spawn({"tp": 2, "vocab": 253, "seed": seed, "prompts": prompts, "steps": steps, "out": str(out), "gemv": gemv,
+            "mode": mode})
     got = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
     assert got[0]["gemv"] == got[1]["gemv"] == (gemv or "fma")
     want_logits, want_tokens, cache = _reference(cfg, seed, prompts, steps)
@@ -94,6 +97,17 @@ def test_a_rank_that_never_launches_times_out_naming_the_peer(tmp_path):
     print(msg)
     assert "(embed.ar, op kind allreduce, tile " in msg and "of peer rank 1" in msg, msg
     assert "waited on event" in msg and "saw count 0 < expected" in msg, msg
+
+
+def test_a_rank_that_skips_a_step_stops_the_oneshot_all_reduce_naming_the_peer(tmp_path):
+    """The kernel mode eager with the one-shot all-reduce: rank 1 skips its first step; rank 0's first all-reduce
+    tile gives up after its poll limit and check() names the all-reduce, its tile and peer rank 1."""
+    out = tmp_path / "fault"
+    _spawn({"tp": 2, "vocab": 256, "seed": 1, "prompts": [[1, 2]], "steps": 1, "out": str(out),
+            "fault": "1:skip:1", "spin_limit": 2000, "mode": "eager"})
+    msg = torch.load(f"{out}.rank0.pt")["error"]
+    assert "eager: all-reduce embed.ar tile " in msg and "waited on peer rank 1" in msg, msg
+    assert "run count 0 < 1" in msg, msg
 
 
 def _one_rank_runner(n_ranks=2, spin_limit=64, **graph_kw):

@@ -4,7 +4,8 @@ them with torch.multiprocessing's spawn, handing them all the same shared-memory
 ``run(rank, a, pools)``: joins a gloo group of ``a["tp"]`` ranks on ``a["port"]``, builds the rank's shard of the
 ``a["model"]`` config (default ``tiny``; random fp32 weights of ``a["seed"]``, vocabulary ``a["vocab"]``) and its
 TPMegakernelRunner in the Triton interpreter (one worker; GEMV path ``a["gemv"]``, default the model's), then prefill
-and ``a["steps"]`` greedy steps. Saves to ``a["out"]``.rank{r}.pt the gathered logits and tokens, its KV cache, every
+and ``a["steps"]`` greedy steps (``a["mode"]``: that kernel mode with ``allreduce="oneshot"`` instead,
+``dist.tp_oneshot``). Saves to ``a["out"]``.rank{r}.pt the gathered logits and tokens, its KV cache, every
 reduced buffer (``*.ar.out``) after the last step and the GEMV path its graph took; with
 ``a["fault"]`` (ONEKERNEL_TP_FAULT) rank 0 saves the KernelTimeoutError's message of its first step instead.
 """
@@ -27,8 +28,12 @@ def run(rank: int, a: dict, pools: list) -> None:
 
     info, model, group, cache = rank_state(a)
     prompts = a["prompts"]
-    runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools, gemv=a.get("gemv"),
-                                **({"spin_limit": a["spin_limit"]} if a.get("spin_limit") else {}))
+    limit = {"spin_limit": a["spin_limit"]} if a.get("spin_limit") else {}
+    if a.get("mode"):  # a kernel mode with the one-shot all-reduce kernels (dist/tp_oneshot.py)
+        runner = group.step_runner(a["mode"], model, cache, interpret=True, pools=pools, gemv=a.get("gemv"),
+                                   allreduce="oneshot", **limit)
+    else:
+        runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools, gemv=a.get("gemv"), **limit)
     out = f"{a['out']}.rank{info.rank}.pt"
     logits = [runner.prefill(prompts)]
     tokens = [logits[0].argmax(-1).to(torch.int32)]

@@ -10,6 +10,10 @@
   next all-reduce at once). One buffer [B, D] per runner, allocated and rendezvoused (a collective) when the
   runner is built. CUDA only, float32 or bfloat16 (the kernel's types). A dead peer leaves its barrier spinning:
   the launcher (``process.launch``) stops the ranks after one fails; torchrun's ranks are stopped by torchrun.
+* ``"oneshot"``: onekernel's own one-shot all-reduce, a per-op kernel of the step (``dist.tp_oneshot``): the
+  GEMVs write their partials straight into symmetric memory, each all-reduce tile meets its peers' same tile at a
+  flag barrier, then reads and sums their rows; it joins the PDL chain and the CUDA graph. GPUs, or the Triton
+  interpreter (``--interpret``; in-process pools).
 """
 from __future__ import annotations
 
@@ -17,19 +21,22 @@ import torch
 
 from onekernel.errors import InputError
 
-ALLREDUCES = ("nccl", "symm")
+ALLREDUCES = ("nccl", "symm", "oneshot")
 SYMM_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def check_allreduce(kind: str, device, dtype: torch.dtype | None = None) -> str:
     """``kind`` if it can run on ``device`` (and ``dtype`` when given); call it before anything loads. Raises
-    InputError for an unknown kind, for "symm" off a CUDA device ("--allreduce symm needs CUDA GPUs") or for a
+    InputError for an unknown kind, for "symm" or "oneshot" off a CUDA device ("--allreduce symm needs CUDA GPUs") or for a
     dtype symmetric memory's one-shot kernel does not reduce."""
     if kind not in ALLREDUCES:
         raise InputError(f"unknown all-reduce {kind!r} (--allreduce); choose one of {', '.join(ALLREDUCES)}")
     if kind == "symm" and torch.device(device).type != "cuda":
         raise InputError("--allreduce symm needs CUDA GPUs (PyTorch symmetric memory maps the peers' GPU memory); "
                          "on the CPU use --allreduce nccl (gloo's all-reduce there)")
+    if kind == "oneshot" and torch.device(device).type != "cuda":
+        raise InputError("--allreduce oneshot needs CUDA GPUs (its kernels read the peers' GPU memory); on the CPU "
+                         "use --allreduce nccl (gloo's all-reduce there)")
     if kind == "symm" and dtype is not None and dtype not in SYMM_DTYPES:
         raise InputError(f"--allreduce symm reduces float32 or bfloat16 (symmetric memory's one-shot kernel), not "
                          f"{dtype}; use --allreduce nccl or --dtype bf16")

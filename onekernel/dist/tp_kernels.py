@@ -98,6 +98,9 @@ class TPKernelRunner(TPRankRunner):
         if mode not in KERNEL_MODES:
             raise InputError(f"TPKernelRunner runs {', '.join(KERNEL_MODES)}, not {mode!r}")
         dev = cache.k.device
+        if allreduce == "oneshot":
+            raise InputError("the one-shot all-reduce runs in dist.tp_oneshot.TPOneShotRunner (TPGroup.step_runner "
+                             "picks it for allreduce='oneshot'), not TPKernelRunner")
         check_allreduce(allreduce, dev, cache.k.dtype)
         check_mode(mode, dev, interpret)
         self.mode, self.allreduce, self.model, self.cache, self.group = mode, allreduce, model, cache, group

@@ -184,6 +184,65 @@ def _padded(weights: dict, name: str, rows: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
 
 
+def resolve_pools(pools, nbytes: int, n: int, dev) -> tuple[list, object]:
+    """(every rank's pool uint8 [>= nbytes], the symmetric-memory handle to keep alive or None) from ``pools``: a
+    list (``shared_pools``), a callable ``pools(nbytes, device)`` (ranks as threads: ``dist.threads.PoolFactory``)
+    or None (GPUs: ``cuda_pools``, a collective). InputError for None off a GPU and for pools of the wrong count,
+    dtype or size."""
+    handle = None
+    if callable(pools):  # ranks as threads of one process (dist.threads): every rank gets the same pools
+        pools = list(pools(nbytes, dev))
+    if pools is None:
+        if dev.type != "cuda":
+            raise InputError("the tensor-parallel pools off a GPU must be given (pools=: every rank's pool in shared "
+                             "CPU memory: onekernel.dist.tp_megakernel.shared_pools, made before the ranks start)")
+        pools = cuda_pools(nbytes, dev)
+        handle = pools.pop()
+    if len(pools) != n or any(p.dtype != torch.uint8 or p.numel() < nbytes for p in pools):
+        raise InputError(f"pools must be {n} uint8 tensors of at least {nbytes} bytes (one per rank), got "
+                         f"{[(tuple(p.shape), p.dtype) for p in pools]}")
+    return pools, handle
+
+
+def tp_step(model, cache, group, *, tiles: str, n_sm: int | None, ar_tiles: int | None, gemv: str | None):
+    """The rank's bound tensor-parallel step (``build_decode_step(tp=(rank, n))``: all-reduce ops after embed,
+    o_proj and down; every GEMV adds ``residual.zero``, the all-reduce the residual stream) over ``model`` (its
+    ShardedModel) and ``cache``, the vocabulary padded to rank 0's range (module doc), tiled for ``n_sm`` SMs (None:
+    the device's) with ``tiles``, on the ``gemv`` path (None: ``rank_gemv``'s). Identical graphs on every rank."""
+    dev = cache.k.device
+    shard = group.shard
+    n, rank = shard.tp, shard.rank
+    V = group.config.vocab_size
+    v_pad = vocab_range(V, n, 0)[1] - vocab_range(V, n, 0)[0]  # rank 0's range is the longest
+    cfg = dataclasses.replace(model.config, vocab_size=v_pad)
+    weights = dict(model.weights)
+    for name in ("tok_embeddings", "lm_head"):
+        if name in weights:
+            weights[name] = _padded(weights, name, v_pad)
+    tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles, smem_per_block(dev))
+    return build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles,
+                             gemv=rank_gemv(group, cache.k.dtype, gemv))
+
+
+def logits_gather(bound, group):
+    """(logits float32 [B, V] NaN, next_tokens int32 [B] -1, gather): ``gather(ran=True)`` fills them from the
+    rank's logits of a ``tp_step`` (its own rows, padding dropped) with the group's logits gather and distributed
+    argmax (the kernel's own argmax where no row was padded and the kernel ran)."""
+    t, dev, B = bound.tensors, bound.device, bound.batch
+    V, v_local = group.config.vocab_size, group.shard.config.vocab_size
+    logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
+    next_tokens = torch.full((B,), -1, dtype=torch.int32, device=dev)
+    local, local_ids = t[bound.logits], t[bound.next_tokens]
+    exact = local.shape[1] == v_local  # no padded rows: the kernel's own argmax is the rank's
+
+    def gather(ran: bool = True) -> None:  # the rank's logits -> the whole logits and greedy tokens (every rank)
+        lg = local[:, :v_local]
+        logits.copy_(group.gather_logits(lg))
+        next_tokens.copy_(group.argmax(lg, local_ids if exact and ran else None))
+
+    return logits, next_tokens, gather
+
+
 class TPMegakernelRunner(TPRankRunner):
     """One rank's megakernel runner over ``model`` (its ShardedModel) and ``cache`` (a KVCache of its local
     config), with the collectives of ``group`` (a TPGroup). Same interface as ``dist.tp_kernels.TPKernelRunner``:
@@ -230,17 +289,8 @@ class TPMegakernelRunner(TPRankRunner):
         self.model, self.cache, self.group = model, cache, group
         shard = group.shard
         n, rank = shard.tp, shard.rank
-        V = group.config.vocab_size
-        self.v_local = shard.config.vocab_size
-        v_pad = vocab_range(V, n, 0)[1] - vocab_range(V, n, 0)[0]  # rank 0's range is the longest
-        cfg = dataclasses.replace(model.config, vocab_size=v_pad)
-        weights = dict(model.weights)
-        for name in ("tok_embeddings", "lm_head"):
-            if name in weights:
-                weights[name] = _padded(weights, name, v_pad)
-        tiling = Tiling(sm_count(dev) if n_sm is None else n_sm, tiles or "fit", smem_per_block(dev))
-        self.bound = bound = build_decode_step(cfg, weights, cache, tiling=tiling, tp=(rank, n), ar_tiles=ar_tiles,
-                                               gemv=rank_gemv(group, cache.k.dtype, gemv))
+        self.bound = bound = tp_step(model, cache, group, tiles=tiles or "fit", n_sm=n_sm, ar_tiles=ar_tiles,
+                                     gemv=gemv)
         g = bound.graph
         n_workers = options.get("n_workers") or (1 if interpret else sm_count(dev))
         self.backend = self._pick(backend, bound, interpret or dev.type != "cuda", options, spin_limit, n_workers)
@@ -253,32 +303,11 @@ class TPMegakernelRunner(TPRankRunner):
         # fall back to the Triton kernel
         nbytes, n_counters, offsets = pool_layout(g, task_bound(g, n_workers) if self.backend == "gluon" else 0,
                                                   n if push else 0)
-        if callable(pools):  # ranks as threads of one process (dist.threads): every rank gets the same pools
-            pools = list(pools(nbytes, dev))
-        if pools is None:
-            if dev.type != "cuda":
-                raise InputError("the tensor-parallel megakernel off a GPU needs pools= (every rank's pool in shared "
-                                 "CPU memory: onekernel.dist.tp_megakernel.shared_pools, made before the ranks start)")
-            pools = cuda_pools(nbytes, dev)
-            self._handle = pools.pop()
-        if len(pools) != n or any(p.dtype != torch.uint8 or p.numel() < nbytes for p in pools):
-            raise InputError(f"pools must be {n} uint8 tensors of at least {nbytes} bytes (one per rank), got "
-                             f"{[(tuple(p.shape), p.dtype) for p in pools]}")
+        pools, self._handle = resolve_pools(pools, nbytes, n, dev)
         self.pools = pools
         counters = bind_pools(g, bound.tensors, pools, rank, offsets, n_counters, push)
-        t = bound.tensors
 
-        B = bound.batch
-        self.logits = logits = torch.full((B, V), float("nan"), dtype=torch.float32, device=dev)
-        self.next_tokens = next_tokens = torch.full((B,), -1, dtype=torch.int32, device=dev)
-        local, local_ids, v_local = t[bound.logits], t[bound.next_tokens], self.v_local
-        exact = v_local == v_pad  # no padded rows: the kernel's own argmax is the rank's
-
-        def gather(ran: bool = True) -> None:  # the rank's logits -> the whole logits and greedy tokens (every rank)
-            lg = local[:, :v_local]
-            logits.copy_(group.gather_logits(lg))
-            next_tokens.copy_(group.argmax(lg, local_ids if exact and ran else None))
-
+        self.logits, self.next_tokens, gather = logits_gather(bound, group)
         self._gather = gather
         if interpret and spin_limit is None:
             spin_limit = INTERPRET_SPIN_LIMIT

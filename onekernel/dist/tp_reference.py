@@ -94,7 +94,8 @@ class TPGroup:
         """The rank's runner of ``mode`` (``runtime.generate``'s ``parallel`` hook): "reference" (this module's
         TPReferenceRunner; no options) or a kernel mode, eager | graph | pdl (``dist.tp_kernels.TPKernelRunner``
         with ``allreduce`` "nccl" | "symm", default the group's, and ``options``) or "megakernel"
-        (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``). Both kernel
+        (``dist.tp_megakernel.TPMegakernelRunner``: the all-reduces are its tile tasks; ``options``); a kernel mode
+        with ``allreduce`` "oneshot" is ``dist.tp_oneshot.TPOneShotRunner`` (our own all-reduce kernels). Both kernel
         runners take ``gemv`` ("fma" | "mma" | None: the unsharded model's path, ``dist.tp_kernels.rank_gemv``). Raises
         InputError for an unknown mode, options given to the reference mode, ``allreduce`` given to the
         megakernel, and as the runner classes."""
@@ -110,6 +111,9 @@ class TPGroup:
                                  "all-reduce is its own tile tasks")
             from onekernel.dist.tp_megakernel import TPMegakernelRunner
             return TPMegakernelRunner(model, cache, self, interpret=interpret, **options)
+        if (allreduce or self.allreduce) == "oneshot":  # the all-reduces as per-op kernels (dist.tp_oneshot)
+            from onekernel.dist.tp_oneshot import TPOneShotRunner
+            return TPOneShotRunner(mode, model, cache, self, interpret=interpret, **options)
         from onekernel.dist.tp_kernels import TPKernelRunner
         return TPKernelRunner(mode, model, cache, self, interpret=interpret, allreduce=allreduce or self.allreduce,
                               **options)

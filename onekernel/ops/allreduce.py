@@ -93,6 +93,70 @@ ALLREDUCE = OpKind("allreduce", allreduce_prologue, allreduce_body, (*IN_ROLES, 
                    ("B", "D", "N", "RES", "BLOCK_B", "BLOCK_D"), 1, allreduce_reference)
 
 
+@triton.jit
+def _signal_and_wait(tile, flags, mine, pdelta, err, D: tl.constexpr, N: tl.constexpr, RANK: tl.constexpr,
+                     BLOCK_D: tl.constexpr, SPIN: tl.constexpr):
+    """The one-shot all-reduce's barrier for one tile (module doc of ``ALLREDUCE_ONESHOT``): count this tile's
+    runs (m), post m into every peer's flag for (tile, RANK) with a system-scope release, then poll this rank's
+    flags (tile, p) of every peer p until they reach m (a system-scope acquire), at most SPIN polls each and none
+    once a failure is recorded; the first that gives up records (5, tile, op ordinal, seen, m, peer) in err[0:6]."""
+    NT: tl.constexpr = (D + BLOCK_D - 1) // BLOCK_D
+    m = tl.load(mine + tile) + 1
+    tl.store(mine + tile, m)  # only this tile's program touches its count
+    for q in tl.static_range(N):
+        if q != RANK:
+            tl.atomic_xchg(flags + tl.load(pdelta + q) + tile * N + RANK, m, sem="release", scope="sys")
+    for p in tl.static_range(N):
+        if p != RANK:
+            f = flags + tile * N + p
+            seen = tl.atomic_add(f, 0, sem="acquire", scope="sys")
+            bad = tl.load(err, volatile=True)
+            n = 0
+            while (seen < m) & (n < SPIN) & (bad == 0):
+                seen = tl.atomic_add(f, 0, sem="acquire", scope="sys")
+                bad = tl.load(err, volatile=True)
+                n += 1
+            if (seen < m) & (bad == 0):
+                if tl.atomic_cas(err, 0, 5) == 0:
+                    tl.store(err + 1, tile)
+                    tl.store(err + 2, tl.load(mine + NT))
+                    tl.store(err + 3, seen)
+                    tl.store(err + 4, m)
+                    tl.store(err + 5, p)
+
+
+@triton.jit
+def allreduce_oneshot_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, flags, mine, pdelta, err,
+                           B: tl.constexpr, D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, RANK: tl.constexpr, SPIN: tl.constexpr):
+    _signal_and_wait(tile, flags, mine, pdelta, err, D, N, RANK, BLOCK_D, SPIN)
+    allreduce_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B, D, N, RES, BLOCK_B, BLOCK_D)
+
+
+@triton.jit
+def allreduce_oneshot_prologue(tile, in0, in1, in2, in3, in4, in5, in6, in7, res, out, flags, mine, pdelta, err,
+                               B: tl.constexpr, D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr,
+                               BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, RANK: tl.constexpr, SPIN: tl.constexpr):
+    return tile * BLOCK_D + tl.arange(0, BLOCK_D)
+
+
+# The same all-reduce as a separate kernel of the eager / graph / pdl modes ("--allreduce oneshot",
+# dist/tp_oneshot.py): no event counters there, so each tile opens with a barrier on its peers' same tile
+# (``_signal_and_wait``), then reads their partials where they are (one NVLink round trip) and sums them in the
+# same order, rounding once: the megakernel's bits. The producers are the GEMV kernels before it on each rank:
+# a tile posts its flag only once its own kernel runs, i.e. after its rank's producers finished (stream order, or
+# PDL's ``griddepcontrol.wait``, which the per-op kernel calls before the body); so a peer's flag at m means that
+# rank's partials of its m-th run of this op are complete. The GEMVs write their partials straight into the
+# symmetric pool (no copy in, none out) and the kernel joins the PDL chain like any op. Extra roles: ``flags``
+# int32 [tiles, N] in this rank's pool (peers post into it), ``mine`` int32 [tiles + 1] (this rank's run count
+# per tile, then the op's ordinal for error reports), ``pdelta`` int64 [N] (int32 elements from this rank's
+# flags region to rank q's, one virtual address space), ``err`` int32 [8]; constants RANK, SPIN (polls).
+# Cross-step safety is the megakernel's argument with kernels for tasks (dist/tp_oneshot.py).
+ALLREDUCE_ONESHOT = OpKind("allreduce_oneshot", allreduce_oneshot_prologue, allreduce_oneshot_body,
+                           (*IN_ROLES, "res", "out", "flags", "mine", "pdelta", "err"),
+                           ("B", "D", "N", "RES", "BLOCK_B", "BLOCK_D", "RANK", "SPIN"), 1, allreduce_reference)
+
+
 def peer_name(source: str, peer: int) -> str:
     """The name of rank ``peer``'s copy of buffer ``source`` in another rank's graph."""
     return f"peer{peer}.{source}"
