@@ -116,6 +116,34 @@ class TPOneShotRunner(TPRankRunner):
                                 f"{every}); every rank must build the same graph (same shapes and tiling)")
         self.steps = 0
 
+    def load_kernels(self) -> None:
+        """Compile and load every kernel of a step without meeting the peers: one step with the all-reduce barriers
+        off (err[0] preset: no tile waits) and no logits gather, its outputs discarded (the KV rows it wrote at the
+        current positions are rewritten by the next step), then the run counts, this rank's flags and the error word
+        back to zero. Collective (two barriers: every rank's stray posts land before any rank clears its flags).
+        Where ranks share one device (dist.threads) the first step needs it: loading a kernel's module waits for the
+        device to drain, so a rank loading one while a peer's all-reduce spins on it would stall until the poll
+        limit (run 38 call 382). On GPUs of their own the first step only waits."""
+        dev = self.err.device
+        after, self.runner.after = self.runner.after, {}
+        self.err[0] = 7  # any non-zero word: the polls stop at once and record nothing
+        try:
+            self.runner.step(torch.zeros(self.bound.batch, dtype=torch.int32, device=dev))
+        finally:
+            self.runner.after = after
+        sync = torch.zeros(1, dtype=torch.int64, device=dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.group._gather(sync)
+        t = self.bound.tensors
+        for op in self._ar:
+            t[f"{op}.flags"].zero_()
+            t[f"{op}.mine"][:-1].zero_()
+        self.err.zero_()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.group._gather(sync)
+
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._begin_step()
         if fault_action(self.group.shard.rank, self.steps) == "skip":  # tests: this rank never launches
