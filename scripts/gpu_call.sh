@@ -165,7 +165,7 @@ case "$1" in
     wait
     for f in "$W"/one-*.log; do log "$(basename "$f"): $(tail -n 3 "$f" | cut -c1-300)"; done
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 200 one-8b-tp2-pdl-oneshot $one --mode pdl --model llama-3.1-8b --tp 2 --out "$W/one-8b-tp2-pdl-oneshot.json"
+    step 280 one-8b-tp2-pdl-oneshot $one --mode pdl --model llama-3.1-8b --tp 2 --out "$W/one-8b-tp2-pdl-oneshot.json"
     ;;
 381) # session 38 (~5 min, after 380): the same harness at TP=4 and TP=8 on one H200 (33 and 16 workers a rank; the
     # code of issue 16's sizes, NR = 4 / 8 partials and peers, on hardware), pull and push, with the records' sha256 of

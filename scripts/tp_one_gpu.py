@@ -234,7 +234,7 @@ def main() -> int:
                 runner.check()
                 t = runner.bound.tensors
                 red = {k: t[k].cpu().clone() for k in t if k.endswith(".ar.out")}
-                return got, red, ms, runner_gemv(runner), runner.backend
+                return got, red, ms, runner_gemv(runner), getattr(runner, "backend", runner.mode)
             res = run_ranks(n, rank, groups, dev)
             (lg, toks, _), red0, ms, rec["gemv"], rec["tp_backend"] = res[0]
             wl, wt, wm = want

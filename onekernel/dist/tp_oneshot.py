@@ -36,8 +36,10 @@ from onekernel.exec.persistent import peer_counters
 from onekernel.ops.allreduce import ALLREDUCE, ALLREDUCE_ONESHOT
 from onekernel.runtime.runners import check_mode
 
-# Polls before a barrier gives up on a GPU (one acquire read-modify-write on local memory each: ~1 s)
-SPIN_LIMIT = 1 << 22
+# Polls before a barrier gives up on a GPU (one acquire read-modify-write on local memory each, ~0.3-1 us: some
+# 10-30 s). Run 38 call 382 (ranks as threads on one H200): 2**22 (~1 s) gave up at TP 4 and 8 after several
+# steps, the ranks legitimately that far apart there; call 383 tried 2**25
+SPIN_LIMIT = 1 << 25
 
 
 def oneshot_ops(graph, rank: int, spin: int) -> int:
