@@ -225,8 +225,6 @@ def main() -> int:
             def rank(r):  # 2. TP=N: this rank's thread
                 c = _copy(states[r][1])
                 runner = rank_runner(r, groups, c, pools)
-                if not mk:  # every per-op kernel loaded before any rank's all-reduce can spin (tp_oneshot)
-                    runner.load_kernels()
                 warm_allocator(dev)
                 groups[r].barrier("warm-up")  # no rank's kernel runs while another allocates
                 got = _greedy(runner, c, tokens, a.steps)
@@ -273,8 +271,6 @@ def main() -> int:
 
         def faulty(r):
             runner = rank_runner(r, groups, _copy(states[r][1]), pools, **limit)
-            if not mk:
-                runner.load_kernels()
             warm_allocator(dev)
             groups[r].barrier("warm-up")
             runner.step(states[r][2])

@@ -161,6 +161,8 @@ def test_cli_refuses_before_anything_loads(capsys, monkeypatch):
                         "--mode megakernel at --tp > 1 runs on GPUs"),
                        (("--tp", "2", "--mode", "eager", "--interpret", "--allreduce", "symm"),
                         "--allreduce symm needs CUDA GPUs"),
+                       (("--tp", "2", "--mode", "pdl", "--interpret", "--allreduce", "oneshot"),
+                        "--allreduce oneshot needs CUDA GPUs"),
                        (("--tp", "2", "--allreduce", "symm"), "--allreduce applies to the kernel modes")]:
         assert main([*GENERATE, *extra]) == 2
         assert msg in capsys.readouterr().err

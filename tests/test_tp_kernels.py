@@ -57,6 +57,8 @@ def test_symm_allreduce_is_refused_off_a_gpu():
     with pytest.raises(InputError, match="reduces float32 or bfloat16"):
         check_allreduce("symm", "cuda", torch.float16)
     assert check_allreduce("nccl", "cpu") == "nccl"
+    with pytest.raises(InputError, match="--allreduce oneshot needs CUDA GPUs"):
+        check_allreduce("oneshot", "cpu")
 
 
 def test_after_names_must_be_ops():

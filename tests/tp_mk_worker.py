@@ -34,8 +34,6 @@ def run(rank: int, a: dict, pools: list) -> None:
                                    allreduce="oneshot", **limit)
     else:
         runner = TPMegakernelRunner(model, cache, group, interpret=True, pools=pools, gemv=a.get("gemv"), **limit)
-    if a.get("mode"):
-        runner.load_kernels()  # tested here: the steps below must not see its run (counts and flags put back)
     out = f"{a['out']}.rank{info.rank}.pt"
     logits = [runner.prefill(prompts)]
     tokens = [logits[0].argmax(-1).to(torch.int32)]

@@ -36,10 +36,9 @@ from onekernel.exec.persistent import peer_counters
 from onekernel.ops.allreduce import ALLREDUCE, ALLREDUCE_ONESHOT
 from onekernel.runtime.runners import check_mode
 
-# Polls before a barrier gives up on a GPU (one acquire read-modify-write on local memory each, ~0.3-1 us: some
-# 10-30 s). Run 38 call 382 (ranks as threads on one H200): 2**22 (~1 s) gave up at TP 4 and 8 after several
-# steps, the ranks legitimately that far apart there; call 383 tried 2**25
-SPIN_LIMIT = 1 << 25
+# Polls before a barrier gives up on a GPU (one acquire read-modify-write on local memory each, ~0.3-1 us: about
+# 1-4 s; the kernels are compiled and loaded when the runner is built, so ranks in step are never that far apart)
+SPIN_LIMIT = 1 << 22
 
 
 def oneshot_ops(graph, rank: int, spin: int) -> int:
@@ -116,21 +115,24 @@ class TPOneShotRunner(TPRankRunner):
         if len(set(every)) != 1:
             raise ScheduleError(f"rank {rank}: the ranks built different all-reduce tiles ((ops, flags) per rank "
                                 f"{every}); every rank must build the same graph (same shapes and tiling)")
+        self.load_kernels()  # a cold compile on one rank must not run its peers' first barriers out of polls
         self.steps = 0
 
     def load_kernels(self) -> None:
-        """Compile and load every kernel of a step without meeting the peers: one step with the all-reduce barriers
-        off (err[0] preset: no tile waits) and no logits gather, its outputs discarded (the KV rows it wrote at the
-        current positions are rewritten by the next step), then the run counts, this rank's flags and the error word
+        """Compile and load every kernel of a step without meeting the peers: every op's kernel launched once
+        (``launch_all``: on whatever the step's inputs hold) with the all-reduce barriers off (err[0] preset: no
+        tile waits) and no logits gather, its outputs discarded (the KV rows it wrote at the current positions are
+        rewritten by the next step), then the run counts, this rank's flags and the error word
         back to zero. Collective (two barriers: every rank's stray posts land before any rank clears its flags).
-        Where ranks share one device (dist.threads) the first step needs it: loading a kernel's module waits for the
-        device to drain, so a rank loading one while a peer's all-reduce spins on it would stall until the poll
-        limit (run 38 call 382). On GPUs of their own the first step only waits."""
+        The constructor calls it: a rank compiling its kernels (seconds, cold) while a peer's first all-reduce
+        spins would run that peer out of polls; and where ranks share one device (dist.threads) loading a kernel's
+        module waits for the device to drain, so a rank loading one while a peer's all-reduce spins on it stalls
+        until the poll limit (run 38 call 382)."""
         dev = self.err.device
         after, self.runner.after = self.runner.after, {}
         self.err[0] = 7  # any non-zero word: the polls stop at once and record nothing
-        try:
-            self.runner.step(torch.zeros(self.bound.batch, dtype=torch.int32, device=dev))
+        try:  # every op's kernel once, as the mode launches them (PDL included), never captured in a CUDA graph
+            self.runner.launch_all()
         finally:
             self.runner.after = after
         sync = torch.zeros(1, dtype=torch.int64, device=dev)
