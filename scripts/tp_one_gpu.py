@@ -93,7 +93,12 @@ def _args():
     a = ap.parse_args()
     cpu = a.cpu
     a.model = a.model or ("tiny" if cpu else "llama-3.2-1b")
-    a.batches = [int(x) for x in (a.batches or ("1,2" if cpu else "1,8")).split(",")]
+    try:
+        a.batches = [int(x) for x in (a.batches or ("1,2" if cpu else "1,8")).split(",")]
+    except ValueError:
+        ap.error(f"--batches takes comma-separated integers, got {a.batches!r}")
+    if a.tp < 2:
+        ap.error(f"--tp must be >= 2 (TP=1 runs beside it anyway), got {a.tp}")
     a.steps = a.steps if a.steps is not None else (2 if cpu else 16)
     a.context = a.context or (24 if cpu else 512)
     a.launches = a.launches if a.launches is not None else (1 if cpu else 50)
@@ -109,6 +114,12 @@ def _args():
                  "nccl and symm need one process per GPU)")
     if cpu:
         a.backend = "triton"
+    import torch
+
+    if not cpu and not torch.cuda.is_available():
+        ap.error("no CUDA GPU here: run on a GPU, or pass --cpu (the Triton interpreter, the megakernel only)")
+    if a.opts.get("push") and (cpu or a.backend != "gluon" or a.mode != "megakernel"):
+        ap.error("--opt push=True is the streaming (Gluon) megakernel's: GPU, --backend gluon, --mode megakernel")
     return a
 
 
@@ -198,7 +209,7 @@ def main() -> int:
     full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
     shards = [shard_config(cfg, n, r) for r in range(n)]
     models = [ShardedModel(s.config, shard_weights(s, full.weights), files.tokenizer, a.model, s) for s in shards]
-    base = {"model": a.model, "tp": n, "mode": a.mode, "backend": a.backend if mk else None,
+    base = {"commit": os.environ.get("ONEKERNEL_COMMIT") or None, "model": a.model, "tp": n, "mode": a.mode, "backend": a.backend if mk else None,
             "workers_per_rank": wn, "tp1_workers": w1,
             "device": "cpu (interpreter)" if cpu else torch.cuda.get_device_name(dev), "opts": a.opts}
 

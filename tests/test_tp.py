@@ -177,6 +177,8 @@ def test_bench_tp_refusals(capsys):
     if not torch.cuda.is_available():
         assert main(list(bench)) == 2
         assert "bench --tp times GPU ranks and needs CUDA GPUs" in capsys.readouterr().err
+        assert main([*bench, "--modes", "megakernel-push,pdl"]) == 2  # a TP-only mode passes the mode check
+        assert "bench --tp times GPU ranks and needs CUDA GPUs" in capsys.readouterr().err
 
 
 def test_rank_variables_are_checked(monkeypatch):

@@ -64,6 +64,7 @@ def test_tp2_megakernel_equals_tp1_reference(gemv, mode, seed, tmp_path):
             "mode": mode})
     got = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
     assert got[0]["gemv"] == got[1]["gemv"] == (gemv or "fma")
+    assert got[0]["reset"] is got[1]["reset"] is (True if mode else None)  # load_kernels left no count behind
     want_logits, want_tokens, cache = _reference(cfg, seed, prompts, steps)
     lg = got[0]["logits"]
     assert lg.shape == want_logits.shape == (steps + 1, 2, cfg.vocab_size)

@@ -164,6 +164,27 @@ def test_push_routing_runs_every_queue_and_meets_waits_only_after_their_producer
         assert left == [0, 0], f"step {epoch}: tasks left per rank {left}"
 
 
+@pytest.mark.parametrize("gemv", ["fma", "mma"])
+def test_every_remotely_read_task_can_push_its_rows(gemv):
+    """The kernel pushes only from the embed task and the residual-GEMV epilogue (stream_tasks.embed_task,
+    stream_mma / stream_fma): every task whose signal a peer waits on (F_SYS) must be one of those, writing a buffer
+    the peers mirror (else its rows would never reach them, or push_rows would write outside the pool), and no such
+    plan has RMSNorm partials (that epilogue does not push; the runner refuses it)."""
+    g = _graphs(2)[0] if gemv == "fma" else decode_graph(shard_config(CFG, 2, 0).config, 2, 48, torch.bfloat16,
+                                                         tiling=Tiling(W, "fit"), tp=(0, 2), gemv="mma")[0]
+    plan = make_plan(SimpleNamespace(graph=g, batch=2, device=torch.device("cpu")), W)
+    sources = {src for _, src in g.meta["peers"].values()}
+    qrec, _ = records(plan)
+    flagged = 0
+    for row in qrec[:-1].tolist():
+        if row[sd.F_SYS.value]:
+            flagged += 1
+            op = plan.graph.ops[row[sd.F_OP.value]]
+            assert row[sd.F_KIND.value] in (sd.K_EMBED.value, sd.K_RESID.value), op.name
+            assert op.args["out"] in sources, op.name
+    assert flagged > 0 and not plan.consts.get("NSS")
+
+
 def test_push_is_refused_off_the_streaming_kernel():
     """push=True where the Triton megakernel runs (the interpreter here) is refused before any pool is touched;
     push must be a bool."""
@@ -181,3 +202,5 @@ def test_push_is_refused_off_the_streaming_kernel():
         TPMegakernelRunner(model, cache, group, interpret=True, pools=[], push=True)
     with pytest.raises(InputError, match="push must be"):
         TPMegakernelRunner(model, cache, group, interpret=True, pools=[], push="yes")
+    with pytest.raises(ValueError, match="push_ranks must be"):
+        pool_layout(_graphs(2)[0], 0, True)

@@ -12,8 +12,8 @@
   the launcher (``process.launch``) stops the ranks after one fails; torchrun's ranks are stopped by torchrun.
 * ``"oneshot"``: onekernel's own one-shot all-reduce, a per-op kernel of the step (``dist.tp_oneshot``): the
   GEMVs write their partials straight into symmetric memory, each all-reduce tile meets its peers' same tile at a
-  flag barrier, then reads and sums their rows; it joins the PDL chain and the CUDA graph. GPUs, or the Triton
-  interpreter (``--interpret``; in-process pools).
+  flag barrier, then reads and sums their rows; it joins the PDL chain and the CUDA graph. CUDA GPUs from the CLI;
+  the runner also runs in the Triton interpreter when given pools (tests).
 """
 from __future__ import annotations
 

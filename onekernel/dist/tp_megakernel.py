@@ -95,14 +95,17 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def pool_layout(graph, min_counters: int = 0, push: int = 0) -> tuple[int, int, dict[str, int]]:
+def pool_layout(graph, min_counters: int = 0, push_ranks: int = 0) -> tuple[int, int, dict[str, int]]:
     """(pool bytes, counter entries, {buffer name: byte offset}) of a tensor-parallel graph: the event counters
     (one int32 per task, or ``min_counters``: the streaming kernel's re-tiled graph may have more tasks,
     ``stream_plan.task_bound``) first, then every buffer that a peer buffer mirrors, in graph order, each 16-byte
-    aligned. The same on every rank (identical graphs). ``push`` = n ranks (the push all-reduce): the counters
+    aligned. The same on every rank (identical graphs). ``push_ranks`` = n >= 2 (the push all-reduce): the counters
     n + 1 times over (this rank's, then a receive copy per sending rank: ``exec.persistent.push_counters``) and
     each mirrored buffer n times, slot r holding rank r's partial (``push_slot``); the counter entries returned
-    are still one set's."""
+    are still one set's. ValueError for a push_ranks that is not 0 or an int >= 2 (a bool is not a rank count)."""
+    if isinstance(push_ranks, bool) or not isinstance(push_ranks, int) or push_ranks == 1 or push_ranks < 0:
+        raise ValueError(f"pool_layout: push_ranks must be 0 (pull) or the number of ranks >= 2, got {push_ranks!r}")
+    push = push_ranks
     n_counters = max(len(graph.tasks), min_counters, 1)
     off = _align(4 * n_counters * (1 + push))
     sources = {src for _, src in (graph.meta.get("peers") or {}).values()}
@@ -131,6 +134,11 @@ def bind_pools(graph, tensors: dict, pools: list, rank: int, offsets: dict, n_co
     n = len(pools)
     own = pools[rank]
     n_cnt = n_counters * (1 + n) if push else n_counters
+    last = max((push_slot(offsets, graph.buffers, k, n - 1 if push else 0) + graph.buffers[k].nbytes
+                for k in offsets), default=0)
+    if _align(4 * n_cnt) > min(offsets.values(), default=_align(4 * n_cnt)) or any(p.numel() < last for p in pools):
+        raise ValueError(f"bind_pools: the layout does not hold {'push' if push else 'pull'} slots for {n} ranks "
+                         f"(pool_layout(push_ranks={n if push else 0}) makes one that does)")
     own[:_align(4 * n_cnt)].zero_()
 
     def view(pool, off, b):

@@ -97,6 +97,10 @@ class TPOneShotRunner(TPRankRunner):
         own, pdelta = peer_counters(counters, rank, n_counters, dev)
         t["oneshot.pdelta"] = pdelta
         t["oneshot.err"] = self.err = torch.zeros(8, dtype=torch.int32, device=dev)
+        cuda = dev.type == "cuda"
+        self._side = torch.cuda.Stream(dev) if cuda else None  # poll(): reads err beside the queued steps
+        self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=cuda)
+        self._failed = None
         off, self._ar = 0, []
         for i, op in enumerate(o for o in g.ops if o.kind is ALLREDUCE_ONESHOT):
             t[op.args["flags"]] = own[off:off + op.n_tiles * n]
@@ -149,6 +153,8 @@ class TPOneShotRunner(TPRankRunner):
         self.group._gather(sync)
 
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._failed:  # the barriers stop polling once one gave up: later steps would not meet the peers
+            raise KernelTimeoutError(self._failed)
         self._begin_step()
         if fault_action(self.group.shard.rank, self.steps) == "skip":  # tests: this rank never launches
             self._gather(ran=False)
@@ -160,14 +166,24 @@ class TPOneShotRunner(TPRankRunner):
         if err[0] == 5:
             _, tile, op, seen, want, peer = err[:6]
             name = self._ar[op] if 0 <= op < len(self._ar) else f"#{op}"
-            raise KernelTimeoutError(
+            self._failed = (
                 f"{self.mode}: all-reduce {name} tile {tile} waited on peer rank {peer} and saw its run count {seen} "
                 f"< {want} (this rank's) after the poll limit; rank {peer} did not reach that all-reduce (it died, "
                 f"hangs, or ran fewer steps); this runner's all-reduce counts are inconsistent now: build a new one")
+            raise KernelTimeoutError(self._failed)
 
     def check(self) -> None:
-        """KernelTimeoutError when a barrier gave up (reads the error word: a sync), then the executor's check."""
+        """KernelTimeoutError when a barrier gave up (reads the error word: a sync), then the executor's check.
+        After one, ``step`` refuses (KernelTimeoutError) until a new runner is built."""
         self._raise_if(self.err.tolist())
         self.runner.check()
 
-    poll = check
+    def poll(self) -> None:
+        """As ``check`` for the steps that finished, without waiting for the ones queued: the error word is copied
+        on a side stream into pinned memory (as ``exec.persistent.PersistentRunner.poll``)."""
+        if self._side is None:
+            return self.check()
+        with torch.cuda.stream(self._side):
+            self._err_host.copy_(self.err, non_blocking=True)
+        self._side.synchronize()
+        self._raise_if(self._err_host.tolist())

@@ -1,7 +1,8 @@
 """What both persistent megakernels share (the Triton one, ``exec.megakernel``; the streaming Gluon one,
 ``exec.stream_runner``): ``PersistentRunner`` (the launch or CUDA-graph replay of one persistent kernel, its
 monotonic counters, the error word that ``check()`` / ``poll()`` turn into ``KernelTimeoutError``),
-``peer_counters`` (a tensor-parallel rank's view of every rank's event counters) and ``jit_hooks_off``."""
+``peer_counters`` (a tensor-parallel rank's view of every rank's event counters), ``push_counters`` (the push
+all-reduce's counter sets and offset tables) and ``jit_hooks_off``."""
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -159,6 +159,9 @@ class StreamMegakernelRunner(PersistentRunner):
                 raise InputError("this step has all-reduce tasks reading other ranks' buffers (a tensor-parallel graph): "
                                  "the streaming megakernel needs every rank's event counters (counters=, rank=; "
                                  "onekernel.dist.tp_megakernel)")
+            if push and self.plan.consts.get("NSS"):  # the RMSNorm-partials epilogue does not push (stream_mma)
+                raise InputError("push=True with RMSNorm partials (stream_plan.SS_PARTIALS) is not supported: a "
+                                 "tensor-parallel step's residual GEMVs have none; set STREAM_SS_PARTIALS=0")
             if push:
                 self.ev_cnt, self.peer_off = push_counters(counters, rank, self.events.n_events,
                                                            step.graph.meta["dtype"].itemsize, dev)

@@ -130,6 +130,7 @@ def allreduce_oneshot_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, r
                            B: tl.constexpr, D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr,
                            BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, RANK: tl.constexpr, SPIN: tl.constexpr):
     _signal_and_wait(tile, flags, mine, pdelta, err, D, N, RANK, BLOCK_D, SPIN)
+    tl.debug_barrier()  # every thread's loads of the peers' rows after the (one-thread) acquire polls
     allreduce_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B, D, N, RES, BLOCK_B, BLOCK_D)
 
 
