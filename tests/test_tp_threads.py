@@ -91,7 +91,7 @@ def test_tp2_thread_ranks_equal_tp1_reference(seed):
             bad[rank][key][name] = t
         else:
             bad[rank][key] = t
-        with pytest.raises(AssertionError, match=why):
+        with pytest.raises(AssertionError, match=why or None):
             _check(cfg, bad, want_logits, want_tokens)
 
 
