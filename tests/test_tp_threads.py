@@ -10,7 +10,8 @@ import torch
 
 from onekernel.models.config import get_config
 
-pytestmark = pytest.mark.xdist_group("tp-ranks")  # the TP ranks' tests share one worker (see tests/test_tp.py)
+# not in the "tp-ranks" xdist group (tests/test_tp.py): the ranks here are threads of the test's own process (no
+# spawned processes, no ports), so it runs on either worker and balances the suite
 
 
 def _thread_ranks(cfg, seed, prompts, steps, tp=2):
