@@ -100,7 +100,7 @@ def test_a_rank_that_never_launches_times_out_naming_the_peer(tmp_path):
     assert "waited on event" in msg and "saw count 0 < expected" in msg, msg
 
 
-@pytest.mark.slow  # the CI suite's time; the same path named peer rank 1 on an H200 (run 38 calls 383 and 384)
+@pytest.mark.slow  # the CI suite's time; the same path named peer rank 1 on an H200 (run 38 call 383)
 def test_a_rank_that_skips_a_step_stops_the_oneshot_all_reduce_naming_the_peer(tmp_path):
     """The kernel mode eager with the one-shot all-reduce: rank 1 skips its first step; rank 0's first all-reduce
     tile gives up after its poll limit and check() names the all-reduce, its tile and peer rank 1."""
