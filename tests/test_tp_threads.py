@@ -22,6 +22,7 @@ def _thread_ranks(cfg, seed, prompts, steps, tp=2):
     from onekernel.models.random_init import random_weights
     from onekernel.models.tokenizer import Tokenizer
     from onekernel.runtime.kv_cache import KVCache
+    from tp_worker import greedy
 
     full = random_weights(cfg, torch.float32, "cpu", seed)
     shards = [shard_config(cfg, tp, r) for r in range(tp)]
@@ -32,16 +33,9 @@ def _thread_ranks(cfg, seed, prompts, steps, tp=2):
         model = ShardedModel(s.config, shard_weights(s, full), Tokenizer.byte_level(), cfg.name, s)
         cache = KVCache(s.config, len(prompts), max(map(len, prompts)) + steps, torch.float32, "cpu")
         runner = groups[r].step_runner("megakernel", model, cache, interpret=True, pools=pools)
-        logits = [runner.prefill(prompts)]
-        tokens = [logits[0].argmax(-1).to(torch.int32)]
-        for _ in range(steps):
-            lg, nxt = runner.step(tokens[-1])
-            runner.check()
-            cache.seq_lens += 1
-            logits.append(lg.clone())
-            tokens.append(nxt.clone())
+        logits, tokens = greedy(runner, cache, prompts, steps, check=True)
         t = runner.bound.tensors
-        return {"logits": torch.stack(logits), "tokens": torch.stack(tokens),
+        return {"logits": logits, "tokens": tokens,
                 "reduced": {n: t[n].clone() for n in t if n.endswith(".ar.out")}}
     return run_ranks(tp, rank, groups)
 

@@ -20,7 +20,7 @@ def run(rank: int, a: dict, pools: list) -> None:
     if a.get("fault"):
         os.environ["ONEKERNEL_TP_FAULT"] = a["fault"]
     torch.set_num_threads(1)
-    from tp_worker import rank_state
+    from tp_worker import greedy, rank_state
 
     from onekernel.dist.process import close_rank
     from onekernel.dist.tp_megakernel import TPMegakernelRunner
@@ -40,10 +40,8 @@ def run(rank: int, a: dict, pools: list) -> None:
         t = runner.bound.tensors
         reset = bool(runner.err.eq(0).all()) and all(
             bool(t[f"{op}.flags"].eq(0).all()) and bool(t[f"{op}.mine"][:-1].eq(0).all()) for op in runner._ar)
-    logits = [runner.prefill(prompts)]
-    tokens = [logits[0].argmax(-1).to(torch.int32)]
     if a.get("fault"):
-        lg, nxt = runner.step(tokens[-1])
+        runner.step(runner.prefill(prompts).argmax(-1).to(torch.int32))
         msg = ""
         try:
             runner.check()
@@ -52,14 +50,9 @@ def run(rank: int, a: dict, pools: list) -> None:
         torch.save({"error": msg}, out)
         close_rank()
         return
-    for _ in range(a["steps"]):
-        lg, nxt = runner.step(tokens[-1])
-        runner.check()
-        cache.seq_lens += 1
-        logits.append(lg.clone())
-        tokens.append(nxt.clone())
+    logits, tokens = greedy(runner, cache, prompts, a["steps"], check=True)
     t = runner.bound.tensors
     reduced = {n: t[n].clone() for n in t if n.endswith(".ar.out")}
-    torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v,
+    torch.save({"logits": logits, "tokens": tokens, "k": cache.k, "v": cache.v,
                 "reduced": reduced, "gemv": runner.bound.graph.meta["gemv"], "reset": reset}, out)
     close_rank()

@@ -40,23 +40,32 @@ def rank_state(a: dict):
     return info, model, TPGroup(shard), cache
 
 
+def greedy(runner, cache, prompts: list[list[int]], steps: int, check: bool = False):
+    """Prefill, then ``steps`` greedy steps fed with the runner's own tokens (``check``: ``runner.check()`` after
+    each): (logits float32 [steps + 1, B, V], tokens int32 [steps + 1, B]), copied out of the runner's buffers
+    (a kernel runner overwrites them at its next step)."""
+    logits = [runner.prefill(prompts)]
+    tokens = [logits[0].argmax(-1).to(torch.int32)]
+    for _ in range(steps):
+        lg, nxt = runner.step(tokens[-1])
+        if check:
+            runner.check()
+        cache.seq_lens += 1
+        logits.append(lg.clone())
+        tokens.append(nxt.clone())
+    return torch.stack(logits), torch.stack(tokens)
+
+
 def main(a: dict) -> None:
     info, model, group, cache = rank_state(a)
     prompts = a["prompts"]
     mode = a.get("mode", "reference")
     runner = group.step_runner(mode, model, cache, **({"interpret": True, "gemv": a.get("gemv")}
                                                       if mode != "reference" else {}))
-    logits = [runner.prefill(prompts)]
-    tokens = [logits[0].argmax(-1).to(torch.int32)]
-    for _ in range(a["steps"]):
-        lg, nxt = runner.step(tokens[-1])
-        cache.seq_lens += 1
-        logits.append(lg.clone())  # a kernel runner's outputs are overwritten by its next step
-        tokens.append(nxt.clone())
+    logits, tokens = greedy(runner, cache, prompts, a["steps"])
     if info.rank == 0:
         gemv = runner.bound.graph.meta["gemv"] if mode != "reference" else None
-        torch.save({"logits": torch.stack(logits), "tokens": torch.stack(tokens), "k": cache.k, "v": cache.v,
-                    "gemv": gemv}, a["out"])
+        torch.save({"logits": logits, "tokens": tokens, "k": cache.k, "v": cache.v, "gemv": gemv}, a["out"])
     close_rank()
 
 

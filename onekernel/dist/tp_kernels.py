@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from onekernel.dist.allreduce import SymmAllReduce, check_allreduce
-from onekernel.dist.process import fault_point
+from onekernel.dist.process import fault_action, fault_point
 from onekernel.errors import InputError
 from onekernel.exec import DEFAULT_TILING, make_runner, sm_count, smem_per_block
 from onekernel.models.decode_graph import build_decode_step, default_gemv
@@ -50,10 +50,19 @@ def rank_gemv(group, dtype: torch.dtype, gemv: str | None) -> str:
     return default_gemv(group.config, dtype) if gemv is None else gemv
 
 
+def rank_barrier(group, dev) -> None:
+    """Every rank's queued work done (a device sync on GPUs), then a collective every rank joins (``group``'s
+    gather of one value). RankError from the collective."""
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+    group._gather(torch.zeros(1, dtype=torch.int64, device=dev))
+
+
 class TPRankRunner:
     """What a rank's kernel and megakernel runners share (they set ``model``, ``cache``, ``group``, ``runner``,
     ``logits``, ``next_tokens``, ``steps``): the PyTorch prefill with the group's collectives, the step count
-    and fault point, the rank-local token ids, and ``check`` / ``poll`` of the inner runner."""
+    and fault point, the rank-local token ids, the step of a runner whose gather can run alone (``_gathered_step``),
+    and ``check`` / ``poll`` of the inner runner."""
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         self.group.where = "prefill"
@@ -63,6 +72,17 @@ class TPRankRunner:
         self.steps += 1
         self.group.where = f"decode step {self.steps}"
         fault_point(self.group.shard.rank, self.steps)
+
+    def _gathered_step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inner runner's step (its launch ends with ``self._gather``, the logits gather), or, where the test
+        fault ``skip`` names this rank and step, only ``self._gather(ran=False)``: the rank never launches but
+        still joins its collectives (the peers' waits on it must give up and name it)."""
+        self._begin_step()
+        if fault_action(self.group.shard.rank, self.steps) == "skip":
+            self._gather(ran=False)
+            return self.logits, self.next_tokens
+        self.runner.step(self.local_tokens(tokens))
+        return self.logits, self.next_tokens
 
     def local_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens int32 [B] (global ids) -> the rank's ids, ``tokens - vocab_start`` (outside [0, V_local) embed

@@ -64,12 +64,12 @@ megakernel launch when it captures one (``MegakernelRunner(after=...)``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
-from onekernel.dist.process import fault_action
 from onekernel.dist.sharding import vocab_range
-from onekernel.dist.tp_kernels import TPRankRunner, rank_gemv
+from onekernel.dist.tp_kernels import TPRankRunner, rank_barrier, rank_gemv
 from onekernel.errors import InputError, ScheduleError
 from onekernel.exec import sm_count, smem_per_block
 from onekernel.exec.megakernel import MegakernelRunner
@@ -333,12 +333,8 @@ class TPMegakernelRunner(TPRankRunner):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # counters zeroed, partials poisoned before any peer can launch
 
-        def rank_barrier() -> None:  # PersistentRunner.rewind: every rank's step done, then every rank's rewind
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            group._gather(torch.zeros(1, dtype=torch.int64, device=dev))
-
-        self.runner._rank_barrier = rank_barrier
+        # PersistentRunner.rewind: every rank's step done, then every rank's rewind (no reference to self: no cycle)
+        self.runner._rank_barrier = functools.partial(rank_barrier, group, dev)
         fp = torch.tensor([self.runner.fingerprint()], dtype=torch.int64, device=dev)
         every = [int(x) for x in group._gather(fp)]
         if len(set(every)) != 1:
@@ -392,9 +388,4 @@ class TPMegakernelRunner(TPRankRunner):
             return None
 
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._begin_step()
-        if fault_action(self.group.shard.rank, self.steps) == "skip":  # tests: this rank never launches
-            self._gather(ran=False)
-            return self.logits, self.next_tokens
-        self.runner.step(self.local_tokens(tokens))
-        return self.logits, self.next_tokens
+        return self._gathered_step(tokens)

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from onekernel.dist.process import fault_action
-from onekernel.dist.tp_kernels import KERNEL_MODES, TPRankRunner
+from onekernel.dist.tp_kernels import KERNEL_MODES, TPRankRunner, rank_barrier
 from onekernel.dist.tp_megakernel import (INTERPRET_SPIN_LIMIT, bind_pools, logits_gather, pool_layout, resolve_pools,
                                           tp_step)
 from onekernel.errors import InputError, KernelTimeoutError, ScheduleError
@@ -139,28 +138,18 @@ class TPOneShotRunner(TPRankRunner):
             self.runner.launch_all()
         finally:
             self.runner.after = after
-        sync = torch.zeros(1, dtype=torch.int64, device=dev)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        self.group._gather(sync)
+        rank_barrier(self.group, dev)
         t = self.bound.tensors
         for op in self._ar:
             t[f"{op}.flags"].zero_()
             t[f"{op}.mine"][:-1].zero_()
         self.err.zero_()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        self.group._gather(sync)
+        rank_barrier(self.group, dev)
 
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._failed:  # the barriers stop polling once one gave up: later steps would not meet the peers
             raise KernelTimeoutError(self._failed)
-        self._begin_step()
-        if fault_action(self.group.shard.rank, self.steps) == "skip":  # tests: this rank never launches
-            self._gather(ran=False)
-            return self.logits, self.next_tokens
-        self.runner.step(self.local_tokens(tokens))
-        return self.logits, self.next_tokens
+        return self._gathered_step(tokens)
 
     def _raise_if(self, err: list[int]) -> None:
         if err[0] == 5:
