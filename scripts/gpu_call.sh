@@ -152,6 +152,26 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
+385) # session 39 (~7 min, one H200; written in session 39, which was lent no machine): the one-shot all-reduce kernels'
+    # final code (the rank read from memory: one kernel for every rank; the peers' rows read with volatile loads)
+    # through tp_one_gpu.py, each run ALONE on the GPU (383 ran six processes at once): TP 2 eager and pdl on
+    # Llama-3.2-1B batch 1 and 8 with the logits comparison that 383's harness bug lost; then TP 4 and TP 8 eager at
+    # batch 1: if they still give up with the GPU to themselves, the cause is the ranks' separate kernels sharing
+    # one GPU's SMs (not contention between processes); then the Triton megakernel at TP 2 (its all-reduce reads
+    # are volatile loads now): reduced rows bitwise equal across ranks, logits against TP=1 as in 381
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    one="python3 scripts/tp_one_gpu.py --steps 8 --model llama-3.2-1b"
+    step 90 one-1b-tp2-eager-oneshot $one --batches 1,8 --tp 2 --mode eager --opt allreduce=oneshot \
+        --out "$W/one-1b-tp2-eager-oneshot.json"
+    step 90 one-1b-tp2-pdl-oneshot $one --batches 1,8 --tp 2 --mode pdl --opt allreduce=oneshot \
+        --out "$W/one-1b-tp2-pdl-oneshot.json"
+    step 80 one-1b-tp4-eager-oneshot $one --batches 1 --tp 4 --mode eager --opt allreduce=oneshot \
+        --out "$W/one-1b-tp4-eager-oneshot.json"
+    step 80 one-1b-tp8-eager-oneshot $one --batches 1 --tp 8 --mode eager --opt allreduce=oneshot \
+        --out "$W/one-1b-tp8-eager-oneshot.json"
+    step 90 one-1b-tp2-triton $one --batches 1,8 --tp 2 --backend triton --out "$W/one-1b-tp2-triton.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    ;;
 382) # session 38 (~4 min): onekernel's one-shot all-reduce kernels (--allreduce oneshot, dist/tp_oneshot.py) in the
     # separate-kernel modes eager and pdl (launched with PDL, no CUDA graph), ranks as threads on one H200
     # (scripts/tp_one_gpu.py): against TP=1 of the same mode, reduced rows bitwise equal across ranks, the forced

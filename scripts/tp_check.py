@@ -111,32 +111,40 @@ def _copy(cache):
     return c
 
 
-def _run(make, cache, tokens, steps):
-    """One step, then ``steps`` greedy steps from the same state: (logits [B, V], tokens [steps, B],
-    per-step top-2 margins / logit range [steps, B], the runner's GEMV path or None)."""
+def greedy_margins(runner, cache, tokens, steps):
+    """One step of ``runner`` on ``tokens``, then ``steps`` greedy steps (``cache``'s positions advance):
+    (logits float32 [B, V], tokens int32 [steps, B], per-step top-2 margins / logit range [steps, B]); the runner's
+    ``check()`` after the last step (KernelTimeoutError from a gave-up wait). Also scripts/tp_one_gpu.py's."""
     import torch
 
+    lg, nt = runner.step(tokens)
+    first = lg.float().clone()
+    toks, margins, tok = [], [], nt.clone()
+    for _ in range(steps):
+        cache.seq_lens += 1
+        lg, nt = runner.step(tok)
+        lf = lg.float()
+        top2 = lf.topk(2, dim=-1).values
+        margins.append((top2[:, 0] - top2[:, 1]) / (lf.amax(-1) - lf.amin(-1)))
+        tok = nt.clone()
+        toks.append(tok)
+    if lg.is_cuda:
+        torch.cuda.current_stream().synchronize()
+    runner.check()
+    return first, torch.stack(toks), torch.stack(margins)
+
+
+def _run(make, cache, tokens, steps):
+    """``greedy_margins`` on a runner ``make`` builds over a copy of ``cache``, plus the runner's GEMV path or None."""
     from onekernel.bench.modes import runner_gemv
 
     c = _copy(cache)
     r = make(c)
     gemv = runner_gemv(r)
-    lg, nt = r.step(tokens)
-    first = lg.float().clone()
-    toks, margins, tok = [], [], nt.clone()
-    for _ in range(steps):
-        c.seq_lens += 1
-        lg, nt = r.step(tok)
-        top2 = lg.float().topk(2, dim=-1).values
-        margins.append((top2[:, 0] - top2[:, 1]) / (lg.float().amax(-1) - lg.float().amin(-1)))
-        tok = nt.clone()
-        toks.append(tok)
-    if lg.is_cuda:
-        torch.cuda.synchronize()
-    r.check()
+    got = greedy_margins(r, c, tokens, steps)
     del r
     gc.collect()  # a kernel runner and its host calls form a cycle: free its weights copy and graphs now
-    return first, torch.stack(toks), torch.stack(margins), gemv
+    return (*got, gemv)
 
 
 def _compare(rec, got, want, ref):

@@ -1,6 +1,7 @@
 """Compile the tensor-parallel megakernel (rank 0 of N) for an H200 (sm_90a) on a machine WITHOUT a GPU.
 
     python scripts/tp_compile_check.py [MODEL] [BATCH] [--backend triton|gluon] [--tp N] [--gemv fma|mma] [--push]
+                                       [--oneshot]
                                              # default llama-3.2-1b 1 triton, N = 2 (N must divide its heads)
 
 Builds rank 0's shard (uninitialised weights of the shard's shapes: only shapes matter here, and a 70B shard
@@ -8,19 +9,23 @@ is never drawn on the CPU) and its TP graph (all-reduce tile tasks, ``models.dec
 MegakernelRunner over CPU stand-in pools (only the addresses' arithmetic matters for compiling), compiles the
 kernel with Triton's ptxas as scripts/compile_check.py does, and checks the PTX for what the cross-GPU
 protocol needs: ``ld.global.acquire.sys`` (remote waits), a system-scope release atomic (the signals other ranks
-read: ``atom.global.sys.release``), ``ld.volatile.global`` (the all-reduce's ``.cv`` reads of the peers' rows:
-Triton lowers ``cache_modifier=".cv"`` to it), and the
+read: ``atom.global.sys.release``), ``ld.volatile.global.b16`` (the all-reduce's volatile reads of the bf16
+partials, told apart from the error word's 32-bit volatile polls), and the
 gpu-scope waits and signals of the local events. Prints registers and spills against the TP=1 kernel of the same
 shard. Exit code 1 when a needed instruction is missing.
 
 ``--backend gluon``: the streaming Gluon megakernel instead (``scripts/stream_compile_check.compile_stream`` on
 rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
-instructions (the all-reduce's reads of the partials are ``ld.volatile.global.b16``: counted apart from the
-error-word polls, which are 32-bit volatile loads). Register spills fail it beyond SPILL_LIMIT.
+instructions. Register spills fail it beyond SPILL_LIMIT.
 
 ``--push`` (with ``--backend gluon``): a third kernel, the TP kernel of the push all-reduce (constexpr PUSH:
 producers store their rows into the peers' pools and signal there, ``stream_base.push_rows``), with the same
 instructions needed and more stores of 16-bit values (``st.global`` of the pushed rows) than the pull kernel.
+
+``--oneshot``: instead, the kernel modes' one-shot all-reduce kernel (dist/tp_oneshot.py) of every rank, without
+and with PDL: ``atom.global.sys.release.exch`` (the flag posts), ``ld.global.sys.acquire`` (the polls: Triton's
+lowering of an acquire add of 0),
+``ld.volatile.global.b16`` (the peers' rows), and the same PTX on every rank (the rank is read from memory).
 
 ``--gemv``: the GEMV path of both kernels (default: the unsharded model's, as the TP runners take it:
 ``dist.tp_kernels.rank_gemv``; tensor cores for bf16 Llama models); it ends the labels (``..._tp2_mma``).
@@ -50,14 +55,12 @@ from onekernel.models.config import expected_shapes, get_config  # noqa: E402
 from onekernel.ops.tiling import Tiling  # noqa: E402
 from onekernel.runtime.kv_cache import KVCache  # noqa: E402
 
-# PTX spells the atomics atom.global.<scope>.release.add; Triton lowers a .cv load to ld.volatile.global
+# PTX spells the atomics atom.global.<scope>.release.add; a volatile=True load of bf16 is ld.volatile.global.b16 (the
+# error word's volatile polls are .b32: counting every ld.volatile.global would pass a kernel reading no partial so)
 NEEDED = {"ld.global.acquire.sys": r"ld\.global\.acquire\.sys", "atom.sys.release": r"atom\.global\.sys\.release",
-          "ld.volatile.global": r"ld\.volatile\.global", "ld.global.acquire.gpu": r"ld\.global\.acquire\.gpu",
+          "ld.volatile.global.b16": r"ld\.volatile\.global\.b16", "ld.global.acquire.gpu": r"ld\.global\.acquire\.gpu",
           "atom.gpu.release": r"atom\.global\.gpu\.release"}
 
-
-GLUON_NEEDED = {**{k: v for k, v in NEEDED.items() if k != "ld.volatile.global"},
-                "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
 # The streaming kernel's spill bytes allowed, as at TP=1 (tests/test_stream_compile.py: the attention run's flattened
 # loop carries the next block's K/V and the next tile's q, 0-12 bytes in both GEMV bodies)
 SPILL_LIMIT = 32  # as tests/test_stream_compile.py allows (register-allocation noise at 255 registers)
@@ -87,7 +90,7 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
         ptx = k.asm["ptx"]
         PTXDIR.mkdir(parents=True, exist_ok=True)
         (PTXDIR / f"{label}.ptx").write_text(ptx)
-        found = {n: len(re.findall(p, ptx)) for n, p in {**GLUON_NEEDED, "st.global.b16": r"st\.global\.b16"}.items()}
+        found = {n: len(re.findall(p, ptx)) for n, p in {**NEEDED, "st.global.b16": r"st\.global\.b16"}.items()}
         rows.append((label, rep, found, len(plan.graph.tasks), plan.events.n_events, consts,
                      time.perf_counter() - t0))
     ok = True
@@ -114,6 +117,60 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
     if any(rows[0][2][n] for n in ("ld.global.acquire.sys", "atom.sys.release", "ld.volatile.global.b16")):
         ok = False
         print("the TP=1 kernel has system-scope or volatile partial loads: the TP switch is not compiled out")
+    print(f"PTX in {PTXDIR}")
+    return 0 if ok else 1
+
+
+# the one-shot all-reduce kernel (dist/tp_oneshot.py): the flag post (an exchange with system-scope release), the
+# bounded polls (an atomic add of 0 with system-scope acquire, which Triton 3.6 compiles to ld.global.sys.acquire)
+# and the volatile reads of the peers' bf16 rows
+ONESHOT_NEEDED = {"atom.sys.release.exch": r"atom\.global\.sys\.release\.exch",
+                  "ld.sys.acquire": r"ld\.global\.sys\.acquire|atom\.global\.sys\.acquire\.add",
+                  "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
+
+
+def main_oneshot(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | None = None) -> int:
+    """``--oneshot``: the kernel modes' one-shot all-reduce kernel (``ALLREDUCE_ONESHOT``) of the first all-reduce of
+    every rank's TP graph (per-op tiling "cover"), without and with PDL: the instructions of ONESHOT_NEEDED, and the
+    same PTX on every rank (the rank is data, so one compiled kernel serves them all)."""
+    from onekernel.dist.tp_oneshot import SPIN_LIMIT, oneshot_ops
+    from onekernel.exec.codegen import eager_kernel
+    from onekernel.ops.allreduce import ALLREDUCE_ONESHOT
+
+    cfg = get_config(name)
+    gemv = gemv or model_gemv(name)
+    ptx_of, ok = {}, True
+    for rank in range(n):
+        shard = shard_config(cfg, n, rank)
+        weights = {k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(shard.config).items()}
+        if cfg.tie_embeddings:
+            weights["lm_head"] = weights["tok_embeddings"]
+        cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
+        step = build_decode_step(shard.config, weights, cache, tiling=Tiling(132, "cover"), tp=(rank, n), gemv=gemv)
+        g = step.graph
+        oneshot_ops(g, rank, SPIN_LIMIT)
+        op = next(o for o in g.ops if o.kind is ALLREDUCE_ONESHOT)
+        kd = op.kind
+        bufs = [g.buffers[op.args[role]] for role in kd.args]  # CPU stand-ins: only the element types matter
+        ptrs = [torch.empty(b.shape, dtype=b.dtype) for b in bufs]
+        for pdl in (False, True):
+            c = {**{k: op.params[k] for k in kd.consts}, "PDL": pdl, "PROFILE": False, "PROLOGUE_SPLIT": True,
+                 "TRIGGER": 1}
+            label = f"{name}_B{batch}_oneshot_tp{n}_rank{rank}{'_pdl' if pdl else ''}"
+            rep = compile_sm90(eager_kernel(kd), ptrs + [ptrs[0], 0], c, kd.num_warps, label)
+            ptx = (PTXDIR / f"{label}.ptx").read_text()
+            found = {k: len(re.findall(v, ptx)) for k, v in ONESHOT_NEEDED.items()}
+            ptx_of[(rank, pdl)] = re.sub(r"^//.*$", "", ptx, flags=re.M)  # the header comment names the file
+            print(f"{label}: {op.name} ({op.n_tiles} tiles), regs {rep['regs']}, spill {rep['spill_bytes']} B, "
+                  f"compile {rep['s']:.1f} s; " + ", ".join(f"{k} x{v}" for k, v in found.items()))
+            missing = [k for k, v in found.items() if not v]
+            if missing:
+                ok = False
+                print(f"MISSING in {label}'s PTX: {', '.join(missing)}")
+    for (rank, pdl), ptx in ptx_of.items():
+        if ptx != ptx_of[(0, pdl)]:
+            ok = False
+            print(f"rank {rank}'s one-shot kernel{' (pdl)' if pdl else ''} differs from rank 0's: the rank is compiled in")
     print(f"PTX in {PTXDIR}")
     return 0 if ok else 1
 
@@ -156,9 +213,9 @@ def main(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | Non
     if missing:
         ok = False
         print(f"MISSING in the TP kernel's PTX: {', '.join(missing)}")
-    if rows[0][2]["ld.global.acquire.sys"] or rows[0][2]["atom.sys.release"]:
+    if any(rows[0][2][n] for n in ("ld.global.acquire.sys", "atom.sys.release", "ld.volatile.global.b16")):
         ok = False
-        print("the TP=1 kernel has system-scope instructions: the TP switch is not compiled out")
+        print("the TP=1 kernel has system-scope or volatile partial loads: the TP switch is not compiled out")
     print(f"PTX in {PTXDIR}")
     return 0 if ok else 1
 
@@ -174,9 +231,10 @@ if __name__ == "__main__":
             i = argv.index(f)
             flags[f] = argv[i + 1]
             del argv[i:i + 2]
-    push = "--push" in argv
-    if push:
-        argv.remove("--push")
+    push, oneshot = "--push" in argv, "--oneshot" in argv
+    for f in ("--push", "--oneshot"):
+        if f in argv:
+            argv.remove(f)
     backend, gemv = flags["--backend"], flags["--gemv"]
     if push and backend != "gluon":
         sys.exit("--push needs --backend gluon (the push all-reduce is the streaming kernel's)")
@@ -184,6 +242,8 @@ if __name__ == "__main__":
         sys.exit(f"--backend must be triton or gluon, got {backend!r}")
     if gemv not in (None, "fma", "mma"):
         sys.exit(f"--gemv must be fma or mma, got {gemv!r}")
-    fn = main_gluon if backend == "gluon" else main
+    fn = main_gluon if backend == "gluon" else main_oneshot if oneshot else main
+    if oneshot and (backend != "triton" or push):
+        sys.exit("--oneshot is the kernel modes' all-reduce kernel: no --backend gluon, no --push")
     sys.exit(fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
                 gemv=gemv, **({"push": True} if push else {})))

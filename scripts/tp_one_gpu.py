@@ -135,25 +135,6 @@ def _sha(*tensors) -> str:
     return h.hexdigest()[:16]
 
 
-def _greedy(runner, cache, tokens, steps):
-    """One step then ``steps`` greedy steps: (logits float32 [B, V], tokens int32 [steps, B], top-2 margins /
-    logit range [steps, B]); cache positions advance."""
-    import torch
-
-    lg, nt = runner.step(tokens)
-    first, toks, margins, tok = lg.float().clone(), [], [], nt.clone()
-    for _ in range(steps):
-        cache.seq_lens += 1
-        lg, nt = runner.step(tok)
-        lf = lg.float()
-        top2 = lf.topk(2, dim=-1).values
-        margins.append((top2[:, 0] - top2[:, 1]) / (lf.amax(-1) - lf.amin(-1)))
-        tok = nt.clone()
-        toks.append(tok)
-    runner.check()
-    return first, torch.stack(toks), torch.stack(margins)
-
-
 def _launcher(runner):
     """The runner's launch of one step without its host-side work: a megakernel's ``launch``, the separate-kernel
     executors' ``launch_all`` (every op's kernel, the host calls after ops included)."""
@@ -181,11 +162,11 @@ def main() -> int:
     from onekernel.bench.modes import runner_gemv
     from onekernel.dist.sharding import ShardedModel, shard_config, shard_weights
     from onekernel.dist.threads import PoolFactory, run_ranks, thread_groups, warm_allocator
-    from onekernel.errors import KernelTimeoutError
+    from onekernel.errors import KernelTimeoutError, OneKernelError
     from onekernel.exec import sm_count
     from onekernel.models.load import open_model
     from onekernel.runtime.runners import make_step_runner
-    from tp_check import _copy, _state
+    from tp_check import _copy, _state, greedy_margins
 
     n, cpu = a.tp, a.cpu
     dev = torch.device("cpu" if cpu else "cuda")
@@ -204,10 +185,14 @@ def main() -> int:
         print(json.dumps(rec), flush=True)
         out.write_text(json.dumps(records, indent=1))
 
-    files = open_model(a.model, random_weights=True)
-    cfg = files.config
+    try:  # an unknown model or a TP size that does not divide its heads: one line, before anything loads
+        files = open_model(a.model, random_weights=True)
+        cfg = files.config
+        shards = [shard_config(cfg, n, r) for r in range(n)]
+    except OneKernelError as e:
+        print(f"tp_one_gpu: {e}", file=sys.stderr)
+        return 2
     full = files.load(random_weights=True, dtype=dtype, device=dev, seed=0)
-    shards = [shard_config(cfg, n, r) for r in range(n)]
     models = [ShardedModel(s.config, shard_weights(s, full.weights), files.tokenizer, a.model, s) for s in shards]
     base = {"commit": os.environ.get("ONEKERNEL_COMMIT") or None, "model": a.model, "tp": n, "mode": a.mode, "backend": a.backend if mk else None,
             "workers_per_rank": wn, "tp1_workers": w1,
@@ -226,7 +211,7 @@ def main() -> int:
             c1 = _copy(full_cache)  # 1. TP=1 on the whole device
             r1 = make_step_runner(a.mode, full, c1, n_sm=sms, **({"n_workers": w1} if mk else {}), **common)
             rec["tp1_gemv"], rec["tp1_backend"] = runner_gemv(r1), type(r1).__name__
-            want = _greedy(r1, c1, tokens, a.steps)
+            want = greedy_margins(r1, c1, tokens, a.steps)
             rec["tp1_ms_per_step"] = _timed(_launcher(r1), a.launches, sync)
             r1.check()
             del r1, c1
@@ -238,7 +223,7 @@ def main() -> int:
                 runner = rank_runner(r, groups, c, pools)
                 warm_allocator(dev)
                 groups[r].barrier("warm-up")  # no rank's kernel runs while another allocates
-                got = _greedy(runner, c, tokens, a.steps)
+                got = greedy_margins(runner, c, tokens, a.steps)
                 ms = _timed(_launcher(runner.runner), a.launches, sync, lambda: groups[r].barrier("timing"))
                 runner.check()
                 t = runner.bound.tensors

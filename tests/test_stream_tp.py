@@ -27,6 +27,7 @@ from onekernel.models.decode_graph import build_decode_step, decode_graph
 from onekernel.models.random_init import random_weights
 from onekernel.ops.tiling import Tiling
 from onekernel.runtime.kv_cache import KVCache
+from stream_sim import PullRouting, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 # every local size even across 2 ranks; K of 64 / 128 / 192 (256-column chunks, zero padded), 32-row groups
@@ -112,40 +113,20 @@ def test_both_ranks_build_the_same_plan():
 
 
 @pytest.mark.parametrize("gemv", ["fma", "mma"])
-def test_two_ranks_run_their_queues_to_the_end(gemv):
-    """Simulate both ranks' workers (each position runs once its local waits and its remote waits on the peer's
-    counters are met, then signals), in an adversarial order (rank 1 is always served first; lowest worker
-    first): every task of both ranks runs, i.e. no cross-rank wait cycle. Three steps (monotonic counters); both
-    GEMV paths."""
+@pytest.mark.parametrize("order", [(1, 0), (0, 1), "random"])
+def test_two_ranks_run_their_queues_to_the_end(gemv, order):
+    """Simulate both ranks' workers (tests/stream_sim.py: a position runs once its local waits and its remote waits
+    on the peer's own counters are met, then signals; a rank starts its next step as soon as its own ends) for
+    three steps (monotonic counters), in an adversarial order (one rank always served first, or seeded random),
+    on both GEMV paths: every task of both ranks runs (no cross-rank wait cycle), and every all-reduce reads its
+    peer's rows of its own step, even while that peer runs a step ahead."""
     plans = [_plan(r, gemv=gemv)[1] for r in range(2)]
-    tabs = []
-    for p in plans:
-        qrec, wl = records(p)
-        tabs.append((qrec.tolist(), wl.tolist(), remote_wait_list(p).tolist(), p.schedule.queues))
-    cnt = [[0] * plans[0].events.n_events for _ in range(2)]
-    for epoch in (1, 2, 3):
-        pos = [[0] * W for _ in range(2)]
-        offs = [[0] + [sum(len(q) for q in tabs[r][3][:w + 1]) for w in range(W)] for r in range(2)]
-        progress = True
-        while progress:
-            progress = False
-            for r in (1, 0):
-                qrec, wl, rwl, queues = tabs[r]
-                for w in range(W):
-                    while pos[r][w] < len(queues[w]):
-                        row = qrec[offs[r][w] + pos[r][w]]
-                        ok = all(cnt[r][e] >= x * epoch for e, x in wl[row[sd.F_WB.value]:row[sd.F_WE.value]])
-                        if row[sd.F_KIND.value] == sd.K_ALLREDUCE.value:
-                            ok = ok and all(cnt[p][e] >= x * epoch
-                                            for e, x, p in rwl[row[sd.F_RWB.value]:row[sd.F_RWE.value]])
-                        if not ok:
-                            break
-                        if row[sd.F_SIGNAL.value] >= 0:
-                            cnt[r][row[sd.F_SIGNAL.value]] += 1
-                        pos[r][w] += 1
-                        progress = True
-        left = [sum(len(q) for q in tabs[r][3]) - sum(pos[r]) for r in range(2)]
-        assert left == [0, 0], f"step {epoch}: tasks left per rank {left} (a cross-rank wait cycle)"
+    routing = PullRouting(2, plans[0].events.n_events)
+    if order == "random":
+        simulate(plans, routing, seed=39)
+    else:
+        simulate(plans, routing, order=order)
+    assert all(c == routing.mem[0] for c in routing.mem) and max(routing.mem[0]) > 0
 
 
 def test_allreduce_argument_table_holds_the_ranks_in_order(seed):
@@ -216,6 +197,18 @@ def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
                           "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "stream_tp2_mma" in out.stdout and "ld.global.acquire.sys x0" in out.stdout
+
+
+def test_oneshot_kernel_compiles_for_sm90_once_for_every_rank():
+    """scripts/tp_compile_check.py --oneshot --tp 4: the kernel modes' one-shot all-reduce kernel (dist/tp_oneshot.py)
+    of every rank of Llama-3.2-1B, without and with PDL, has the flag posts (system-scope release exchange), the
+    acquire polls and one volatile 16-bit load per rank's partial (B = 1), and the same PTX on every rank."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/tp_compile_check.py"), "llama-3.2-1b", "1", "--oneshot",
+                          "--tp", "4"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if "_oneshot_tp4_rank" in ln]
+    assert len(lines) == 8 and all("ld.volatile.global.b16 x4" in ln and "atom.sys.release.exch x0" not in ln for ln in lines), lines
 
 
 def test_error_word_layout_is_the_triton_megakernels():

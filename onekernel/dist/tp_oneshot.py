@@ -42,22 +42,25 @@ SPIN_LIMIT = 1 << 22
 
 def oneshot_ops(graph, rank: int, spin: int) -> int:
     """Turn every all-reduce op of ``graph`` into ALLREDUCE_ONESHOT in place, declaring its buffers (``{op}.flags``
-    int32 [tiles x N], ``{op}.mine`` int32 [tiles + 1], and the shared ``oneshot.pdelta`` int64 [N] and
-    ``oneshot.err`` int32 [8]); returns the flag entries all ops need (their regions follow each other in graph
-    order). The same on every rank but for the constant RANK."""
+    int32 [tiles x N], ``{op}.mine`` int32 [tiles + 1], and the shared ``oneshot.pdelta`` int64 [N + 1]: the peers'
+    flag offsets, then ``rank``, and ``oneshot.err`` int32 [8]); returns the flag entries all ops need (their regions
+    follow each other in graph order). The same graph on every rank (the rank is data, not a constant), so every
+    rank runs the same compiled kernels. Raises ValueError for a rank outside 0..N-1."""
     total = 0
     ar = [op for op in graph.ops if op.kind is ALLREDUCE]
     if not ar:
         return 0
     n = ar[0].params["N"]
-    graph.add_buffer("oneshot.pdelta", (n,), torch.int64, "scratch")
+    if not 0 <= rank < n:
+        raise ValueError(f"oneshot_ops: rank {rank} is outside 0..{n - 1} (the all-reduces have {n} partials)")
+    graph.add_buffer("oneshot.pdelta", (n + 1,), torch.int64, "scratch")
     graph.add_buffer("oneshot.err", (8,), torch.int32, "scratch")
     for op in ar:
         flags = graph.add_buffer(f"{op.name}.flags", (op.n_tiles * n,), torch.int32, "scratch")
         mine = graph.add_buffer(f"{op.name}.mine", (op.n_tiles + 1,), torch.int32, "scratch")
         op.kind = ALLREDUCE_ONESHOT
         op.args = {**op.args, "flags": flags.name, "mine": mine.name, "pdelta": "oneshot.pdelta", "err": "oneshot.err"}
-        op.params = {**op.params, "RANK": rank, "SPIN": spin}
+        op.params = {**op.params, "SPIN": spin}
         total += op.n_tiles * n
     return total
 
@@ -94,7 +97,7 @@ class TPOneShotRunner(TPRankRunner):
         self.pools = pools
         counters = bind_pools(g, t, pools, rank, offsets, n_counters)
         own, pdelta = peer_counters(counters, rank, n_counters, dev)
-        t["oneshot.pdelta"] = pdelta
+        t["oneshot.pdelta"] = torch.cat([pdelta, torch.tensor([rank], dtype=torch.int64, device=dev)])
         t["oneshot.err"] = self.err = torch.zeros(8, dtype=torch.int32, device=dev)
         cuda = dev.type == "cuda"
         self._side = torch.cuda.Stream(dev) if cuda else None  # poll(): reads err beside the queued steps

@@ -125,7 +125,7 @@ def spin_peer(t, ev, want, cnt, peer, err, SPIN_LIMIT, ACQ_LOAD: tl.constexpr):
 
     ACQ_LOAD (GPU): ``ld.acquire.sys`` polls (the counter is another GPU's memory; a gpu-scope acquire does not
     synchronise with another device's release). The CTA barrier after the waits extends the ordering to the CTA,
-    and the body reads the peer's rows with ``.cv`` loads (``ld.volatile.global``; ops/allreduce.py). Interpreter: volatile polls and
+    and the body reads the peer's rows with volatile loads (``ld.volatile.global``; ops/allreduce.py). Interpreter: volatile polls and
     no read-modify-write (only the owner writes a counter; a non-atomic RMW across processes could lose its add;
     plain loads on the CPU are ordered enough: x86-TSO)."""
     rslot = err + ERR_RSLOT

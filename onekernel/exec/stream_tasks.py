@@ -80,9 +80,8 @@ def allreduce_task(rec, a, base_t, B: gl.constexpr, D: gl.constexpr, NR: gl.cons
     first when the record's F_RES says so, then the ranks in order 0..NR-1, one RNE rounding), so every rank and
     the Triton megakernel get the same bits. argtab roles: in0..in7 (this rank's own partial and the peers'
     copies, in rank order), res, out. The partials are read with ``ld.volatile.global`` after the remote waits'
-    ``ld.acquire.sys`` (stream_base.wait_remote), as ops/allreduce.py's ``.cv`` loads compile in Triton (Gluon
-    3.6 drops ``cache_modifier=".cv"``: a plain ``ld.global``, seen in the sm_90a PTX; ``volatile=True`` gives
-    the volatile load); the residual with ``.cg``."""
+    ``ld.acquire.sys`` (stream_base.wait_remote), as ops/allreduce.py's loads (``volatile=True``: Gluon and Triton
+    3.6 drop ``cache_modifier=".cv"``, a plain ``ld.global`` in the sm_90a PTX); the residual with ``.cg``."""
     dt: gl.constexpr = base_t.dtype.element_ty
     L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     res = base_t + gl.load(a + 8) * 8

@@ -17,14 +17,15 @@ peer buffer wait on the producers of those rows *on that rank* (identical graphs
 and event ids). ``res``: the residual stream, added here (once) instead of by one rank's GEMV, so that every
 rank's graph is the same (dist/tp_megakernel.py).
 
-All inputs are read with ``cache_modifier=".cv"`` ("don't cache, fetch again"; Triton 3.6 lowers it to
-``ld.volatile.global``, which the PTX memory model treats as a relaxed load at system scope: checked in the sm_90a
-PTX by scripts/tp_compile_check.py): the peer rows live in another GPU's memory and are read after a system-scope
-acquire of that GPU's event counter (exec/mk_device.py ``spin_peer``), then the CTA barrier. By the memory model
-the peer's release (after its CTA barrier: cumulativity), our acquire and the barrier already order these loads
-after the peer's stores; a load that no cache can serve keeps a line fetched before the acquire from being seen
-(belt and braces, as ``.cg`` is for the local activations). The loads are scalar (no 16-byte vectors for
-volatile loads): a tile is B x BLOCK_D elements per rank, a few hundred bytes.
+The partials are read with ``volatile=True`` (``ld.volatile.global``, which the PTX memory model treats as a
+relaxed load at system scope; ``cache_modifier=".cv"`` would not do: Triton 3.6 drops it, a plain ``ld.global`` in
+the sm_90a PTX, found in session 39; scripts/tp_compile_check.py counts the 16-bit volatile loads): the peer rows
+live in another GPU's memory and are read after a system-scope acquire of that GPU's event counter
+(exec/mk_device.py ``spin_peer``), then the CTA barrier. By the memory model the peer's release (after its CTA
+barrier: cumulativity), our acquire and the barrier already order these loads after the peer's stores; a load that
+no cache can serve keeps a line fetched before the acquire from being seen (belt and braces, as the streaming
+kernel's all-reduce does). The loads are scalar (no 16-byte vectors for volatile loads): a tile is B x BLOCK_D
+elements per rank, a few hundred bytes.
 
 Up to MAX_RANKS inputs: the tile function has MAX_RANKS pointer arguments and the constexpr N says how many are
 read (Triton has no variadic pointer arguments); the builder binds the unused roles to ``p_0``.
@@ -53,7 +54,7 @@ def allreduce_prologue(tile, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B
 @triton.jit
 def _add(acc, p, offs, m, N: tl.constexpr, J: tl.constexpr):
     if J < N:
-        acc += tl.load(p + offs, mask=m, other=0.0, cache_modifier=".cv").to(tl.float32)
+        acc += tl.load(p + offs, mask=m, other=0.0, volatile=True).to(tl.float32)
     return acc
 
 
@@ -94,20 +95,22 @@ ALLREDUCE = OpKind("allreduce", allreduce_prologue, allreduce_body, (*IN_ROLES, 
 
 
 @triton.jit
-def _signal_and_wait(tile, flags, mine, pdelta, err, D: tl.constexpr, N: tl.constexpr, RANK: tl.constexpr,
-                     BLOCK_D: tl.constexpr, SPIN: tl.constexpr):
+def _signal_and_wait(tile, flags, mine, pdelta, err, D: tl.constexpr, N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     SPIN: tl.constexpr):
     """The one-shot all-reduce's barrier for one tile (module doc of ``ALLREDUCE_ONESHOT``): count this tile's
-    runs (m), post m into every peer's flag for (tile, RANK) with a system-scope release, then poll this rank's
-    flags (tile, p) of every peer p until they reach m (a system-scope acquire), at most SPIN polls each and none
-    once a failure is recorded; the first that gives up records (5, tile, op ordinal, seen, m, peer) in err[0:6]."""
+    runs (m), post m into every peer's flag for (tile, rank) with a system-scope release (the rank is read from
+    pdelta[N]: one kernel serves every rank), then poll this rank's flags (tile, p) of every peer p until they reach
+    m (a system-scope acquire), at most SPIN polls each and none once a failure is recorded; the first that gives up
+    records (5, tile, op ordinal, seen, m, peer) in err[0:6]."""
     NT: tl.constexpr = (D + BLOCK_D - 1) // BLOCK_D
+    rank = tl.load(pdelta + N).to(tl.int32)
     m = tl.load(mine + tile) + 1
     tl.store(mine + tile, m)  # only this tile's program touches its count
     for q in tl.static_range(N):
-        if q != RANK:
-            tl.atomic_xchg(flags + tl.load(pdelta + q) + tile * N + RANK, m, sem="release", scope="sys")
+        if q != rank:
+            tl.atomic_xchg(flags + tl.load(pdelta + q) + tile * N + rank, m, sem="release", scope="sys")
     for p in tl.static_range(N):
-        if p != RANK:
+        if p != rank:
             f = flags + tile * N + p
             seen = tl.atomic_add(f, 0, sem="acquire", scope="sys")
             bad = tl.load(err, volatile=True)
@@ -128,8 +131,8 @@ def _signal_and_wait(tile, flags, mine, pdelta, err, D: tl.constexpr, N: tl.cons
 @triton.jit
 def allreduce_oneshot_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, flags, mine, pdelta, err,
                            B: tl.constexpr, D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, RANK: tl.constexpr, SPIN: tl.constexpr):
-    _signal_and_wait(tile, flags, mine, pdelta, err, D, N, RANK, BLOCK_D, SPIN)
+                           BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPIN: tl.constexpr):
+    _signal_and_wait(tile, flags, mine, pdelta, err, D, N, BLOCK_D, SPIN)
     tl.debug_barrier()  # every thread's loads of the peers' rows after the (one-thread) acquire polls
     allreduce_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, res, out, B, D, N, RES, BLOCK_B, BLOCK_D)
 
@@ -137,7 +140,7 @@ def allreduce_oneshot_body(tile, cols, in0, in1, in2, in3, in4, in5, in6, in7, r
 @triton.jit
 def allreduce_oneshot_prologue(tile, in0, in1, in2, in3, in4, in5, in6, in7, res, out, flags, mine, pdelta, err,
                                B: tl.constexpr, D: tl.constexpr, N: tl.constexpr, RES: tl.constexpr,
-                               BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, RANK: tl.constexpr, SPIN: tl.constexpr):
+                               BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, SPIN: tl.constexpr):
     return tile * BLOCK_D + tl.arange(0, BLOCK_D)
 
 
@@ -150,12 +153,13 @@ def allreduce_oneshot_prologue(tile, in0, in1, in2, in3, in4, in5, in6, in7, res
 # rank's partials of its m-th run of this op are complete. The GEMVs write their partials straight into the
 # symmetric pool (no copy in, none out) and the kernel joins the PDL chain like any op. Extra roles: ``flags``
 # int32 [tiles, N] in this rank's pool (peers post into it), ``mine`` int32 [tiles + 1] (this rank's run count
-# per tile, then the op's ordinal for error reports), ``pdelta`` int64 [N] (int32 elements from this rank's
-# flags region to rank q's, one virtual address space), ``err`` int32 [8]; constants RANK, SPIN (polls).
+# per tile, then the op's ordinal for error reports), ``pdelta`` int64 [N + 1] (int32 elements from this rank's
+# flags region to rank q's, one virtual address space; then this rank's index, so that one compiled kernel serves
+# every rank), ``err`` int32 [8]; constant SPIN (polls).
 # Cross-step safety is the megakernel's argument with kernels for tasks (dist/tp_oneshot.py).
 ALLREDUCE_ONESHOT = OpKind("allreduce_oneshot", allreduce_oneshot_prologue, allreduce_oneshot_body,
                            (*IN_ROLES, "res", "out", "flags", "mine", "pdelta", "err"),
-                           ("B", "D", "N", "RES", "BLOCK_B", "BLOCK_D", "RANK", "SPIN"), 1, allreduce_reference)
+                           ("B", "D", "N", "RES", "BLOCK_B", "BLOCK_D", "SPIN"), 1, allreduce_reference)
 
 
 def peer_name(source: str, peer: int) -> str:
