@@ -2,7 +2,7 @@
 breakdown.
 
     python scripts/tp_profile.py [--tp 2] [--model llama-3.2-1b] [--batch 1] [--steps 5] [--comm-workers 0]
-                                 [--ar-tiles N] [--gemv fma|mma] [--backend auto|gluon|triton] [--out DIR]
+                                 [--ar-tiles N] [--gemv fma|mma] [--backend auto|gluon|triton] [--push] [--out DIR]
 
 Starts itself under torchrun (``--tp`` ranks, default 2, one GPU each) unless already in a rank. Each rank builds
 its TP megakernel on the GEMV path ``--gemv`` (default: the model's; the JSON's ``gemv``; ``-GEMV`` ends the file
@@ -10,7 +10,8 @@ names when given) and backend ``--backend`` (``TPMegakernelRunner``'s; default a
 where it runs; the JSON's ``backend``; ``-BACKEND`` ends the file names when given; ``--comm-workers`` > 0 is
 Triton's) with ``profile=True`` (per-task %globaltimer stamps: start, local waits done, all waits done, end, SM id,
 or the streaming kernel's worker id, one CTA per SM, its rows converted by ``profile.tp_trace.stream_rows``; task ids
-of the runner's ``task_graph``: the streaming kernel's is re-tiled), runs 3 warm-up steps and ``--steps`` profiled
+of the runner's ``task_graph``: the streaming kernel's is re-tiled; ``--push``: the streaming kernel with the push
+all-reduce, ``-push`` ends the file names and the JSON says ``push``), runs 3 warm-up steps and ``--steps`` profiled
 steps (the bench's random state), reads its stamps after each step and keeps the step whose span is the median;
 rank 0 gathers every rank's stamps (all_gather: the graphs, hence the shapes, are the same) and writes, under DIR:
 
@@ -49,8 +50,11 @@ def _args():
     add_tp_argument(ap)
     add_gemv_argument(ap)
     ap.add_argument("--backend", choices=("auto", "gluon", "triton"), default="auto", help="the TP megakernel's")
+    ap.add_argument("--push", action="store_true", help="the push all-reduce (streaming kernel only)")
     ap.add_argument("--out", default="benchmarks/results/tp-profile")
     a = ap.parse_args()
+    if a.push and (a.backend == "triton" or a.comm_workers):
+        ap.error("--push is the streaming (Gluon) kernel's all-reduce: drop --backend triton / --comm-workers")
     if a.backend == "gluon" and a.comm_workers:
         ap.error("--comm-workers reserves workers of the Triton TP megakernel; the streaming one (--backend gluon) "
                  "has no such option: drop one of them")
@@ -79,6 +83,8 @@ def main() -> int:
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, group.config.vocab_size, (a.batch,), device=dev, dtype=torch.int32, generator=g)
     opts = {"comm_workers": a.comm_workers} if a.comm_workers else {}  # a Triton-only option: "auto" takes Triton
+    if a.push:
+        opts["push"] = True
     r = group.step_runner("megakernel", model, cache, profile=True, ar_tiles=a.ar_tiles, gemv=a.gemv,
                           backend=a.backend, **opts)
     mk = r.runner
@@ -106,12 +112,12 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         stem = f"tp-profile-{a.model}" + (f"-tp{a.tp}" if a.tp != 2 else "") + f"-b{a.batch}" + (f"-k{a.comm_workers}" if a.comm_workers else "") + (
             f"-ar{a.ar_tiles}" if a.ar_tiles else "") + (f"-{a.gemv}" if a.gemv else "") + (
-            f"-{a.backend}" if a.backend != "auto" else "")
+            f"-{a.backend}" if a.backend != "auto" else "") + ("-push" if a.push else "")
         commit = commit_id()
         profs = [p.cpu() for p in every]
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
         rep = {"model": a.model, "batch": a.batch, "context": a.context, "tp": a.tp, "commit": commit,
-               "gemv": graph.meta["gemv"], "backend": r.backend,
+               "gemv": graph.meta["gemv"], "backend": r.backend, "push": a.push,
                "comm_workers": a.comm_workers, "ar_tiles_per_op": next(op.n_tiles for op in graph.ops
                                                                       if op.kind.name == "allreduce"),
                "n_workers": mk.n_workers, "tasks": len(graph.tasks), "tasks_with_remote_waits": len(rtasks),
@@ -125,7 +131,7 @@ def main() -> int:
             b["median_span_us"] = statistics.median(s)
             rep["ranks"].append(b)
         (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
-        title = (f"{a.model} TP={a.tp} megakernel ({r.backend}), batch {a.batch}, commit {commit}: rank spans "
+        title = (f"{a.model} TP={a.tp} megakernel ({r.backend}{', push' if a.push else ''}), batch {a.batch}, commit {commit}: rank spans "
                  + ", ".join(f"{x['span_us']:.0f} us" for x in rep["ranks"]))
         tp_timeline_png(graph, profs, rtasks, out / f"{stem}.png", title=title)
         for k, b in enumerate(rep["ranks"]):
