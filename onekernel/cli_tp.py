@@ -20,8 +20,9 @@ def add_tp_argument(p) -> None:
                         "megakernel (its all-reduces are tile tasks over symmetric memory)")
     p.add_argument("--allreduce", default=None, metavar="|".join(ALLREDUCES),
                    help="with --tp > 1, the kernel modes' all-reduce: nccl (torch.distributed, captured in the CUDA "
-                        "graph) or symm (PyTorch symmetric memory's one-shot kernel; GPUs only); default nccl "
-                        "(bench: both)")
+                        "graph), symm (PyTorch symmetric memory's one-shot kernel; GPUs only) or oneshot (onekernel's "
+                        "own one-shot all-reduce kernels, in the PDL chain and the CUDA graph; GPUs only); default "
+                        "nccl (bench: all three)")
 
 
 def check_tp_options(args, mode: str | None, device: str) -> None:

@@ -11,7 +11,7 @@
 # 70 + 71 + 72 (session 9's final commit), 80, 81 (session 10's measurements of the attention loop and the cp.async
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
-# 390 + 391 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (written in session 39, not yet run);
+# 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, not yet run).
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
@@ -154,43 +154,43 @@ abab() { local wl=$1 tl=$2 na=$3 nb=$4 dir=$5 ea=$6 eb=$7; shift 7
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 case "$1" in
-390) # issue 13's two-GPU run at one commit (written in session 39; kind nvidia-h200-x2; ~9.5 min: run it as
-    # `(timeout 570 bash scripts/gpu_call.sh 390); tar -czf $OUT/results.tgz -C $OUT/w .`). tp_check.py of Llama-3.2-1B
-    # and Llama-3.1-8B in parallel: TP=2 against TP=1 in every TP mode (torch+graph; eager, graph, pdl x nccl, symm,
-    # oneshot; the megakernel Triton, Gluon pull and Gluon push), batch 1 and 8, 32 greedy steps, the forced timeouts;
-    # it also compiles every kernel the bench needs; then `bench --tp 2` of each (the same modes and all-reduces,
-    # timed on both ranks: push vs pull against the 0.60x target, oneshot vs symm vs nccl)
+390) # issue 13's two-GPU run at one commit, 1 of 3 (written in session 39; kind nvidia-h200-x2; ~9 min: run it as
+    # `(timeout 570 bash scripts/gpu_call.sh 390); tar -czf $OUT/results.tgz -C $OUT/w .`; 391 and 392 at once after
+    # it on the warm machine). tp_check.py of Llama-3.2-1B, then of Llama-3.1-8B, one process per GPU (no other TP job
+    # beside it: call 383's one-shot give-ups came with processes sharing a GPU): TP=2 against TP=1 in every TP mode
+    # (torch+graph; eager, graph, pdl x nccl, symm, oneshot; the megakernel Triton, Gluon pull and Gluon push), batch
+    # 1 and 8, 32 greedy steps, the forced timeouts; it compiles every kernel the benches of 391 need
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     log "GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | tr '\n' ' ')"
-    mkdir -p "$W/bench" "$W/tp"
-    for m in llama-3.2-1b llama-3.1-8b; do
-        (timeout 240 python3 scripts/tp_check.py --models $m --out "$W/tp/tp-check-$m.json" \
-            >"$W/tp/tp-check-$m.log" 2>&1; echo "rc=$?" >>"$W/tp/tp-check-$m.log") &
-    done
-    wait
-    for m in llama-3.2-1b llama-3.1-8b; do
-        log "tp_check $m: $(tail -n 1 "$W/tp/tp-check-$m.log")"
-        grep -h '^{' "$W/tp/tp-check-$m.log" | cut -c1-260 | tee -a "$OUT/log.txt"
-    done
+    mkdir -p "$W/tp"
+    step 200 tp-check-1b python3 scripts/tp_check.py --models llama-3.2-1b --out "$W/tp/tp-check-llama-3.2-1b.json"
     tar -czf "$OUT/results.tgz" -C "$W" .
-    step 120 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8 --steps 100
-    step 180 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8 --steps 100
+    step 330 tp-check-8b python3 scripts/tp_check.py --models llama-3.1-8b --out "$W/tp/tp-check-llama-3.1-8b.json"
     ;;
-391) # at once after 390 (warm x2 machine, ~8 min): the TP=1 numbers of every mode at the same commit (Llama-3.2-1B
-    # on GPU 0 and Llama-3.1-8B on GPU 1 at once, batch 1 and 8), then the two-GPU profiles of one TP=2 streaming
-    # megakernel step of Llama-3.1-8B at batch 1, pull and push (both GPUs' SM timelines, the all-reduce tiles apart),
-    # and the SM-reservation study (the Triton TP megakernel, k = 0, 2, 4, 8, 16 reserved workers)
+391) # 2 of 3, at once after 390 (warm x2 machine, ~7.5 min): `bench --tp 2` of Llama-3.2-1B and Llama-3.1-8B at batch
+    # 1 and 8 (every TP mode and all-reduce, timed on both ranks: push vs pull against the 0.60x target, oneshot vs
+    # symm vs nccl), then the two-GPU profiles of one TP=2 streaming megakernel step of Llama-3.1-8B at batch 1, pull
+    # and push (both GPUs' SM timelines, the all-reduce tiles apart)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     mkdir -p "$W/bench" "$W/tp"
-    TP1="torch,torch+graph,eager,graph,pdl,megakernel"
-    (step 200 bench-tp1-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench --model llama-3.2-1b --random-weights \
-        --batch 1,8 --modes $TP1 --steps 100) &
-    (step 200 bench-tp1-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench --model llama-3.1-8b --random-weights \
-        --batch 1,8 --modes $TP1 --steps 100) &
-    wait
+    step 120 bench-tp-1b $bench/bench --tp 2 --model llama-3.2-1b --random-weights --batch 1,8 --steps 100
+    step 180 bench-tp-8b $bench/bench --tp 2 --model llama-3.1-8b --random-weights --batch 1,8 --steps 100
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 70 tp-profile-8b python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
     step 70 tp-profile-8b-push python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --push --out "$W/tp"
+    ;;
+392) # 3 of 3, at once after 391 (~5.5 min): the TP=1 numbers of every mode at the same commit (Llama-3.2-1B on GPU 0
+    # and Llama-3.1-8B on GPU 1 at once, batch 1 and 8), then the SM-reservation study (the Triton TP megakernel,
+    # k = 0, 2, 4, 8, 16 reserved workers) on Llama-3.1-8B at batch 1
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    mkdir -p "$W/bench" "$W/tp"
+    TP1="torch,torch+graph,eager,graph,pdl,megakernel"
+    (step 180 bench-tp1-1b env CUDA_VISIBLE_DEVICES=0 $bench/bench --model llama-3.2-1b --random-weights \
+        --batch 1,8 --modes $TP1 --steps 100) &
+    (step 180 bench-tp1-8b env CUDA_VISIBLE_DEVICES=1 $bench/bench --model llama-3.1-8b --random-weights \
+        --batch 1,8 --modes $TP1 --steps 100) &
+    wait
+    tar -czf "$OUT/results.tgz" -C "$W" .
     step 120 tp-sm-study python3 scripts/tp_sm_study.py --model llama-3.1-8b --batches 1 --ks 0,2,4,8,16 \
         --ar-tiles fit --steps 100 --out "$W/tp"
     ;;

@@ -236,6 +236,8 @@ if __name__ == "__main__":
         if f in argv:
             argv.remove(f)
     backend, gemv = flags["--backend"], flags["--gemv"]
+    if oneshot and (backend != "triton" or push):
+        sys.exit("--oneshot is the kernel modes' all-reduce kernel: no --backend gluon, no --push")
     if push and backend != "gluon":
         sys.exit("--push needs --backend gluon (the push all-reduce is the streaming kernel's)")
     if backend not in ("triton", "gluon"):
@@ -243,7 +245,5 @@ if __name__ == "__main__":
     if gemv not in (None, "fma", "mma"):
         sys.exit(f"--gemv must be fma or mma, got {gemv!r}")
     fn = main_gluon if backend == "gluon" else main_oneshot if oneshot else main
-    if oneshot and (backend != "triton" or push):
-        sys.exit("--oneshot is the kernel modes' all-reduce kernel: no --backend gluon, no --push")
     sys.exit(fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
                 gemv=gemv, **({"push": True} if push else {})))

@@ -2,9 +2,13 @@
 and tests/test_tp_push.py (push): each rank's workers run their queue positions (exec/stream_records.py records) in
 order, a position running once its local waits (its own counters) and its remote waits (counter cells the routing
 names) are met; a run adds one to its signal's cells. The ranks run free: a rank starts its next step (the next
-kernel launch, counters never reset) as soon as its own step ends, so one rank can be a step ahead of another, as
-on GPUs. The order is adversarial: at every move the first runnable position in ``order`` (rank order, then worker)
-runs, or a seeded random one.
+kernel launch, counters never reset) as soon as its own step ends, so one rank can be a step ahead of another.
+That is more than the runners allow in ``step`` (the logits gather after each step lines the ranks up), but not
+more than the kernel must survive (a launch without the gather, as the timed launches of scripts/tp_one_gpu.py, or
+a host that queues steps ahead), and it is what the cross-step argument of dist/tp_megakernel.py covers. The order
+is adversarial: at every move the first runnable position in ``order`` (rank order, then worker) runs; or, with a
+seed, bursts: a random rank with a runnable position runs up to a random number of moves (1-256) before the next
+draw, so one rank can get far ahead of the others.
 
 Besides "no wait cycle" it checks the data each remote read sees: every task write is versioned by its writer's
 step, and an all-reduce position of step k must find, for every producer on the peer of each event it waits on, the
@@ -37,7 +41,7 @@ class PullRouting:
 def simulate(plans, routing, *, steps: int = 3, order=None, seed: int | None = None) -> None:
     """Run every rank's queues of ``plans`` (one stream plan per rank, the same tasks) for ``steps`` steps through
     ``routing`` (PullRouting, or an object with the same ``mem``, ``wait_cell``, ``signal_cells`` and ``push``);
-    ``order`` a rank priority list (default: reversed ranks), ``seed`` a random order instead. Raises
+    ``order`` a rank priority list (default: reversed ranks), ``seed`` random bursts instead (module doc). Raises
     AssertionError on a wait cycle or on a remote read that saw another step's rows."""
     n = len(plans)
     order = list(order or reversed(range(n)))
@@ -90,15 +94,26 @@ def simulate(plans, routing, *, steps: int = 3, order=None, seed: int | None = N
             step[r] += 1
             pos[r] = [0] * len(pos[r])
 
+    def move(ranks) -> bool:  # run the first runnable position of ``ranks`` (in order, then worker)
+        for r in ranks:
+            for w in range(len(pos[r])):
+                got = runnable(r, w)
+                if got is not None:
+                    run(r, w, *got)
+                    return True
+        return False
+
     while any(s <= steps for s in step):
-        heads = [(r, w) for r in order for w in range(len(pos[r]))]
-        if rng is not None:
-            rng.shuffle(heads)
-        for r, w in heads:
-            got = runnable(r, w)
-            if got is not None:
-                run(r, w, *got)
-                break
-        else:
+        if rng is None:
+            moved = move(order)
+        else:  # a burst: one random rank that can move runs up to 1-256 moves
+            live = [r for r in range(n) if any(runnable(r, w) is not None for w in range(len(pos[r])))]
+            moved = bool(live)
+            if live:
+                r = rng.choice(live)
+                for _ in range(rng.randint(1, 256)):
+                    if not move([r]):
+                        break
+        if not moved:
             left = [sum(t[3]) - sum(p) if s <= steps else 0 for t, p, s in zip(tabs, pos, step)]
             raise AssertionError(f"steps per rank {step}: tasks left per rank {left} (a cross-rank wait cycle)")

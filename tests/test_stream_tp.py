@@ -113,19 +113,17 @@ def test_both_ranks_build_the_same_plan():
 
 
 @pytest.mark.parametrize("gemv", ["fma", "mma"])
-@pytest.mark.parametrize("order", [(1, 0), (0, 1), "random"])
+@pytest.mark.parametrize("order", [(1, 0), (0, 1), 1, 2, 3])  # an int: random bursts with that seed
 def test_two_ranks_run_their_queues_to_the_end(gemv, order):
     """Simulate both ranks' workers (tests/stream_sim.py: a position runs once its local waits and its remote waits
     on the peer's own counters are met, then signals; a rank starts its next step as soon as its own ends) for
-    three steps (monotonic counters), in an adversarial order (one rank always served first, or seeded random),
+    three steps (monotonic counters), in an adversarial order (one rank always served first, or seeded random
+    bursts of one rank),
     on both GEMV paths: every task of both ranks runs (no cross-rank wait cycle), and every all-reduce reads its
     peer's rows of its own step, even while that peer runs a step ahead."""
     plans = [_plan(r, gemv=gemv)[1] for r in range(2)]
     routing = PullRouting(2, plans[0].events.n_events)
-    if order == "random":
-        simulate(plans, routing, seed=39)
-    else:
-        simulate(plans, routing, order=order)
+    simulate(plans, routing, **({"seed": order} if isinstance(order, int) else {"order": order}))
     assert all(c == routing.mem[0] for c in routing.mem) and max(routing.mem[0]) > 0
 
 

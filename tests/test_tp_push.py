@@ -7,6 +7,7 @@ a peer runs a step ahead, over three steps), and the refusals. The Gluon
 kernel itself runs on GPUs only (scripts/tp_one_gpu.py on one, scripts/tp_check.py on several).
 """
 import dataclasses
+from itertools import permutations
 from types import SimpleNamespace
 
 import pytest
@@ -127,11 +128,12 @@ class PushRouting:
 
 
 @pytest.mark.parametrize("gemv", ["fma", "mma"])
-@pytest.mark.parametrize("n,order", [(2, (1, 0)), (2, (0, 1)), (2, "random"), (3, (2, 1, 0)), (3, "random")])
+@pytest.mark.parametrize("n,order", [(2, (1, 0)), (2, (0, 1)), (2, 1), (2, 2), *((3, o) for o in permutations(range(3))),
+                                     (3, 1), (3, 2)])  # an int: random bursts with that seed
 def test_push_routing_runs_every_queue_and_reads_each_steps_rows(gemv, n, order):
     """Every rank's queues, run through the push tables as the kernel does (PushRouting) for three steps in an
-    adversarial order (tests/stream_sim.py: one rank served first or seeded random; a rank starts its next step as
-    soon as its own ends): every task runs (no wait cycle), and every all-reduce finds the pushed rows of its own
+    adversarial order (tests/stream_sim.py: each rank order, or seeded random bursts of one rank; a rank starts its
+    next step as soon as its own ends): every task runs (no wait cycle), and every all-reduce finds the pushed rows of its own
     step from every producer it waits on, never an older step (a wait met early) nor a newer one (a peer a step
     ahead pushing over rows not yet read)."""
     graphs = [decode_graph(shard_config(CFG, n, r).config, 2, 48, torch.bfloat16, tiling=Tiling(W, "fit"),
@@ -140,10 +142,7 @@ def test_push_routing_runs_every_queue_and_reads_each_steps_rows(gemv, n, order)
     assert fingerprint(plans[0], (("PUSH", True),)) != fingerprint(plans[0], (("PUSH", False),))
     _, _, counters, _, _ = _bound(graphs, True, task_bound(graphs[0], W))
     routing = PushRouting(counters, plans[0].events.n_events)
-    if order == "random":
-        simulate(plans, routing, seed=39)
-    else:
-        simulate(plans, routing, order=order)
+    simulate(plans, routing, **({"seed": order} if isinstance(order, int) else {"order": order}))
     ne = plans[0].events.n_events
     assert all(m[:ne] == routing.mem[0][:ne] for m in routing.mem) and max(routing.mem[0]) > 0
 

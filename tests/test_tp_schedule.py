@@ -112,6 +112,30 @@ def test_tp_graph_has_allreduce_ops_and_remote_waits():
     check_cross_step(g, deps, remote)
 
 
+def test_oneshot_ops_declare_the_same_graph_on_every_rank():
+    """dist/tp_oneshot.oneshot_ops turns every all-reduce of a TP graph into ALLREDUCE_ONESHOT with its flag, count,
+    pdelta (N + 1: the peers' distances, then the rank) and error buffers; every rank's ops get the same parameters
+    (the rank is data, so one compiled kernel serves all ranks), the flag entries are tiles x N per op; a rank outside
+    0..N-1 is refused before the graph changes."""
+    from onekernel.dist.tp_oneshot import oneshot_ops
+    from onekernel.ops.allreduce import ALLREDUCE_ONESHOT
+
+    cfg = get_config("tiny")
+    n = 2
+    graphs = [decode_graph(cfg, 2, 16, torch.float32, tiling=Tiling(4, "fit"), tp=(r, n))[0] for r in range(n)]
+    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
+        oneshot_ops(graphs[0], 2, 100)
+    assert not any(op.kind is ALLREDUCE_ONESHOT for op in graphs[0].ops) and "oneshot.pdelta" not in graphs[0].buffers
+    totals = [oneshot_ops(g, r, 100) for r, g in enumerate(graphs)]
+    ar = [[op for op in g.ops if op.kind is ALLREDUCE_ONESHOT] for g in graphs]
+    assert len(ar[0]) == 1 + 2 * cfg.n_layers and totals[0] == totals[1] == sum(op.n_tiles * n for op in ar[0])
+    for a0, a1 in zip(*ar):
+        assert a0.params == a1.params and "RANK" not in a0.params and a0.params["SPIN"] == 100
+        assert graphs[0].buffers[a0.args["flags"]].shape == (a0.n_tiles * n,)
+        assert graphs[0].buffers[a0.args["mine"]].shape == (a0.n_tiles + 1,)
+    assert graphs[0].buffers["oneshot.pdelta"].shape == (n + 1,)
+
+
 def test_cross_step_check_refuses_an_unsafe_graph():
     """embed + its all-reduce and nothing after: a rank's next-step embed could overwrite its partial while the
     peer still reads it (no remote wait orders them), so the check names the buffer and the peer."""

@@ -38,6 +38,9 @@ def run(rank: int, a: dict, pools: list) -> None:
     reset = None
     if a.get("mode"):  # the constructor's load_kernels put every run count, flag and the error word back to 0
         t = runner.bound.tensors
+        # the kernel reads its rank from pdelta's last entry (one compiled kernel for every rank): fail at once here,
+        # not by the peers' poll limit (minutes in the interpreter)
+        assert int(t["oneshot.pdelta"][-1]) == info.rank, (t["oneshot.pdelta"].tolist(), info.rank)
         reset = bool(runner.err.eq(0).all()) and all(
             bool(t[f"{op}.flags"].eq(0).all()) and bool(t[f"{op}.mine"][:-1].eq(0).all()) for op in runner._ar)
     if a.get("fault"):
