@@ -129,6 +129,18 @@ ONESHOT_NEEDED = {"atom.sys.release.exch": r"atom\.global\.sys\.release\.exch",
                   "ld.volatile.global.b16": r"ld\.volatile\.global\.b16"}
 
 
+def shard_step(cfg, n: int, rank: int, batch: int, tiles: str, tp, gemv: str):
+    """Rank ``rank`` of ``n``'s shard of ``cfg`` (uninitialised bf16 weights: only shapes matter here), its KV cache of
+    512 positions on the CPU and its bound decode step tiled for 132 SMs with ``tiles``, at ``tp`` ((rank, n), or None:
+    the same shard at TP=1) on the ``gemv`` path."""
+    shard = shard_config(cfg, n, rank)
+    weights = {k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(shard.config).items()}
+    if cfg.tie_embeddings:
+        weights["lm_head"] = weights["tok_embeddings"]
+    cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
+    return build_decode_step(shard.config, weights, cache, tiling=Tiling(132, tiles), tp=tp, gemv=gemv)
+
+
 def main_oneshot(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | None = None) -> int:
     """``--oneshot``: the kernel modes' one-shot all-reduce kernel (``ALLREDUCE_ONESHOT``) of the first all-reduce of
     every rank's TP graph (per-op tiling "cover"), without and with PDL: the instructions of ONESHOT_NEEDED, and the
@@ -141,13 +153,7 @@ def main_oneshot(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: s
     gemv = gemv or model_gemv(name)
     ptx_of, ok = {}, True
     for rank in range(n):
-        shard = shard_config(cfg, n, rank)
-        weights = {k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(shard.config).items()}
-        if cfg.tie_embeddings:
-            weights["lm_head"] = weights["tok_embeddings"]
-        cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
-        step = build_decode_step(shard.config, weights, cache, tiling=Tiling(132, "cover"), tp=(rank, n), gemv=gemv)
-        g = step.graph
+        g = shard_step(cfg, n, rank, batch, "cover", (rank, n), gemv).graph
         oneshot_ops(g, rank, SPIN_LIMIT)
         op = next(o for o in g.ops if o.kind is ALLREDUCE_ONESHOT)
         kd = op.kind
@@ -178,15 +184,9 @@ def main_oneshot(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: s
 def main(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | None = None) -> int:
     cfg = get_config(name)
     gemv = gemv or model_gemv(name)
-    shard = shard_config(cfg, n, 0)
-    weights = {k: torch.empty(s, dtype=torch.bfloat16) for k, s in expected_shapes(shard.config).items()}
-    if cfg.tie_embeddings:
-        weights["lm_head"] = weights["tok_embeddings"]
-    cache = KVCache(shard.config, batch, 512, torch.bfloat16, "cpu")
-    tiling = Tiling(132, "fit")
     rows = []
     for tp in (None, (0, n)):
-        step = build_decode_step(shard.config, weights, cache, tiling=tiling, tp=tp, gemv=gemv)
+        step = shard_step(cfg, n, 0, batch, "fit", tp, gemv)
         kw = {}
         if tp:
             nbytes, n_counters, offsets = pool_layout(step.graph)

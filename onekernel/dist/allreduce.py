@@ -23,6 +23,8 @@ from onekernel.errors import InputError
 
 ALLREDUCES = ("nccl", "symm", "oneshot")
 SYMM_DTYPES = (torch.float32, torch.bfloat16)
+GPU_ONLY = {"symm": "PyTorch symmetric memory maps the peers' GPU memory",
+            "oneshot": "its kernels read the peers' GPU memory"}  # kind -> why it needs CUDA GPUs
 
 
 def check_allreduce(kind: str, device, dtype: torch.dtype | None = None) -> str:
@@ -31,12 +33,9 @@ def check_allreduce(kind: str, device, dtype: torch.dtype | None = None) -> str:
     dtype symmetric memory's one-shot kernel does not reduce."""
     if kind not in ALLREDUCES:
         raise InputError(f"unknown all-reduce {kind!r} (--allreduce); choose one of {', '.join(ALLREDUCES)}")
-    if kind == "symm" and torch.device(device).type != "cuda":
-        raise InputError("--allreduce symm needs CUDA GPUs (PyTorch symmetric memory maps the peers' GPU memory); "
-                         "on the CPU use --allreduce nccl (gloo's all-reduce there)")
-    if kind == "oneshot" and torch.device(device).type != "cuda":
-        raise InputError("--allreduce oneshot needs CUDA GPUs (its kernels read the peers' GPU memory); on the CPU "
-                         "use --allreduce nccl (gloo's all-reduce there)")
+    if kind in GPU_ONLY and torch.device(device).type != "cuda":
+        raise InputError(f"--allreduce {kind} needs CUDA GPUs ({GPU_ONLY[kind]}); on the CPU use --allreduce nccl "
+                         "(gloo's all-reduce there)")
     if kind == "symm" and dtype is not None and dtype not in SYMM_DTYPES:
         raise InputError(f"--allreduce symm reduces float32 or bfloat16 (symmetric memory's one-shot kernel), not "
                          f"{dtype}; use --allreduce nccl or --dtype bf16")
