@@ -97,7 +97,10 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
 
 
 def report(k) -> dict:
-    """ptxas registers and spill bytes, shared memory, the partitions' register split, the weight copies' sites."""
+    """ptxas registers and spill bytes, shared memory, the partitions' register split, the weight copies' sites, and
+    the spill instructions inside the innermost loops with tensor-core instructions (sass_loops.spill_report)."""
+    from sass_loops import spill_report
+
     ptx = k.asm["ptx"]
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as d:
@@ -112,7 +115,8 @@ def report(k) -> dict:
             "mma_sync": ptx.count("mma.sync"), "ldmatrix": ptx.count("ldmatrix"),
             "cp_async_16": ptx.count("cp.async.cg.shared.global [ "),  # Triton's own (the activation tiles)
             "attn_copies": ptx.count("cp.async.cg.shared.global [%"),  # the tensor-core attention's inline ones
-            "attn_skip": ptx.count("brev.b64")}  # the dead-tile walk's first-live lookups (exec.stream_attn_runs)
+            "attn_skip": ptx.count("brev.b64"),  # the dead-tile walk's first-live lookups (exec.stream_attn_runs)
+            "hot_loop_spills": spill_report(ptx)["hot_loop_spills"]}
 
 
 def main() -> None:

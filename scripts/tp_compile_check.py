@@ -12,11 +12,13 @@ protocol needs: ``ld.global.acquire.sys`` (remote waits), a system-scope release
 read: ``atom.global.sys.release``), ``ld.volatile.global.b16`` (the all-reduce's volatile reads of the bf16
 partials, told apart from the error word's 32-bit volatile polls), and the
 gpu-scope waits and signals of the local events. Prints registers and spills against the TP=1 kernel of the same
-shard. Exit code 1 when a needed instruction is missing.
+shard. Exit code 1 when a needed instruction is missing, 2 (one line on stderr) for a bad command line, model,
+batch or TP size.
 
 ``--backend gluon``: the streaming Gluon megakernel instead (``scripts/stream_compile_check.compile_stream`` on
 rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
-instructions. Register spills fail it beyond SPILL_LIMIT.
+instructions. Register spills fail it beyond SPILL_LIMIT, and any spill instruction inside the innermost loops with
+tensor-core instructions (the GEMV's chunk loop; ``scripts/sass_loops.py`` prints where every spill sits).
 
 ``--push`` (with ``--backend gluon``): a third kernel, the TP kernel of the push all-reduce (constexpr PUSH:
 producers store their rows into the peers' pools and signal there, ``stream_base.push_rows``), with the same
@@ -95,14 +97,18 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
                      time.perf_counter() - t0))
     ok = True
     for label, rep, found, tasks, events, consts, sec in rows:
-        print(f"{label}: {tasks} tasks, {events} events, regs {rep['regs']}, spill {rep['spill_bytes']} B, "
-              f"smem {rep['smem']} B, slots {consts['SLOTS']}, setmaxnreg {rep['setmaxnreg']}, mma.sync "
+        print(f"{label}: {tasks} tasks, {events} events, regs {rep['regs']}, spill {rep['spill_bytes']} B "
+              f"({rep['hot_loop_spills']} spill instructions in HMMA loops), smem {rep['smem']} B, slots {consts['SLOTS']}, setmaxnreg {rep['setmaxnreg']}, mma.sync "
               f"{rep['mma_sync']}, ldmatrix {rep['ldmatrix']}, CK {consts['CK']}, RG {consts['RG']}, "
               f"compile {sec:.1f} s; "
               + ", ".join(f"{n} x{c}" for n, c in found.items()))
         if rep["spill_bytes"] > SPILL_LIMIT:
             ok = False
-            print(f"{label}: register spills over {SPILL_LIMIT} B")
+            print(f"{label}: register spills over {SPILL_LIMIT} B (where: python scripts/sass_loops.py "
+                  f"{PTXDIR / (label + '.ptx')})")
+        if rep["hot_loop_spills"]:
+            ok = False
+            print(f"{label}: {rep['hot_loop_spills']} spill instructions inside the tensor-core loops")
         if (rep["mma_sync"] > 0) != (gemv == "mma"):
             ok = False
             print(f"{label}: mma.sync x{rep['mma_sync']} on the {gemv} path")
@@ -220,15 +226,26 @@ def main(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str | Non
     return 0 if ok else 1
 
 
-if __name__ == "__main__":
-    argv = sys.argv[1:]
+def usage_error(message: str) -> int:
+    """Print one line for a bad command line (stderr) and return exit status 2."""
+    print(f"tp_compile_check: {message} (see --help)", file=sys.stderr)
+    return 2
+
+
+def cli(argv: list[str]) -> int:
+    """Parse the command line (module doc) and run one check: 0 when it passes, 1 when the compiled kernels miss
+    something, 2 for a bad command line, model, batch or TP size (one line on stderr, nothing compiled)."""
+    from onekernel.errors import OneKernelError
+
     if {"-h", "--help"} & set(argv):
         print(__doc__)
-        sys.exit(0)
+        return 0
     flags = {"--tp": "2", "--backend": "triton", "--gemv": None}
     for f in flags:
         if f in argv:
             i = argv.index(f)
+            if i + 1 >= len(argv):
+                return usage_error(f"{f} needs a value")
             flags[f] = argv[i + 1]
             del argv[i:i + 2]
     push, oneshot = "--push" in argv, "--oneshot" in argv
@@ -237,13 +254,24 @@ if __name__ == "__main__":
             argv.remove(f)
     backend, gemv = flags["--backend"], flags["--gemv"]
     if oneshot and (backend != "triton" or push):
-        sys.exit("--oneshot is the kernel modes' all-reduce kernel: no --backend gluon, no --push")
+        return usage_error("--oneshot is the kernel modes' all-reduce kernel: no --backend gluon, no --push")
     if push and backend != "gluon":
-        sys.exit("--push needs --backend gluon (the push all-reduce is the streaming kernel's)")
+        return usage_error("--push needs --backend gluon (the push all-reduce is the streaming kernel's)")
     if backend not in ("triton", "gluon"):
-        sys.exit(f"--backend must be triton or gluon, got {backend!r}")
+        return usage_error(f"--backend must be triton or gluon, got {backend!r}")
     if gemv not in (None, "fma", "mma"):
-        sys.exit(f"--gemv must be fma or mma, got {gemv!r}")
+        return usage_error(f"--gemv must be fma or mma, got {gemv!r}")
+    if len(argv) > 2 or any(a.startswith("-") for a in argv):
+        return usage_error(f"unexpected arguments {argv[2:] or [a for a in argv if a.startswith('-')]}")
+    if not all(x.isdigit() and int(x) > 0 for x in argv[1:2] + [flags["--tp"]]):
+        return usage_error(f"BATCH and --tp take positive integers, got {argv[1:2] + [flags['--tp']]}")
     fn = main_gluon if backend == "gluon" else main_oneshot if oneshot else main
-    sys.exit(fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
-                gemv=gemv, **({"push": True} if push else {})))
+    try:
+        return fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
+                  gemv=gemv, **({"push": True} if push else {}))
+    except (OneKernelError, ValueError) as e:  # unknown model, a TP size that does not divide the heads, ...
+        return usage_error(str(e))
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

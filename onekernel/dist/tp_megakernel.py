@@ -105,15 +105,14 @@ def pool_layout(graph, min_counters: int = 0, push_ranks: int = 0) -> tuple[int,
     are still one set's. ValueError for a push_ranks that is not 0 or an int >= 2 (a bool is not a rank count)."""
     if isinstance(push_ranks, bool) or not isinstance(push_ranks, int) or push_ranks == 1 or push_ranks < 0:
         raise ValueError(f"pool_layout: push_ranks must be 0 (pull) or the number of ranks >= 2, got {push_ranks!r}")
-    push = push_ranks
     n_counters = max(len(graph.tasks), min_counters, 1)
-    off = _align(4 * n_counters * (1 + push))
+    off = _align(4 * n_counters * (1 + push_ranks))
     sources = {src for _, src in (graph.meta.get("peers") or {}).values()}
     offsets = {}
     for name, b in graph.buffers.items():
         if name in sources:
             offsets[name] = off
-            off += _align(b.nbytes) * max(push, 1)
+            off += _align(b.nbytes) * max(push_ranks, 1)
     return off, n_counters, offsets
 
 
