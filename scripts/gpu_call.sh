@@ -96,8 +96,9 @@
 # and 112 (two): the final commits of sessions 11-14; 100 (its GEMV changes against main,
 # by environment switches that are gone) and 101 (the raw-tile cp.async ring at batch <= 4: slower, reverted) are in
 # git history (`git show 37f83c2:scripts/gpu_call.sh`, `git show f2fd7e2:...`).
-# 60 (kind nvidia-h200-x4) and 61 (kind nvidia-h200-x8): issue 16, tensor parallel at 4 and 8 GPUs (Llama-3.1-8B
-#    scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both on one commit.
+# 60 + 393 (kind nvidia-h200-x4, back to back) and 61 + 394 (kind nvidia-h200-x8, back to back): issue 16, tensor
+#    parallel at 4 and 8 GPUs (Llama-3.1-8B scaling TP=1/2/4/8; Llama-3.1-70B with random weights at TP=8). Run both
+#    kinds on one commit; each TP check runs alone on its GPUs (session 40).
 # Every step has its own time limit, so the call always ends with $OUT/results.tgz (all JSON, markdown,
 # PNG and logs; the device tool returns at most 8 files) and $OUT/log.txt.
 set -u
@@ -1457,53 +1458,59 @@ case "$1" in
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
     ;;
-60) # issue 16, kind nvidia-h200-x4 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md). Warm-up and
-    # check in parallel over the 4 GPUs, then the Llama-3.1-8B scaling rows of this commit: TP=1 (GPU 0) and TP=2
-    # (GPUs 2,3) timed at the same time on disjoint GPUs, then TP=4 alone on all four.
-    # GPU memory, GPU 0 at most: tp_check rank 0 (the full 8B 16 GB + TP=1 runners' copies + its shard, ~50 GB),
-    # the TP=1 warm-up (~35 GB), one TP=2 and one TP=4 rank (~20 GB each): ~125 GB of 141.
+60) # issue 16, kind nvidia-h200-x4, 1 of 2 (~7 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md; 393
+    # at once after it on the warm machine). The warm-ups of every step of 60 and 393 in parallel (they only compile:
+    # a give-up among them costs nothing), then tp_check.py --tp 4 ALONE on the 4 GPUs (session 40: its checks ran
+    # beside three warm-up processes on the same GPUs before; run 8's tp_check lost cases to warm-ups beside it, and
+    # call 383's one-shot give-ups came with processes sharing a GPU)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     log "GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | tr '\n' ' ')"
     B8="--model llama-3.1-8b --random-weights" BB="--batch 1,8"
-    M1="torch+graph,graph,pdl,megakernel,megakernel-triton"   # TP=1 (single-GPU bench)
+    M1="torch+graph,graph,pdl,megakernel,megakernel-triton"   # TP=1 (single-GPU bench; also tp_check's TP=1 side)
     MT="torch,torch+graph,graph,pdl,megakernel,megakernel-triton"  # TP>1 (bench --tp: every TP mode)
     mkdir -p "$W/bench" "$W/tp" /tmp/warm
-    log "warm-up and checks"
-    (timeout 240 python3 scripts/tp_check.py --tp 4 --models llama-3.1-8b --steps 8 --batches 1,8 \
-        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp4.json" \
-        >"$W/tp/tp-check-8b-tp4.log" 2>&1; echo "rc=$?" >>"$W/tp/tp-check-8b-tp4.log") &
-    (timeout 240 env CUDA_VISIBLE_DEVICES=1 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB --modes $M1 \
+    log "warm-ups"
+    (timeout 240 env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB --modes $M1 \
         --steps 2 >"$W/warm-tp1.log" 2>&1) &
     (timeout 240 env CUDA_VISIBLE_DEVICES=2,3 python3 -m onekernel.cli bench --out /tmp/warm/tp2 --tp 2 $B8 $BB \
         --modes $MT --allreduce nccl --steps 2 >"$W/warm-tp2.log" 2>&1) &
     (timeout 240 python3 -m onekernel.cli bench --out /tmp/warm/tp4 --tp 4 $B8 $BB --modes $MT --steps 2 \
         >"$W/warm-tp4.log" 2>&1) &
     wait
-    log "tp_check: $(tail -n 1 "$W/tp/tp-check-8b-tp4.log")"
-    grep -h '^{' "$W/tp/tp-check-8b-tp4.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     for f in tp1 tp2 tp4; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
+    step 200 tp-check-8b-tp4 python3 scripts/tp_check.py --tp 4 --models llama-3.1-8b --steps 8 --batches 1,8 \
+        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp4.json"
+    grep -h '^{' "$W/tp-check-8b-tp4.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    ;;
+393) # issue 16, kind nvidia-h200-x4, 2 of 2 (~5 min, at once after 60 on the warm machine, whose caches 60 filled):
+    # the 8B scaling rows: TP=1 (GPU 0, single-GPU bench) and TP=2 (GPUs 2-3) timed at once on disjoint GPUs, then
+    # `bench --tp 4` alone (both all-reduces: nccl, symm)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    B8="--model llama-3.1-8b --random-weights" BB="--batch 1,8"
+    M1="torch+graph,graph,pdl,megakernel,megakernel-triton"
+    MT="torch,torch+graph,graph,pdl,megakernel,megakernel-triton"
+    mkdir -p "$W/bench" "$W/tp"
     (step 130 bench-8b-tp1 env CUDA_VISIBLE_DEVICES=0 $bench/bench $B8 $BB --modes $M1 --steps 50) &
     (step 130 bench-8b-tp2 env CUDA_VISIBLE_DEVICES=2,3 $bench/bench --tp 2 $B8 $BB --modes $MT --allreduce nccl \
         --steps 50) &
     wait
     step 160 bench-8b-tp4 $bench/bench --tp 4 $B8 $BB --modes $MT --steps 50   # both all-reduces: nccl, symm
     ;;
-61) # issue 16, kind nvidia-h200-x8 (~9.5 min; run inside `timeout 585`, then pack). Warm-up and the 8B check in
-    # parallel over the 8 GPUs (every process below compiles what the timed steps run), then one at a time on all 8
-    # GPUs, in the issue's order of importance: the Llama-3.1-70B TP=8 table, the Llama-3.1-8B TP=8 table, the
-    # TP=8 megakernel profile (PNG), the SM-reservation study at TP=8.
-    # GPU memory, GPU 0 at most: tp_check rank 0 (full 8B + TP=1 runners + shard, ~50 GB), a 70B rank (17.6 GB
-    # shard + the streaming kernel's packed copy, ~40 GB), three 8B ranks (~5 GB each): ~105 GB of 141.
+61) # issue 16, kind nvidia-h200-x8, 1 of 2 (~9 min; run inside `timeout 580`, then pack; 394 at once after it). The
+    # warm-ups of every step of 61 and 394 in parallel over the 8 GPUs (they only compile), then, one job at a time on
+    # all 8 GPUs: tp_check.py --tp 8 on Llama-3.1-8B ALONE (session 40: it ran beside four warm-ups before; see 60),
+    # then the Llama-3.1-70B TP=8 table, the issue's target.
+    # GPU memory, GPU 0 at most during the warm-ups: a 70B rank (17.6 GB shard + the streaming kernel's packed copy,
+    # ~40 GB), the TP=1 8B warm-up (~35 GB), three 8B ranks (~5 GB each): ~90 GB of 141.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     log "GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | tr '\n' ' ')"
     B8="--model llama-3.1-8b --random-weights" B70="--model llama-3.1-70b --random-weights" BB="--batch 1,8"
     MT="torch,torch+graph,graph,pdl,megakernel,megakernel-triton"
     SM="--tp 8 --model llama-3.1-8b --batches 1 --ks 0,8,16 --ar-tiles fit,16"
     mkdir -p "$W/bench" "$W/tp" /tmp/warm
-    log "warm-up and checks"
-    (timeout 210 python3 scripts/tp_check.py --tp 8 --models llama-3.1-8b --steps 8 --batches 1,8 \
-        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp8.json" \
-        >"$W/tp/tp-check-8b-tp8.log" 2>&1; echo "rc=$?" >>"$W/tp/tp-check-8b-tp8.log") &
+    log "warm-ups"
+    (timeout 210 env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB \
+        --modes torch+graph,graph,pdl,megakernel --steps 2 >"$W/warm-tp1.log" 2>&1) &  # tp_check's TP=1 side
     (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/70b --tp 8 $B70 $BB --modes $MT --allreduce nccl \
         --steps 2 >"$W/warm-70b.log" 2>&1) &
     (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/8b --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 2 \
@@ -1512,11 +1519,21 @@ case "$1" in
         >"$W/warm-prof.log" 2>&1) &
     (timeout 210 python3 scripts/tp_sm_study.py $SM --steps 2 --out /tmp/warm/sm >"$W/warm-sm.log" 2>&1) &
     wait
-    log "tp_check: $(tail -n 1 "$W/tp/tp-check-8b-tp8.log")"
-    grep -h '^{' "$W/tp/tp-check-8b-tp8.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-    for f in 70b 8b prof sm; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
+    for f in tp1 70b 8b prof sm; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
+    step 150 tp-check-8b-tp8 python3 scripts/tp_check.py --tp 8 --models llama-3.1-8b --steps 8 --batches 1,8 \
+        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp8.json"
+    grep -h '^{' "$W/tp-check-8b-tp8.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     step 170 bench-70b-tp8 $bench/bench --tp 8 $B70 $BB --modes $MT --allreduce nccl --steps 50
-    step 90 bench-8b-tp8 $bench/bench --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 50  # symm: timed at TP=4 (60)
+    ;;
+394) # issue 16, kind nvidia-h200-x8, 2 of 2 (~3.5 min, at once after 61 on the warm machine): one at a time on all 8
+    # GPUs, the Llama-3.1-8B TP=8 table (nccl; symm is timed at TP=4 in 393), the TP=8 megakernel profile (PNG), the
+    # SM-reservation study at TP=8
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
+    B8="--model llama-3.1-8b --random-weights" BB="--batch 1,8"
+    MT="torch,torch+graph,graph,pdl,megakernel,megakernel-triton"
+    SM="--tp 8 --model llama-3.1-8b --batches 1 --ks 0,8,16 --ar-tiles fit,16"
+    mkdir -p "$W/bench" "$W/tp"
+    step 90 bench-8b-tp8 $bench/bench --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 50
     step 40 tp-profile-8b python3 scripts/tp_profile.py --tp 8 --model llama-3.1-8b --batch 1 --out "$W/tp"
     step 55 tp-sm-study python3 scripts/tp_sm_study.py $SM --steps 50 --out "$W/tp"
     ;;

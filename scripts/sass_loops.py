@@ -51,7 +51,7 @@ def depot_bytes(ptx: str) -> int:
 
 
 def instructions(sass: str) -> list[tuple[int, str]]:
-    """(byte address, instruction text without the predicate's trailing ';') of every SASS instruction."""
+    """(byte address, instruction text with its predicate, without the trailing ';') of every SASS instruction."""
     return [(int(m.group(1), 16), m.group(2)) for m in map(_INSTR.match, sass.splitlines()) if m]
 
 
