@@ -1458,7 +1458,7 @@ case "$1" in
     step 25 profile-1b-16 python3 scripts/stream_profile.py --out "$W/profile" --model llama-3.2-1b --batch 16
     step 50 tp-profile python3 scripts/tp_profile.py --model llama-3.1-8b --batch 1 --out "$W/tp"
     ;;
-60) # issue 16, kind nvidia-h200-x4, 1 of 2 (~7 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md; 393
+60) # issue 16, kind nvidia-h200-x4, 1 of 2 (~8 min; run inside `timeout 570`, then pack: see docs/GPU-RUNS.md; 393
     # at once after it on the warm machine). The warm-ups of every step of 60 and 393 in parallel (they only compile:
     # a give-up among them costs nothing), then tp_check.py --tp 4 ALONE on the 4 GPUs (session 40: its checks ran
     # beside three warm-up processes on the same GPUs before; run 8's tp_check lost cases to warm-ups beside it, and
@@ -1478,11 +1478,12 @@ case "$1" in
         >"$W/warm-tp4.log" 2>&1) &
     wait
     for f in tp1 tp2 tp4; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
-    step 200 tp-check-8b-tp4 python3 scripts/tp_check.py --tp 4 --models llama-3.1-8b --steps 8 --batches 1,8 \
+    step 240 tp-check-8b-tp4 python3 scripts/tp_check.py --tp 4 --models llama-3.1-8b --steps 8 --batches 1,8 \
         --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp4.json"
     grep -h '^{' "$W/tp-check-8b-tp4.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     ;;
-393) # issue 16, kind nvidia-h200-x4, 2 of 2 (~5 min, at once after 60 on the warm machine, whose caches 60 filled):
+393) # issue 16, kind nvidia-h200-x4, 2 of 2 (~5 min, inside `timeout 570`, at once after 60 on the warm machine,
+    # whose caches 60 filled):
     # the 8B scaling rows: TP=1 (GPU 0, single-GPU bench) and TP=2 (GPUs 2-3) timed at once on disjoint GPUs, then
     # `bench --tp 4` alone (both all-reduces: nccl, symm)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
@@ -1496,12 +1497,13 @@ case "$1" in
     wait
     step 160 bench-8b-tp4 $bench/bench --tp 4 $B8 $BB --modes $MT --steps 50   # both all-reduces: nccl, symm
     ;;
-61) # issue 16, kind nvidia-h200-x8, 1 of 2 (~9 min; run inside `timeout 580`, then pack; 394 at once after it). The
-    # warm-ups of every step of 61 and 394 in parallel over the 8 GPUs (they only compile), then, one job at a time on
-    # all 8 GPUs: tp_check.py --tp 8 on Llama-3.1-8B ALONE (session 40: it ran beside four warm-ups before; see 60),
-    # then the Llama-3.1-70B TP=8 table, the issue's target.
+61) # issue 16, kind nvidia-h200-x8, 1 of 2 (~8 min; run inside `timeout 570`, then pack; 394 at once after it). The
+    # warm-ups of every step of 61 and 394 in parallel over the 8 GPUs (they only compile: a give-up among them costs
+    # nothing), then one job at a time on all 8 GPUs: the Llama-3.1-70B TP=8 table (the issue's target) and the
+    # Llama-3.1-8B TP=8 table (nccl; symm is timed at TP=4 in 393). Every bench row carries its own check against the
+    # PyTorch TP reference; tp_check.py runs alone in 394 (session 40: it ran beside four warm-ups before).
     # GPU memory, GPU 0 at most during the warm-ups: a 70B rank (17.6 GB shard + the streaming kernel's packed copy,
-    # ~40 GB), the TP=1 8B warm-up (~35 GB), three 8B ranks (~5 GB each): ~90 GB of 141.
+    # ~40 GB), the TP=1 8B warm-up for tp_check's TP=1 side (~35 GB), three 8B ranks (~5 GB each): ~90 GB of 141.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
     log "GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | tr '\n' ' ')"
     B8="--model llama-3.1-8b --random-weights" B70="--model llama-3.1-70b --random-weights" BB="--batch 1,8"
@@ -1510,7 +1512,7 @@ case "$1" in
     mkdir -p "$W/bench" "$W/tp" /tmp/warm
     log "warm-ups"
     (timeout 210 env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB \
-        --modes torch+graph,graph,pdl,megakernel --steps 2 >"$W/warm-tp1.log" 2>&1) &  # tp_check's TP=1 side
+        --modes torch+graph,graph,pdl,megakernel --steps 2 >"$W/warm-tp1.log" 2>&1) &
     (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/70b --tp 8 $B70 $BB --modes $MT --allreduce nccl \
         --steps 2 >"$W/warm-70b.log" 2>&1) &
     (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/8b --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 2 \
@@ -1520,20 +1522,19 @@ case "$1" in
     (timeout 210 python3 scripts/tp_sm_study.py $SM --steps 2 --out /tmp/warm/sm >"$W/warm-sm.log" 2>&1) &
     wait
     for f in tp1 70b 8b prof sm; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
-    step 150 tp-check-8b-tp8 python3 scripts/tp_check.py --tp 8 --models llama-3.1-8b --steps 8 --batches 1,8 \
-        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp8.json"
-    grep -h '^{' "$W/tp-check-8b-tp8.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     step 170 bench-70b-tp8 $bench/bench --tp 8 $B70 $BB --modes $MT --allreduce nccl --steps 50
+    step 90 bench-8b-tp8 $bench/bench --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 50
     ;;
-394) # issue 16, kind nvidia-h200-x8, 2 of 2 (~3.5 min, at once after 61 on the warm machine): one at a time on all 8
-    # GPUs, the Llama-3.1-8B TP=8 table (nccl; symm is timed at TP=4 in 393), the TP=8 megakernel profile (PNG), the
+394) # issue 16, kind nvidia-h200-x8, 2 of 2 (~5.5 min, inside `timeout 570`, at once after 61 on the warm machine):
+    # one job at a time on all 8 GPUs: tp_check.py --tp 8 on Llama-3.1-8B alone (TP=8 logits and greedy tokens
+    # against TP=1 on GPU 0; its pdl-symm and TP=1 kernels may compile here), the TP=8 megakernel profile (PNG), the
     # SM-reservation study at TP=8
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
-    B8="--model llama-3.1-8b --random-weights" BB="--batch 1,8"
-    MT="torch,torch+graph,graph,pdl,megakernel,megakernel-triton"
     SM="--tp 8 --model llama-3.1-8b --batches 1 --ks 0,8,16 --ar-tiles fit,16"
-    mkdir -p "$W/bench" "$W/tp"
-    step 90 bench-8b-tp8 $bench/bench --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 50
+    mkdir -p "$W/tp"
+    step 240 tp-check-8b-tp8 python3 scripts/tp_check.py --tp 8 --models llama-3.1-8b --steps 8 --batches 1,8 \
+        --modes reference,torch+graph,graph,pdl,megakernel-gluon --out "$W/tp/tp-check-8b-tp8.json"
+    grep -h '^{' "$W/tp-check-8b-tp8.log" | cut -c1-300 | tee -a "$OUT/log.txt"
     step 40 tp-profile-8b python3 scripts/tp_profile.py --tp 8 --model llama-3.1-8b --batch 1 --out "$W/tp"
     step 55 tp-sm-study python3 scripts/tp_sm_study.py $SM --steps 50 --out "$W/tp"
     ;;

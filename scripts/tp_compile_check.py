@@ -13,7 +13,7 @@ read: ``atom.global.sys.release``), ``ld.volatile.global.b16`` (the all-reduce's
 partials, told apart from the error word's 32-bit volatile polls), and the
 gpu-scope waits and signals of the local events. Prints registers and spills against the TP=1 kernel of the same
 shard. Exit code 1 when a needed instruction is missing, 2 (one line on stderr) for a bad command line, model,
-batch or TP size.
+batch or TP size (below 2, or not dividing the model's heads).
 
 ``--backend gluon``: the streaming Gluon megakernel instead (``scripts/stream_compile_check.compile_stream`` on
 rank 0's TP graph and on the same shard's TP=1 graph): registers, spills, shared memory, ring slots, and the same
@@ -98,8 +98,9 @@ def main_gluon(name: str = "llama-3.2-1b", batch: int = 1, n: int = 2, gemv: str
     ok = True
     for label, rep, found, tasks, events, consts, sec in rows:
         print(f"{label}: {tasks} tasks, {events} events, regs {rep['regs']}, spill {rep['spill_bytes']} B "
-              f"({rep['hot_loop_spills']} spill instructions in HMMA loops), smem {rep['smem']} B, slots {consts['SLOTS']}, setmaxnreg {rep['setmaxnreg']}, mma.sync "
-              f"{rep['mma_sync']}, ldmatrix {rep['ldmatrix']}, CK {consts['CK']}, RG {consts['RG']}, "
+              f"({rep['hot_loop_spills']} spill instructions in HMMA loops), smem {rep['smem']} B, "
+              f"slots {consts['SLOTS']}, setmaxnreg {rep['setmaxnreg']}, mma.sync {rep['mma_sync']}, "
+              f"ldmatrix {rep['ldmatrix']}, CK {consts['CK']}, RG {consts['RG']}, "
               f"compile {sec:.1f} s; "
               + ", ".join(f"{n} x{c}" for n, c in found.items()))
         if rep["spill_bytes"] > SPILL_LIMIT:
@@ -261,15 +262,25 @@ def cli(argv: list[str]) -> int:
         return usage_error(f"--backend must be triton or gluon, got {backend!r}")
     if gemv not in (None, "fma", "mma"):
         return usage_error(f"--gemv must be fma or mma, got {gemv!r}")
-    if len(argv) > 2 or any(a.startswith("-") for a in argv):
-        return usage_error(f"unexpected arguments {argv[2:] or [a for a in argv if a.startswith('-')]}")
-    if not all(x.isdigit() and int(x) > 0 for x in argv[1:2] + [flags["--tp"]]):
-        return usage_error(f"BATCH and --tp take positive integers, got {argv[1:2] + [flags['--tp']]}")
+    stray = [a for a in argv if a.startswith("-") and not a.lstrip("-").isdecimal()]
+    if len(argv) > 2 or stray:
+        return usage_error(f"unexpected arguments {stray or argv[2:]}")
+    try:
+        batch, n = int(argv[1]) if len(argv) > 1 else 1, int(flags["--tp"])
+    except ValueError:
+        batch = n = 0
+    if batch < 1 or n < 2:
+        return usage_error(f"BATCH takes an integer >= 1 and --tp one >= 2, got {(argv[1:2] or ['1'])[0]!r} and "
+                           f"{flags['--tp']!r}")
+    name = (argv[0:1] or ["llama-3.2-1b"])[0]
+    try:  # the model and the TP size before anything is built: an unknown model, a TP size not dividing the heads
+        shard_config(get_config(name), n, 0)
+    except OneKernelError as e:
+        return usage_error(str(e))
     fn = main_gluon if backend == "gluon" else main_oneshot if oneshot else main
     try:
-        return fn(*(argv[0:1] or ["llama-3.2-1b"]), *([int(x) for x in argv[1:2]] or [1]), n=int(flags["--tp"]),
-                  gemv=gemv, **({"push": True} if push else {}))
-    except (OneKernelError, ValueError) as e:  # unknown model, a TP size that does not divide the heads, ...
+        return fn(name, batch, n=n, gemv=gemv, **({"push": True} if push else {}))
+    except OneKernelError as e:  # bad input found while building (e.g. a batch the kernel cannot hold)
         return usage_error(str(e))
 
 

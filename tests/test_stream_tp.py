@@ -189,8 +189,9 @@ def test_tp_runner_auto_profiles_on_the_streaming_kernel(monkeypatch):
 def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
     """scripts/tp_compile_check.py --backend gluon on Llama-3.2-1B rank 0 of 2, on the model's GEMV path (the
     ranks' default: tensor cores): at most 16 bytes of spills (as the TP=1 kernels), none inside the loops with
-    tensor-core instructions (scripts/sass_loops.py), mma.sync in the PTX, and the TP kernel's PTX has ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit loads; the TP=1
-    kernel of the same shard none of them."""
+    tensor-core instructions (scripts/sass_loops.py), mma.sync in the PTX, and the TP kernel's PTX has
+    ld.acquire.sys, a system-scope release, the all-reduce's volatile 16-bit loads; the TP=1 kernel of the same
+    shard none of them."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, str(ROOT / "scripts/tp_compile_check.py"), "llama-3.2-1b", "1",
                           "--backend", "gluon"], capture_output=True, text=True, env=env, timeout=900)
@@ -201,15 +202,18 @@ def test_tp_kernel_compiles_for_sm90_with_system_scope_waits():
 
 def test_tp_compile_check_refuses_bad_command_lines_with_one_line_and_status_2():
     """scripts/tp_compile_check.cli before anything compiles: an unknown model, a TP size that does not divide the
-    heads (naming the valid sizes), a non-integer batch, a flag without its value, --push without the streaming
-    backend and a stray argument each give status 2 and one line naming the problem (one subprocess, cli() per
-    command line)."""
+    heads (naming the valid sizes) or is below 2, a batch that is not an integer >= 1 (a superscript digit passes
+    str.isdigit but not int), a flag without its value, --push without the streaming backend and a stray argument
+    each give status 2 and one line naming the problem (one subprocess, cli() per command line)."""
     cases = [(["nosuch", "1"], "unknown model config 'nosuch'"),
              (["llama-3.2-1b", "1", "--tp", "3"], "valid TP sizes for this model: 1, 2, 4, 8"),
-             (["llama-3.2-1b", "x"], "BATCH and --tp take positive integers"),
+             (["llama-3.2-1b", "x"], "BATCH takes an integer >= 1 and --tp one >= 2, got 'x'"),
              (["llama-3.2-1b", "1", "--tp"], "--tp needs a value"),
              (["llama-3.2-1b", "1", "--push"], "--push needs --backend gluon"),
-             (["llama-3.2-1b", "1", "--bogus"], "unexpected arguments ['--bogus']")]
+             (["llama-3.2-1b", "1", "--bogus"], "unexpected arguments ['--bogus']"),
+             (["llama-3.2-1b", "1", "--tp", "1"], "--tp one >= 2, got '1' and '1'"),
+             (["llama-3.2-1b", "\u00b2"], "BATCH takes an integer >= 1"),
+             (["llama-3.2-1b", "-1"], "BATCH takes an integer >= 1")]
     code = ("import contextlib, io, json, sys; sys.path[:0] = [sys.argv[1]]; import tp_compile_check as t\n"
             "out = []\n"
             "for argv in json.loads(sys.argv[2]):\n"
