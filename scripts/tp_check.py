@@ -51,6 +51,8 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--cpu" in sys.argv:  # before onekernel is imported (Triton reads it when the kernels are defined); the ranks inherit it
+    os.environ["TRITON_INTERPRET"] = "1"
 
 TP1_MODES = ("reference", "eager", "graph", "pdl", "megakernel", "megakernel-gluon")
 TP2_MODES = (("reference", None), ("torch+graph", None), ("eager", "nccl"), ("graph", "nccl"), ("pdl", "nccl"),
