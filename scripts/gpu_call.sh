@@ -1497,11 +1497,14 @@ case "$1" in
     wait
     step 160 bench-8b-tp4 $bench/bench --tp 4 $B8 $BB --modes $MT --steps 50   # both all-reduces: nccl, symm
     ;;
-61) # issue 16, kind nvidia-h200-x8, 1 of 2 (~8 min; run inside `timeout 570`, then pack; 394 at once after it). The
+61) # issue 16, kind nvidia-h200-x8, 1 of 2 (~9 min; run inside `timeout 570`, then pack; 394 at once after it). The
     # warm-ups of every step of 61 and 394 in parallel over the 8 GPUs (they only compile: a give-up among them costs
     # nothing), then one job at a time on all 8 GPUs: the Llama-3.1-70B TP=8 table (the issue's target) and the
     # Llama-3.1-8B TP=8 table (nccl; symm is timed at TP=4 in 393). Every bench row carries its own check against the
     # PyTorch TP reference; tp_check.py runs alone in 394 (session 40: it ran beside four warm-ups before).
+    # The warm-ups get 260 s: on the 2-core CPU of session 40 a 70B TP=8 rank's streaming megakernel took 37 s (batch
+    # 1) and 43 s (batch 8) to plan and compile (scripts/tp_compile_check.py --backend gluon), and the Triton check
+    # of batch 1 (the TP=1 shard's and the TP=8 kernel) 82 s; every mode at batch 1 and 8 is more than 210 s.
     # GPU memory, GPU 0 at most during the warm-ups: a 70B rank (17.6 GB shard + the streaming kernel's packed copy,
     # ~40 GB), the TP=1 8B warm-up for tp_check's TP=1 side (~35 GB), three 8B ranks (~5 GB each): ~90 GB of 141.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50
@@ -1511,15 +1514,15 @@ case "$1" in
     SM="--tp 8 --model llama-3.1-8b --batches 1 --ks 0,8,16 --ar-tiles fit,16"
     mkdir -p "$W/bench" "$W/tp" /tmp/warm
     log "warm-ups"
-    (timeout 210 env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB \
+    (timeout 260 env CUDA_VISIBLE_DEVICES=0 python3 -m onekernel.cli bench --out /tmp/warm/tp1 $B8 $BB \
         --modes torch+graph,graph,pdl,megakernel --steps 2 >"$W/warm-tp1.log" 2>&1) &
-    (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/70b --tp 8 $B70 $BB --modes $MT --allreduce nccl \
+    (timeout 260 python3 -m onekernel.cli bench --out /tmp/warm/70b --tp 8 $B70 $BB --modes $MT --allreduce nccl \
         --steps 2 >"$W/warm-70b.log" 2>&1) &
-    (timeout 210 python3 -m onekernel.cli bench --out /tmp/warm/8b --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 2 \
+    (timeout 260 python3 -m onekernel.cli bench --out /tmp/warm/8b --tp 8 $B8 $BB --modes $MT --allreduce nccl --steps 2 \
         >"$W/warm-8b.log" 2>&1) &
-    (timeout 210 python3 scripts/tp_profile.py --tp 8 --model llama-3.1-8b --batch 1 --steps 1 --out /tmp/warm/prof \
+    (timeout 260 python3 scripts/tp_profile.py --tp 8 --model llama-3.1-8b --batch 1 --steps 1 --out /tmp/warm/prof \
         >"$W/warm-prof.log" 2>&1) &
-    (timeout 210 python3 scripts/tp_sm_study.py $SM --steps 2 --out /tmp/warm/sm >"$W/warm-sm.log" 2>&1) &
+    (timeout 260 python3 scripts/tp_sm_study.py $SM --steps 2 --out /tmp/warm/sm >"$W/warm-sm.log" 2>&1) &
     wait
     for f in tp1 70b 8b prof sm; do log "warm-up $f: $(tail -n 1 "$W/warm-$f.log" | cut -c1-160)"; done
     step 170 bench-70b-tp8 $bench/bench --tp 8 $B70 $BB --modes $MT --allreduce nccl --steps 50
