@@ -218,18 +218,37 @@ def derive_remote_dependencies(graph: Graph) -> list[list[tuple[int, int]]]:
         if src not in graph.buffers or graph.buffers[src].shape != graph.buffers[name].shape:
             raise ValueError(f"peer buffer {name!r} mirrors {src!r}, which is not a buffer of its shape in the graph")
     sources = {src for _, src in peers.values()}
-    writers: dict[str, list] = {s: [] for s in sources}  # source -> (task id, region) written so far
+    writers: dict[str, tuple[list, list]] = {s: ([], []) for s in sources}  # source -> (task ids, boxes) so far
+    arrays: dict[str, tuple] = {}  # source -> (writers counted, ids [n], lo [n, d], hi [n, d]) for the overlap test
+    found: dict[tuple, tuple[int, list[int]]] = {}  # (source, box) -> (writers counted, the overlapping writers)
+
+    def overlapping(src: str, box: tuple) -> list[int]:
+        """The writers so far of ``src`` whose box intersects ``box`` along every dimension (Region.overlaps). The
+        peers of one source read the same box (an all-reduce tile reads its rows on every peer): one test each."""
+        ids, boxes = writers[src]
+        hit = found.get((src, box))
+        if hit is not None and hit[0] == len(ids):
+            return hit[1]
+        arr = arrays.get(src)
+        if arr is None or arr[0] != len(ids):
+            b = np.asarray(boxes, dtype=np.int64).reshape(len(ids), len(box), 2)
+            arr = arrays[src] = (len(ids), np.asarray(ids, dtype=np.int64), b[:, :, 0], b[:, :, 1])
+        q = np.asarray(box, dtype=np.int64).reshape(len(box), 2)
+        hits = arr[1][((arr[2] < q[:, 1]) & (q[:, 0] < arr[3])).all(axis=1)].tolist()
+        found[(src, box)] = (len(ids), hits)
+        return hits
+
     for t in graph.tasks:
         deps = set()
         for r in t.reads:
             if r.buffer in peers:
                 peer, src = peers[r.buffer]
-                probe = type(r)(src, r.box)
-                deps.update((peer, w) for w, wr in writers[src] if wr.overlaps(probe))
+                deps.update((peer, w) for w in overlapping(src, r.box))
         out[t.id] = sorted(deps)
         for r in t.writes:
             if r.buffer in writers:
-                writers[r.buffer].append((t.id, r))
+                writers[r.buffer][0].append(t.id)
+                writers[r.buffer][1].append(r.box)
     return out
 
 
