@@ -1502,9 +1502,9 @@ case "$1" in
     # nothing), then one job at a time on all 8 GPUs: the Llama-3.1-70B TP=8 table (the target) and the
     # Llama-3.1-8B TP=8 table (nccl; symm is timed at TP=4 in 393). Every bench row carries its own check against the
     # PyTorch TP reference; tp_check.py runs alone in 394 (session 40: it ran beside four warm-ups before).
-    # The warm-ups get 260 s: on the 2-core CPU of session 40 a 70B TP=8 rank's streaming megakernel took 37 s (batch
-    # 1) and 43 s (batch 8) to plan and compile (scripts/tp_compile_check.py --backend gluon), and the Triton check
-    # of batch 1 (the TP=1 shard's and the TP=8 kernel) 82 s; every mode at batch 1 and 8 is more than 210 s.
+    # The warm-ups get 260 s: on the 2-core CPU of session 40, before 1f8fec9 took ~17 s off each 70B TP=8 plan, a
+    # rank's streaming megakernel took 37 s (batch 1) and 43 s (batch 8) to plan and compile (tp_compile_check.py
+    # --backend gluon), the Triton check of batch 1 (the TP=1 shard's and the TP=8 kernel) 82 s (49 s after it).
     # GPU memory, GPU 0 at most during the warm-ups: a 70B rank (17.6 GB shard + the streaming kernel's packed copy,
     # ~40 GB), the TP=1 8B warm-up for tp_check's TP=1 side (~35 GB), three 8B ranks (~5 GB each): ~90 GB of 141.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 ONEKERNEL_TP_TIMEOUT=50

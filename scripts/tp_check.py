@@ -68,7 +68,7 @@ MK_PUSH = {"megakernel-push": True}  # the push all-reduce (compared with megake
 def _args():
     from onekernel.runtime.args import add_gemv_argument
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)  # --cpu is read before parsing
     ap.add_argument("--tp", type=int, default=2, help="ranks (GPUs), 2..8")
     ap.add_argument("--no-tp1", action="store_true", help="skip TP=1 (a model too large for one GPU); compare "
                     "every TP mode with the TP=N reference mode")

@@ -223,39 +223,58 @@ def _naive_remote(g):
 @pytest.mark.parametrize("n_ranks", [2, 3, 8])
 def test_remote_dependencies_equal_their_definition_on_rewritten_buffers(n_ranks, seed):
     """derive_remote_dependencies (vectorised, one overlap test per (source, box) until the source gets a new
-    writer) against its definition on random graphs where two [6, 24] sources are written again and again in random
-    2-D boxes, with peer reads of random boxes (repeated boxes, overlapping and disjoint) between the writes."""
+    writer) against its definition on random graphs: two sources of 1-3 dimensions written again and again in random
+    boxes (empty ones too), peer reads of repeated and fresh boxes between the writes, and tasks that read the peers'
+    copies and write 1-3 regions of the sources themselves (their reads see only earlier writers)."""
     for i in range(20):
         rnd = random.Random(seed * 1000 + i)
+        shape = tuple(rnd.choice([4, 6, 24]) for _ in range(rnd.randint(1, 3)))
         g = Graph()
-        srcs = [g.add_buffer(f"s{k}", (6, 24), torch.float32, "activation") for k in range(2)]
+        srcs = [g.add_buffer(f"s{k}", shape, torch.float32, "activation") for k in range(2)]
         mirrors = {(k, p): add_peer_buffer(g, s, p).name for k, s in enumerate(srcs) for p in range(1, n_ranks)}
-        seen = [((0, 6), (0, 24))]
+        seen = [tuple((0, n) for n in shape)]
 
         def box():
             if rnd.random() < 0.4:
                 return rnd.choice(seen)
-            r0, c0 = rnd.randrange(6), rnd.randrange(24)
-            b = ((r0, rnd.randint(r0 + 1, 6)), (c0, rnd.randint(c0 + 1, 24)))
-            seen.append(b)
-            return b
+            b = []
+            for n in shape:
+                lo = rnd.randint(0, n)
+                b.append((lo, rnd.randint(lo, n) if rnd.random() < 0.1 else rnd.randint(min(lo + 1, n), n)))
+            seen.append(tuple(b))
+            return tuple(b)
 
         for j in range(12):
             tasks = []
             for t in range(rnd.randint(1, 4)):
-                k = rnd.randrange(2)
-                if rnd.random() < 0.5:  # a writer of source k
-                    tasks.append(Task(-1, t, (), (Region(srcs[k].name, box()),)))
-                else:  # a reader of the peers' copies of source k (and sometimes of this rank's own)
-                    b = box()
+                reads, writes = [], []
+                if rnd.random() < 0.6:  # reads of the peers' copies of a source (sometimes of this rank's own too)
+                    k, b = rnd.randrange(2), box()
                     reads = [Region(mirrors[(k, p)], b) for p in range(1, n_ranks) if rnd.random() < 0.8]
                     if rnd.random() < 0.3:
                         reads.append(Region(srcs[k].name, b))
-                    tasks.append(Task(-1, t, tuple(reads), ()))
+                if not reads or rnd.random() < 0.4:  # writes of the sources, by the same task or another
+                    writes = [Region(srcs[rnd.randrange(2)].name, box()) for _ in range(rnd.randint(1, 3))]
+                tasks.append(Task(-1, t, tuple(reads), tuple(writes)))
             g.add_op(Op(f"op{j}", ALLREDUCE, {}, {}), tasks)
         got = derive_remote_dependencies(g)
         assert got == _naive_remote(g), i
         assert sum(map(len, got)) > 0
+
+
+def test_remote_dependencies_refuse_a_box_of_the_wrong_rank():
+    """A peer read (or a source write) whose box has not one (lo, hi) pair per dimension of its buffer is refused,
+    not compared on the dimensions it shares (the vectorised test would otherwise broadcast it)."""
+    for bad_read in (True, False):
+        g = Graph()
+        s = g.add_buffer("s", (2, 8), torch.float32, "activation")
+        peer = add_peer_buffer(g, s, 1).name
+        w = Region("s", ((0, 2),)) if not bad_read else Region("s", ((0, 2), (4, 8)))
+        r = Region(peer, ((0, 2),)) if bad_read else Region(peer, ((0, 2), (0, 8)))
+        g.add_op(Op("w", ALLREDUCE, {}, {}), [Task(-1, 0, (), (w,))])
+        g.add_op(Op("r", ALLREDUCE, {}, {}), [Task(-1, 0, (r,), ())])
+        with pytest.raises(ValueError, match="1 \\(lo, hi\\) pairs for a buffer of 2 dimensions"):
+            derive_remote_dependencies(g)
 
 
 @pytest.mark.parametrize("n_ranks", [2, 3, 4, 8])

@@ -209,7 +209,8 @@ def derive_remote_dependencies(graph: Graph) -> list[list[tuple[int, int]]]:
     reading a region of a peer buffer (``graph.meta["peers"][name] = (peer, source buffer)``) depends on the
     earlier tasks that write an overlapping region of ``source`` (on that rank: every rank's graph is the same,
     so the ids are the same). Empty lists when the graph reads no peer buffer. Raises ValueError for a peer
-    buffer whose source is not a buffer of the graph, or whose shape differs from it."""
+    buffer whose source is not a buffer of the graph, or whose shape differs from it, and for a peer read or a
+    write of a source whose box has not one (lo, hi) pair per dimension of the buffer."""
     peers = graph.meta.get("peers") or {}
     out: list[list[tuple[int, int]]] = [[] for _ in graph.tasks]
     if not peers:
@@ -238,17 +239,24 @@ def derive_remote_dependencies(graph: Graph) -> list[list[tuple[int, int]]]:
         found[(src, box)] = (len(ids), hits)
         return hits
 
+    def checked(r) -> tuple:  # the box as a hashable tuple of (lo, hi), one pair per dimension of the buffer
+        box = tuple((int(lo), int(hi)) for lo, hi in r.box)
+        if len(box) != len(graph.buffers[r.buffer].shape):
+            raise ValueError(f"region {r.buffer}{list(r.box)} has {len(box)} (lo, hi) pairs for a buffer of "
+                             f"{len(graph.buffers[r.buffer].shape)} dimensions")
+        return box
+
     for t in graph.tasks:
         deps = set()
         for r in t.reads:
             if r.buffer in peers:
                 peer, src = peers[r.buffer]
-                deps.update((peer, w) for w in overlapping(src, r.box))
+                deps.update((peer, w) for w in overlapping(src, checked(r)))
         out[t.id] = sorted(deps)
         for r in t.writes:
             if r.buffer in writers:
                 writers[r.buffer][0].append(t.id)
-                writers[r.buffer][1].append(r.box)
+                writers[r.buffer][1].append(checked(r))
     return out
 
 
