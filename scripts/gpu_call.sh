@@ -12,7 +12,8 @@
 # prefetch): in git history (`git show b551550:scripts/gpu_call.sh`).
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
-# 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, not yet run).
+# 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
+# 395: one TP rank's step without its all-reduces on one H200 (session 40).
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -194,6 +195,18 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 120 tp-sm-study python3 scripts/tp_sm_study.py --model llama-3.1-8b --batches 1 --ks 0,2,4,8,16 \
         --ar-tiles fit --steps 100 --out "$W/tp"
+    ;;
+395) # session 40 (~8 min, one H200): one TP rank's step without its all-reduces (scripts/shard_bench.py): the rank
+    # shard of Llama-3.1-8B at TP=2 (issue 13's 0.60x target: 2.37 ms against run 37's 3.942 ms TP=1 megakernel) and of
+    # Llama-3.1-70B at TP=8 (issue 16's 70% of the 4.1 ms floor: 5.9 ms), batch 1 and 8, as models of their own: the
+    # time a TP megakernel step would take if its all-reduces cost nothing
+    mkdir -p "$W/shard"
+    M="torch+graph,graph,pdl,megakernel"
+    step 200 shard-8b-tp2 python3 scripts/shard_bench.py --model llama-3.1-8b --tp 2 --batch 1,8 --modes $M \
+        --out "$W/shard/shard-8b-tp2.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 300 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
+        --out "$W/shard/shard-70b-tp8.json"
     ;;
 385) # session 39 (~7 min, one H200; written in session 39, which was lent no machine): the one-shot all-reduce kernels'
     # final code (the rank read from memory: one kernel for every rank; the peers' rows read with volatile loads)
