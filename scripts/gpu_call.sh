@@ -13,7 +13,7 @@
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
-# 395: one TP rank's step without its all-reduces on one H200 (session 40).
+# 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile.
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -207,6 +207,15 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 300 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
         --out "$W/shard/shard-70b-tp8.json"
+    ;;
+396) # session 40 (~5 min, one H200): where the time of one TP rank's step goes without its all-reduces
+    # (scripts/stream_profile.py --shard): Llama-3.1-70B's rank 0 of 8 (395: 6.02 ms against a 4.09 ms floor at batch
+    # 1) and Llama-3.1-8B's rank 0 of 2 (2.22 ms against 1.77), batch 1; per-op times, attention's sub-stamps, PNG
+    mkdir -p "$W/profile"
+    step 200 profile-70b-tp8-shard python3 scripts/stream_profile.py --model llama-3.1-70b --shard 8,0 --batch 1 \
+        --out "$W/profile"
+    step 150 profile-8b-tp2-shard python3 scripts/stream_profile.py --model llama-3.1-8b --shard 2,0 --batch 1 \
+        --out "$W/profile"
     ;;
 385) # session 39 (~7 min, one H200; written in session 39, which was lent no machine): the one-shot all-reduce kernels'
     # final code (the rank read from memory: one kernel for every rank; the peers' rows read with volatile loads)

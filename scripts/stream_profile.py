@@ -1,6 +1,7 @@
 """Where the streaming megakernel's step time goes (H200): per-op timing from its task stamps.
 
     python scripts/stream_profile.py --out DIR [--model llama-3.2-1b] [--batch 1] [--context 512] [--gemv fma|mma]
+                                     [--shard TP,RANK]
 
 Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
@@ -51,8 +52,23 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--gemv", choices=("fma", "mma"), default=None, help="GEMV path (default: the model's)")
+    ap.add_argument("--shard", default=None, metavar="TP,RANK",
+                    help="profile rank RANK's shard at tensor-parallel size TP as a model of its own (its step "
+                         "without the all-reduces, as scripts/shard_bench.py times it)")
     a = ap.parse_args()
-    model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
+    if a.shard:
+        from onekernel.dist.sharding import shard_config
+        from onekernel.models.config import get_config
+        from onekernel.models.load import LoadedModel
+        from onekernel.models.random_init import random_weights
+        from onekernel.models.tokenizer import Tokenizer
+
+        tp, rank = (int(x) for x in a.shard.split(","))
+        cfg = shard_config(get_config(a.model), tp, rank).config
+        model = LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", 0), Tokenizer.byte_level(), cfg.name)
+        a.model = f"{a.model}-tp{tp}.{rank}"
+    else:
+        model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
     cache = KVCache(model.config, a.batch, a.context + 64, torch.bfloat16, "cuda")
     cache.seq_lens.fill_(a.context)
     r = make_step_runner("megakernel", model, cache, backend="gluon", profile=True, use_cuda_graph=False,
