@@ -40,23 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     from onekernel.bench.modes import bench_modes
     from onekernel.bench.report import commit_id
     from onekernel.bench.timing import copy_bandwidth_gbs
-    from onekernel.dist.sharding import shard_config
     from onekernel.errors import OneKernelError
-    from onekernel.models.config import get_config
-    from onekernel.models.load import LoadedModel
-    from onekernel.models.random_init import random_weights
-    from onekernel.models.tokenizer import Tokenizer
+    from tp_common import shard_as_model
 
     try:
         if not torch.cuda.is_available():
             raise OneKernelError("shard_bench times a step on a CUDA GPU; this machine has none")
-        shard = shard_config(get_config(a.model), a.tp, a.rank)
         batches = [int(b) for b in a.batch.split(",")]
+        model = shard_as_model(a.model, a.tp, a.rank)
     except (OneKernelError, ValueError) as e:
         print(f"shard_bench: {e}", file=sys.stderr)
         return 2
-    cfg = shard.config
-    model = LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", 0), Tokenizer.byte_level(), cfg.name)
+    cfg = model.config
     bw = copy_bandwidth_gbs()
     meta = {"tp": a.tp, "rank": a.rank, "commit": commit_id(), "device": torch.cuda.get_device_name(),
             "date": time.strftime("%Y-%m-%d"), "copy_gbs": bw, "note": "one rank's step without its all-reduces"}

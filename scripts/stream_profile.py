@@ -57,15 +57,10 @@ def main() -> None:
                          "without the all-reduces, as scripts/shard_bench.py times it)")
     a = ap.parse_args()
     if a.shard:
-        from onekernel.dist.sharding import shard_config
-        from onekernel.models.config import get_config
-        from onekernel.models.load import LoadedModel
-        from onekernel.models.random_init import random_weights
-        from onekernel.models.tokenizer import Tokenizer
+        from tp_common import shard_as_model
 
         tp, rank = (int(x) for x in a.shard.split(","))
-        cfg = shard_config(get_config(a.model), tp, rank).config
-        model = LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", 0), Tokenizer.byte_level(), cfg.name)
+        model = shard_as_model(a.model, tp, rank)
         a.model = f"{a.model}-tp{tp}.{rank}"
     else:
         model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)

@@ -1,6 +1,7 @@
 """What the multi-GPU scripts (tp_sm_study.py, tp_profile.py) share: starting the ranks under torchrun (``--tp``
 of their command line, default 2), and one rank's shard of a model with random bf16 weights (seed 0: every rank
-draws the same full tensors one at a time and keeps its shard: ``dist.sharding.load_shard``)."""
+draws the same full tensors one at a time and keeps its shard: ``dist.sharding.load_shard``); and, for the
+one-GPU scripts (shard_bench.py, stream_profile.py --shard), a rank's shard as a model of its own."""
 from __future__ import annotations
 
 import os
@@ -49,3 +50,20 @@ def load_shard(name: str, n: int, rank: int, dev, dtype):
     model = load(files, shard, random_weights=True, dtype=dtype, device=dev, seed=0)
     torch.cuda.empty_cache()
     return model, TPGroup(shard)
+
+
+def shard_as_model(name: str, tp: int, rank: int):
+    """Rank ``rank``'s shard of config ``name`` at tensor-parallel size ``tp`` as a plain LoadedModel on the GPU: the
+    shard's config (``dist.sharding.shard_config``) with random bf16 weights of its shapes (seed 0), for the
+    single-GPU runners (which refuse a ShardedModel): its step is the rank's without the all-reduces. Raises what
+    ``shard_config`` raises."""
+    import torch
+
+    from onekernel.dist.sharding import shard_config
+    from onekernel.models.config import get_config
+    from onekernel.models.load import LoadedModel
+    from onekernel.models.random_init import random_weights
+    from onekernel.models.tokenizer import Tokenizer
+
+    cfg = shard_config(get_config(name), tp, rank).config
+    return LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", 0), Tokenizer.byte_level(), cfg.name)
