@@ -15,14 +15,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
                                              ("llama-3.2-1b", 16, "fma"), ("smollm2-135m", 3, "mma"),
                                              ("llama-3.2-1b", 3, "mma"), ("llama-3.2-1b", 8, "mma"),
                                              ("llama-3.2-1b", 16, "mma"), ("qwen3-0.6b", 3, "mma"),
-                                             ("qwen3-0.6b", 16, "mma")])
+                                             ("qwen3-0.6b", 16, "mma"), ("llama-3.1-70b/tp8", 3, "mma")])
 def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed):
     """Batch 16 on Llama-3.2-1B with fma: more rows than shared memory holds beside the ring
     (stream_plan.xbuf_rows), so the rows past XB take the L2 path; each must still equal its batch-1 run
     bitwise. mma: the tensor-core body (16 padded batch rows at every B, batch 1 included); the Triton
     megakernel it is compared with runs the same gemv path. Qwen3-0.6B: the per-head q/k RMSNorm pass
-    (stream_epilogue.qk_norm_head) after each qkv task, whose units are whole heads."""
-    model = load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
+    (stream_epilogue.qk_norm_head) after each qkv task, whose units are whole heads. "llama-3.1-70b/tp8": two
+    layers of Llama-3.1-70B's rank-0 shard at TP=8 (hidden 8192, 8 query heads on 1 KV head: CK 512 and the
+    CUDA-core attention with 8 heads per warp, ops.attention.choose_split's short splits)."""
+    model = _model(name, seed % 1000)
     lens = [300, 217, 45] if batch == 3 else torch.randint(1, 400, (batch,), generator=torch.Generator().manual_seed(
         seed)).tolist()
     cache, tokens = random_decode_state(model, len(lens), max(lens) + 32, lens, seed)
@@ -50,6 +52,23 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed)
         one.v.copy_(cache.v[:, i:i + 1])
         alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon", gemv=gemv)[0]
         assert torch.equal(alone[0], glu[0][i]), f"row {i} differs from its batch-1 run"
+
+
+def _model(name: str, seed: int):
+    """A random bf16 model on the GPU: a named config, or "NAME/tpN": two layers of rank 0's shard of NAME at TP=N
+    as a model of its own (scripts/tp_common.shard_as_model, fewer layers)."""
+    if "/tp" not in name:
+        return load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed)
+    import dataclasses
+
+    from onekernel.dist.sharding import shard_config
+    from onekernel.models.config import get_config
+    from onekernel.models.load import LoadedModel
+    from onekernel.models.random_init import random_weights
+    from onekernel.models.tokenizer import Tokenizer
+    base, tp = name.split("/tp")
+    cfg = dataclasses.replace(shard_config(get_config(base), int(tp), 0).config, n_layers=2)
+    return LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", seed), Tokenizer.byte_level(), cfg.name)
 
 
 @pytest.mark.parametrize("name,gemv", [("llama-3.2-1b", "mma"), ("smollm2-135m", None)])

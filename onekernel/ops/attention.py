@@ -30,6 +30,7 @@ split/address math; q and the cache are activations and are read in the body wit
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -44,6 +45,9 @@ SPLITS = (64, 128, 256)
 # choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
 SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
 SMALL_HD_FROM = 2048  # the 2-wave bound applies to caches longer than this (measured at 4096)
+# a measurement switch: ONEKERNEL_ATTN_SPLIT=N gives every attention op SPLIT N (a multiple of 16) instead of
+# choose_split's (an explicit ``split`` argument still wins)
+SPLIT_ENV = int(os.environ.get("ONEKERNEL_ATTN_SPLIT", "0") or 0)
 
 
 @triton.jit
@@ -225,6 +229,7 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
         raise ValueError(f"{name}: attention needs Hq % Hkv == 0, a power-of-two head_dim >= 16 and caches "
                          f"[B, Hkv, S, hd] (got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape})")
     R = HQ // HKV
+    split = split or SPLIT_ENV or None
     SPLIT, NSPLIT = choose_split(HKV, S, n_sm, HD) if split is None else (split, -(-S // split))
     e = q.nbytes // (B * HQ * HD)
     o_part = graph.add_buffer(f"{name}.o_part", (B, HQ, NSPLIT, HD), torch.float32, "scratch")
