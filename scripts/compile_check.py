@@ -37,9 +37,10 @@ from onekernel.models.decode_graph import build_decode_step  # noqa: E402
 from onekernel.models.load import load_model  # noqa: E402
 from onekernel.ops.tiling import Tiling  # noqa: E402
 from onekernel.runtime.kv_cache import KVCache  # noqa: E402
+from sass_loops import BIN  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
 
 TARGET = GPUTarget("cuda", 90, 32)
-PTXAS = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+PTXAS = BIN / "ptxas"  # Triton's (sass_loops.BIN)
 PTXDIR = Path(os.environ.get("PTXDIR", "/tmp/onekernel_ptx"))
 TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch.bfloat16: "*bf16",
          torch.float16: "*fp16"}

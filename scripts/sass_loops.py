@@ -44,20 +44,27 @@ def _run(args: list, what: str) -> subprocess.CompletedProcess:
         raise RuntimeError(f"cannot run {what} ({e}); it ships with the triton wheel in {BIN}") from None
 
 
-def sass_of(ptx: str, name: str = "the PTX") -> str:
-    """The sm_90a SASS text of PTX source ``ptx`` (ptxas, then cuobjdump -sass). RuntimeError naming ``name`` with
-    ptxas's message (on one line) when it does not assemble, or when a tool cannot run."""
+def assemble(ptx: str, name: str = "the PTX") -> tuple[str, str]:
+    """(sm_90a SASS text, ptxas's ``-v`` report: registers, spill bytes) of PTX source ``ptx``: Triton's ptxas once,
+    then cuobjdump -sass. RuntimeError naming ``name`` with ptxas's message (on one line) when it does not assemble,
+    or when a tool cannot run."""
     with tempfile.TemporaryDirectory() as d:
         src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
         src.write_text(ptx)
-        r = _run([BIN / "ptxas", "--gpu-name", "sm_90a", src, "-o", cubin], "ptxas")
+        r = _run([BIN / "ptxas", "-v", "--gpu-name", "sm_90a", src, "-o", cubin], "ptxas")
         if r.returncode:
             msg = " ".join(r.stderr.replace(str(src), name).split())
             raise RuntimeError(f"ptxas rejected {name}: {msg}")
+        verbose = r.stderr
         r = _run([BIN / "cuobjdump", "-sass", cubin], "cuobjdump")
         if r.returncode:
             raise RuntimeError(f"cuobjdump failed on {name}'s cubin: {' '.join(r.stderr.split())}")
-        return r.stdout
+        return r.stdout, verbose
+
+
+def sass_of(ptx: str, name: str = "the PTX") -> str:
+    """The sm_90a SASS text of PTX source ``ptx`` (``assemble``; the same errors)."""
+    return assemble(ptx, name)[0]
 
 
 def entries(ptx: str) -> list[str]:

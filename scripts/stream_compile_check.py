@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,14 +97,10 @@ def compile_stream(model: str = "llama-3.2-1b", batch: int = 1, workers: int = 1
 def report(k) -> dict:
     """ptxas registers and spill bytes, shared memory, the partitions' register split, the weight copies' sites, and
     the spill instructions inside the innermost loops with tensor-core instructions (sass_loops.spill_report)."""
-    from sass_loops import spill_report
+    from sass_loops import assemble, spill_report
 
     ptx = k.asm["ptx"]
-    bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(ptx)
-        rep = subprocess.run([str(bindir / "ptxas"), "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", os.devnull],
-                             capture_output=True, text=True).stderr
+    sass, rep = assemble(ptx, "the streaming kernel")  # ptxas once: its -v report and the SASS
     regs = re.search(r"Used (\d+) registers", rep)
     spill = re.search(r"(\d+) bytes spill stores", rep)
     maxnreg = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
@@ -116,7 +110,7 @@ def report(k) -> dict:
             "cp_async_16": ptx.count("cp.async.cg.shared.global [ "),  # Triton's own (the activation tiles)
             "attn_copies": ptx.count("cp.async.cg.shared.global [%"),  # the tensor-core attention's inline ones
             "attn_skip": ptx.count("brev.b64"),  # the dead-tile walk's first-live lookups (exec.stream_attn_runs)
-            "hot_loop_spills": spill_report(ptx)["hot_loop_spills"]}
+            "hot_loop_spills": spill_report(ptx, sass)["hot_loop_spills"]}
 
 
 def main() -> None:
