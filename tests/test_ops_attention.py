@@ -61,6 +61,7 @@ CASES = [  # B, Hq, Hkv, hd, S, lengths (seq_lens + 1), split override
     (3, 3, 1, 16, 96, [1, 32, 96], 32),                    # ratio 3, one kv head, S a multiple of SPLIT
     (16, 8, 2, 16, 160, [1 + (37 * i) % 160 for i in range(14)] + [64, 160], 64),  # ratio 4, B 16
     (2, 8, 2, 16, 256, [256, 5], 128),                     # ratio 4, two inner blocks per split
+    (2, 8, 1, 16, 96, [96, 40], None),                     # ratio 8: choose_split's SPLIT 32 for wide groups
 ]
 
 
@@ -131,10 +132,18 @@ def test_choose_split():
     assert choose_split(8, 2113, head_dim=64) == (128, 17)
     assert choose_split(3, 4096, head_dim=64) == (64, 64)       # 192 tiles
     assert choose_split(8, 8192, n_sms=264, head_dim=64) == (128, 64)
-    for hd, (split, nsplit) in ((64, (128, 32)), (128, (64, 64))):  # the graph's attention op takes its model's rule
-        g = attention_graph(1, 32, 8, hd, 4096)
+    # groups of more than 4 query heads per KV head also take 32 (Llama-3.1-70B: 8 heads on each KV head)
+    assert choose_split(1, 512, group=8) == (32, 16)            # its TP=8 shard: 1 KV head
+    assert choose_split(8, 512, group=8) == (32, 16)            # TP=1: 128 tiles
+    assert choose_split(8, 2112, group=8) == (32, 66)           # 528 tiles: exactly 4 waves
+    assert choose_split(8, 2113, group=8) == (64, 34)
+    assert choose_split(1, 512, group=4) == choose_split(1, 512) == (64, 8)   # 4 heads: as before
+    assert choose_split(8, 8192, group=8) == (128, 64)
+    for hq, hd, S, (split, nsplit) in ((32, 64, 4096, (128, 32)), (32, 128, 4096, (64, 64)),
+                                       (64, 128, 512, (32, 16)), (32, 128, 512, (64, 8))):
+        g = attention_graph(1, hq, 8, hd, S)  # the graph's attention op takes its model's rule
         partial = next(o for o in g.ops if o.kind.name == "attn_partial")
-        assert (partial.params["SPLIT"], partial.params["NSPLIT"]) == (split, nsplit), hd
+        assert (partial.params["SPLIT"], partial.params["NSPLIT"]) == (split, nsplit), (hq, hd)
     with pytest.raises(ValueError, match="Hq % Hkv"):
         attention_graph(1, 6, 4, 64, 64)
 

@@ -42,6 +42,8 @@ from onekernel.ops.tiling import region
 
 BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64 needs 78 KiB and was slower)
 SPLITS = (64, 128, 256)
+# groups of more than WIDE_GROUP query heads per KV head (Llama-3.1-70B's 8) also take SPLIT 32 (choose_split)
+WIDE_GROUP, WIDE_SPLITS = 4, (32, 64, 128, 256)
 # choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
 SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
 SMALL_HD_FROM = 2048  # the 2-wave bound applies to caches longer than this (measured at 4096)
@@ -183,13 +185,24 @@ ATTN_MERGE = OpKind(
     ("HQ", "HD", "NSPLIT", "NSP2", "CH"), 2, _merge_reference)
 
 
-def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: int = 128) -> tuple[int, int]:
+def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: int = 128,
+                 group: int = 1) -> tuple[int, int]:
     """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose per-sequence tile count Hkv*NSPLIT at full
     context is <= W waves of ``n_sms`` (else 256); W = SPLIT_WAVES_SMALL_HD (2) for ``head_dim`` <= 64 and caches
     of more than SMALL_HD_FROM (2048) positions, else SPLIT_WAVES (4). Small splits keep SMs busy at short context,
     big ones cut the per-tile latency chain (and the merges) at long context. So caches of <= 2048 positions keep
     the 4-wave choice for every model (their kernels and the dead-tile skip's 16 splits per KV head, measured at 4
     waves); for 8 KV heads SPLIT 64 then holds up to 2048 positions at head dim <= 64, 4224 above.
+
+    ``group`` = Hq / Hkv: a group of more than WIDE_GROUP (4) query heads per KV head may also take SPLIT 32
+    (WIDE_SPLITS). A tile's work grows with the group, and such a group runs the streaming kernel's CUDA-core
+    attention (the tensor-core one takes at most 4 heads), whose warps walk their quarter of the split in blocks of
+    4096 / (group x head_dim) positions: 4 per block at Llama-3.1-70B's 8 heads and head_dim 128, so SPLIT 64 is 4
+    dependent blocks per warp, SPLIT 32 two. Measured on the H200 (run 41, call 397, ``ONEKERNEL_ATTN_SPLIT``, rank 0's
+    shard run alone, context 512, megakernel ms at B = 1 / 8): Llama-3.1-70B at TP=8 (8 heads on 1 KV head) SPLIT 64
+    6.028 / 6.694, 32 5.748 / 6.327, 16 5.903 / 6.621 (16: 33 splits for the last tile to merge); Llama-3.1-8B at TP=8
+    (4 heads on 1) 1.189 / 1.404, 1.121 / 1.413, 1.161 / 1.437 and at TP=4 (4 on 2) 1.401 / 1.563, 1.388 / 1.700,
+    1.444 / 1.827. So groups of 4 or fewer heads keep 64.
 
     Never depends on the batch size: the split fixes the flash-decoding merge order, so a B-dependent split
     would make a sequence's output depend on how many other sequences share the step (batch invariance).
@@ -205,7 +218,7 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     B=1 SPLIT 64: 9.3/10.8/19.6, 128: 9.9/13.1/15.4, 256: 13.3/13.6/14.7;
     B=8 SPLIT 64: 33/47/100, 128: 24/36/84, 256: 22/32/76 (PyTorch SDPA: B=1 7.7/7.3/11.2, B=8 7.8/22/67)."""
     waves = SPLIT_WAVES_SMALL_HD if head_dim <= 64 and max_seq_len > SMALL_HD_FROM else SPLIT_WAVES
-    for split in SPLITS:
+    for split in (WIDE_SPLITS if group > WIDE_GROUP else SPLITS):
         nsplit = -(-max_seq_len // split)
         if n_kv_heads * nsplit <= waves * n_sms:
             return split, nsplit
@@ -230,7 +243,7 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
                          f"[B, Hkv, S, hd] (got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape})")
     R = HQ // HKV
     split = split or SPLIT_ENV or None
-    SPLIT, NSPLIT = choose_split(HKV, S, n_sm, HD) if split is None else (split, -(-S // split))
+    SPLIT, NSPLIT = choose_split(HKV, S, n_sm, HD, R) if split is None else (split, -(-S // split))
     e = q.nbytes // (B * HQ * HD)
     o_part = graph.add_buffer(f"{name}.o_part", (B, HQ, NSPLIT, HD), torch.float32, "scratch")
     lse_part = graph.add_buffer(f"{name}.lse_part", (B, HQ, NSPLIT), torch.float32, "scratch")
