@@ -14,7 +14,7 @@
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
 # 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 397: the split-KV size of
-# the few-KV-head shards (session 41).
+# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit).
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -208,6 +208,28 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 300 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
         --out "$W/shard/shard-70b-tp8.json"
+    ;;
+398) # session 41 (~5 min, one H200): run 41's final table at one commit: 395's shards again (Llama-3.1-8B rank 0 of 2,
+    # unchanged kernels; Llama-3.1-70B rank 0 of 8 with choose_split's SPLIT 32 for its 8-head groups), batch 1 and 8,
+    # the four modes; the 70B-shard GPU test (2 layers, the default split); the 70B shard's profile at batch 1
+    mkdir -p "$W/shard" "$W/profile" /tmp/warm
+    M="torch+graph,graph,pdl,megakernel"
+    (timeout 200 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes graph,pdl,megakernel \
+        --steps 2 --out /tmp/warm/70b.json >"$W/warm-70b.log" 2>&1) &
+    (timeout 200 python3 scripts/shard_bench.py --model llama-3.1-8b --tp 2 --batch 1,8 --modes graph,pdl,megakernel \
+        --steps 2 --out /tmp/warm/8b.json >"$W/warm-8b.log" 2>&1) &
+    (timeout 200 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "70b" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-ups: $(ls /tmp/warm/*.json 2>/dev/null | wc -l) of 2 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
+    step 200 shard-8b-tp2 python3 scripts/shard_bench.py --model llama-3.1-8b --tp 2 --batch 1,8 --modes $M \
+        --out "$W/shard/shard-8b-tp2.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 200 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
+        --out "$W/shard/shard-70b-tp8.json"
+    tar -czf "$OUT/results.tgz" -C "$W" .
+    step 60 profile-70b-tp8-shard python3 scripts/stream_profile.py --model llama-3.1-70b --shard 8,0 --batch 1 \
+        --out "$W/profile"
     ;;
 397) # session 41 (~8 min, one H200): the split-KV size of the few-KV-head shards (ONEKERNEL_ATTN_SPLIT; 396: Llama-3.1-70B's
     # TP=8 shard spends 13.4 us a layer in attention, 8 tiles of 64 positions, 4 blocks of 4 per warp): SPLIT 64 (today),
