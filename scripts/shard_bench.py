@@ -40,13 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     from onekernel.bench.modes import bench_modes
     from onekernel.bench.report import commit_id
     from onekernel.bench.timing import copy_bandwidth_gbs
+    from onekernel.dist.sharding import shard_config
+    from onekernel.models.config import get_config
     from onekernel.errors import OneKernelError
     from tp_common import shard_as_model
 
-    try:
+    try:  # the command line first (any machine), then the GPU
+        batches = [int(b) for b in a.batch.split(",") if b.strip().isdigit()]
+        if len(batches) != len(a.batch.split(",")) or min(batches) < 1:
+            raise ValueError(f"--batch needs comma-separated positive integers, got {a.batch!r:.40}")
+        shard_config(get_config(a.model), a.tp, a.rank)
         if not torch.cuda.is_available():
             raise OneKernelError("shard_bench times a step on a CUDA GPU; this machine has none")
-        batches = [int(b) for b in a.batch.split(",")]
         model = shard_as_model(a.model, a.tp, a.rank)
     except (OneKernelError, ValueError) as e:
         print(f"shard_bench: {e}", file=sys.stderr)

@@ -44,22 +44,37 @@ def gemv_sub_times(prof_row, sub_row) -> dict:
             "tiles": sub_row[3] & 0xFFFF}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def shard_arg(text: str) -> tuple[int, int]:
+    """``--shard TP,RANK`` as (tp, rank); argparse.ArgumentTypeError (exit 2, one line) for anything else."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected TP,RANK (two integers, e.g. 8,0), got {text!r:.40}")
+    return int(parts[0]), int(parts[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--gemv", choices=("fma", "mma"), default=None, help="GEMV path (default: the model's)")
-    ap.add_argument("--shard", default=None, metavar="TP,RANK",
+    ap.add_argument("--shard", default=None, metavar="TP,RANK", type=shard_arg,
                     help="profile rank RANK's shard at tensor-parallel size TP as a model of its own (its step "
                          "without the all-reduces, as scripts/shard_bench.py times it)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.shard:
+        from onekernel.dist.sharding import shard_config
+        from onekernel.errors import OneKernelError
+        from onekernel.models.config import get_config
         from tp_common import shard_as_model
 
-        tp, rank = (int(x) for x in a.shard.split(","))
+        tp, rank = a.shard
+        try:  # model, TP and rank checked before anything touches the GPU
+            shard_config(get_config(a.model), tp, rank)
+        except (OneKernelError, ValueError) as e:
+            ap.error(f"--shard {tp},{rank}: {e}")
         model = shard_as_model(a.model, tp, rank)
         a.model = f"{a.model}-tp{tp}.{rank}"
     else:
