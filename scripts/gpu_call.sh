@@ -14,7 +14,7 @@
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
 # 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 397: the split-KV size of
-# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit).
+# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit); 399: SPLIT 32 at 4096.
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -208,6 +208,24 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 300 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
         --out "$W/shard/shard-70b-tp8.json"
+    ;;
+399) # session 41 (~2.5 min, one H200): SPLIT 32 for wide groups beyond the measured 512 positions, and its dead-tile
+    # skip (on from 16 splits): the 70B TP=8 shard's megakernel in a full cache of 4096 positions at SPLIT 64 and 32
+    # (batch 1 and 8, each its own process after parallel warm-ups), and the dead-splits GPU test on the 70B shard's
+    # shape at 512 positions (16 splits of 32: the skip on, as in the benchmark's cache)
+    mkdir -p "$W/split" /tmp/warm
+    sb="python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --context 4096 --modes megakernel"
+    for sp in 64 32; do
+        (timeout 150 env ONEKERNEL_ATTN_SPLIT=$sp $sb --steps 2 --out /tmp/warm/70b-4096-$sp.json \
+            >"$W/warm-70b-4096-$sp.log" 2>&1) &
+    done
+    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "70b" -p no:cacheprovider \
+        -rfE >"$W/gpu-tests.log" 2>&1) &
+    wait
+    log "warm-ups: $(ls /tmp/warm/*.json 2>/dev/null | wc -l) of 2 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
+    for sp in 64 32; do
+        step 60 shard-70b-4096-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --out "$W/split/70b-tp8-4096-split$sp.json"
+    done
     ;;
 398) # session 41 (~5 min, one H200): run 41's final table at one commit: 395's shards again (Llama-3.1-8B rank 0 of 2,
     # unchanged kernels; Llama-3.1-70B rank 0 of 8 with choose_split's SPLIT 32 for its 8-head groups), batch 1 and 8,
