@@ -250,7 +250,7 @@ case "$1" in
         --out "$W/profile"
     ;;
 397) # session 41 (~8 min, one H200): the split-KV size of the few-KV-head shards (ONEKERNEL_ATTN_SPLIT; 396: Llama-3.1-70B's
-    # TP=8 shard spends 13.4 us a layer in attention, 8 tiles of 64 positions, 4 blocks of 4 per warp): SPLIT 64 (today),
+    # TP=8 shard spends 13.4 us a layer in attention, 9 tiles of 64 positions, 4 blocks of 4 per warp): SPLIT 64 (today),
     # 32 and 16 on the 70B TP=8 shard (graph and megakernel) and the Llama-3.1-8B TP=8 / TP=4 shards (megakernel),
     # batch 1 and 8, each its own process after parallel warm-ups; the 70B-shard GPU test (2 layers) at each split;
     # the 70B shard's profile at SPLIT 16

@@ -46,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from tp_common import shard_as_model
 
     try:  # the command line first (any machine), then the GPU
-        batches = [int(b) for b in a.batch.split(",") if b.strip().isdigit()]
+        batches = [int(b) for b in a.batch.split(",") if b.strip().isdecimal()]
         if len(batches) != len(a.batch.split(",")) or min(batches) < 1:
             raise ValueError(f"--batch needs comma-separated positive integers, got {a.batch!r:.40}")
+        if a.context < 1 or a.steps < 1:
+            raise ValueError(f"--context and --steps must be positive, got {a.context} and {a.steps}")
+        if not Path(a.out).parent.is_dir():
+            raise ValueError(f"--out {a.out!r:.80}: its folder does not exist")
         shard_config(get_config(a.model), a.tp, a.rank)
         if not torch.cuda.is_available():
             raise OneKernelError("shard_bench times a step on a CUDA GPU; this machine has none")

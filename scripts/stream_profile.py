@@ -47,7 +47,7 @@ def gemv_sub_times(prof_row, sub_row) -> dict:
 def shard_arg(text: str) -> tuple[int, int]:
     """``--shard TP,RANK`` as (tp, rank); argparse.ArgumentTypeError (exit 2, one line) for anything else."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    if len(parts) != 2 or not all(p.strip().isdecimal() for p in parts):
         raise argparse.ArgumentTypeError(f"expected TP,RANK (two integers, e.g. 8,0), got {text!r:.40}")
     return int(parts[0]), int(parts[1])
 
@@ -64,17 +64,24 @@ def main(argv: list[str] | None = None) -> None:
                     help="profile rank RANK's shard at tensor-parallel size TP as a model of its own (its step "
                          "without the all-reduces, as scripts/shard_bench.py times it)")
     a = ap.parse_args(argv)
+    from onekernel.dist.sharding import shard_config
+    from onekernel.errors import OneKernelError
+    from onekernel.models.config import get_config
+
+    try:  # the command line first (any machine), then the GPU: one line and exit code 2
+        if a.batch < 1 or a.context < 1:
+            raise ValueError(f"--batch and --context must be positive, got {a.batch} and {a.context}")
+        if a.shard:  # a config name (a file's model loads on the GPU below)
+            shard_config(get_config(a.model), *a.shard)
+        if not torch.cuda.is_available():
+            raise OneKernelError("stream_profile profiles the streaming megakernel on a CUDA GPU; this machine has none")
+    except (OneKernelError, ValueError) as e:
+        print(f"stream_profile: {e}", file=sys.stderr)
+        sys.exit(2)
     if a.shard:
-        from onekernel.dist.sharding import shard_config
-        from onekernel.errors import OneKernelError
-        from onekernel.models.config import get_config
         from tp_common import shard_as_model
 
         tp, rank = a.shard
-        try:  # model, TP and rank checked before anything touches the GPU
-            shard_config(get_config(a.model), tp, rank)
-        except (OneKernelError, ValueError) as e:
-            ap.error(f"--shard {tp},{rank}: {e}")
         model = shard_as_model(a.model, tp, rank)
         a.model = f"{a.model}-tp{tp}.{rank}"
     else:

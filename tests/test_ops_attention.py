@@ -165,3 +165,19 @@ def test_attention_gpu(B, Hq, Hkv, hd, S, lens, dtype):
     want = naive_attention(t["q"].cpu().float(), t["kc"].cpu().float(), t["vc"].cpu().float(), t["seq_lens"].cpu())
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(t["merge.out"].cpu().double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("text,want", [("", None), ("32", 32), (" 16 ", 16), ("24", None), ("8", None), ("-32", None),
+                                       ("abc", None), ("1.5", None)])
+def test_split_switch(text, want, monkeypatch):
+    """ONEKERNEL_ATTN_SPLIT (a measurement switch) gives every attention op its split; anything but a power of two
+    >= 16 is refused with one InputError when a graph is built (the import never fails)."""
+    from onekernel.errors import InputError
+    from onekernel.ops import attention
+    monkeypatch.setattr(attention, "SPLIT_ENV", text)
+    if want is None and text:
+        with pytest.raises(InputError, match="ONEKERNEL_ATTN_SPLIT"):
+            attention_graph(1, 8, 1, 16, 96)
+        return
+    partial = next(o for o in attention_graph(1, 8, 1, 16, 96).ops if o.kind.name == "attn_partial")
+    assert partial.params["SPLIT"] == (want or choose_split(1, 96, head_dim=16, group=8)[0])

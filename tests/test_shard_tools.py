@@ -1,5 +1,6 @@
 """The command lines of scripts/shard_bench.py and scripts/stream_profile.py --shard (one TP rank's shard run as a
-model of its own on one GPU): a bad model, TP size, rank or batch gets one line and exit code 2 on any machine,
+model of its own on one GPU): a bad model, TP size, rank, batch, context, step count or --out folder gets one line and
+exit code 2 on any machine,
 before anything touches a GPU; shard_bench on a machine without one says so."""
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ import stream_profile  # noqa: E402
     (["--model", "llama-3.1-8b", "--tp", "2", "--rank", "2"], ["rank", "[0, 2)"]),
     (["--model", "llama-3.1-8b", "--tp", "2", "--batch", "1,x"], ["--batch", "1,x"]),
     (["--model", "llama-3.1-8b", "--tp", "2", "--batch", "0"], ["--batch"]),
+    (["--model", "llama-3.1-8b", "--tp", "2", "--batch", "\u00b2"], ["--batch"]),   # isdigit() but no int
+    (["--model", "llama-3.1-8b", "--tp", "2", "--context", "0"], ["--context"]),
+    (["--model", "llama-3.1-8b", "--tp", "2", "--steps", "0"], ["--steps"]),
 ])
 def test_shard_bench_refuses_bad_input(args, words, tmp_path, capsys):
     out = tmp_path / "r.json"
@@ -35,12 +39,29 @@ def test_shard_bench_without_a_gpu(tmp_path, capsys):
     assert "CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("shard,words", [("8", ["TP,RANK"]), ("8,x", ["TP,RANK"]), ("3,0", ["heads"]),
-                                         ("2,5", ["rank"])])
-def test_stream_profile_shard_refuses_bad_input(shard, words, tmp_path, capsys):
+def test_shard_bench_out_folder_must_exist(tmp_path, capsys):
+    assert shard_bench.main(["--model", "llama-3.1-8b", "--tp", "2", "--out", str(tmp_path / "no" / "r.json")]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,words,one_line", [
+    (["--shard", "8"], ["TP,RANK"], False), (["--shard", "8,x"], ["TP,RANK"], False),   # argparse's usage + error
+    (["--shard", "\u00b2,0"], ["TP,RANK"], False),
+    (["--shard", "3,0"], ["heads"], True), (["--shard", "2,5"], ["rank"], True),
+    (["--shard", "2,0", "--batch", "0"], ["--batch"], True), (["--model", "nope", "--shard", "2,0"], ["nope"], True)])
+def test_stream_profile_shard_refuses_bad_input(args, words, one_line, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        stream_profile.main(["--out", str(tmp_path), "--model", "llama-3.1-8b", "--shard", shard])
+        stream_profile.main(["--out", str(tmp_path), "--model", "llama-3.1-8b"] + args)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
     assert "Traceback" not in err and not any(tmp_path.iterdir())
+    if one_line:
+        assert err.startswith("stream_profile: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
+def test_stream_profile_without_a_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        stream_profile.main(["--out", str(tmp_path), "--model", "llama-3.1-8b", "--shard", "2,0"])
+    assert e.value.code == 2 and "CUDA GPU" in capsys.readouterr().err

@@ -15,8 +15,9 @@ Layouts (model dtype ``T`` = fp32/bf16/fp16, softmax and accumulation always fp3
 len_b = seq_lens[b] + 1. With x_j = scale * q . k_j for the R = Hq/Hkv heads of group g (K/V read once):
     O_s = sum_j exp(x_j - lse_s) v_j,   lse_s = log sum_j exp(x_j)        (normalized partial output)
 An empty split (start >= len_b) reads no K/V and writes O_s = 0, lse_s = -inf.
-Batch invariance: SPLIT/NSPLIT come from Hkv, the head dim and the cache length only (``choose_split``), and every tile
-works on one sequence b, so row b's result never depends on B.
+Batch invariance: SPLIT/NSPLIT come from Hkv, the group Hq/Hkv, the head dim and the cache length only
+(``choose_split``; or the ONEKERNEL_ATTN_SPLIT measurement switch), and every tile works on one sequence b, so row
+b's result never depends on B.
 ``attn_merge`` tile (b, h): with LSE = log sum_s exp(lse_s) (the max is subtracted first),
     attn[b, h] = sum_s exp(lse_s - LSE) O_s
 which equals softmax(scale * q K^T) V over all positions; splits with lse_s = -inf get weight 0.
@@ -36,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onekernel.errors import InputError
 from onekernel.graph.ir import Buffer, Graph, Op, Task
 from onekernel.ops.base import OpKind
 from onekernel.ops.tiling import region
@@ -47,9 +49,22 @@ WIDE_GROUP, WIDE_SPLITS = 4, (32, 64, 128, 256)
 # choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
 SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
 SMALL_HD_FROM = 2048  # the 2-wave bound applies to caches longer than this (measured at 4096)
-# a measurement switch: ONEKERNEL_ATTN_SPLIT=N gives every attention op SPLIT N (a multiple of 16) instead of
-# choose_split's (an explicit ``split`` argument still wins)
-SPLIT_ENV = int(os.environ.get("ONEKERNEL_ATTN_SPLIT", "0") or 0)
+# a measurement switch: ONEKERNEL_ATTN_SPLIT=N gives every attention op SPLIT N (a power of two >= 16) instead of
+# choose_split's (an explicit ``split`` argument still wins); checked where it is used (split_override)
+SPLIT_ENV = os.environ.get("ONEKERNEL_ATTN_SPLIT", "")
+
+
+def split_override() -> int | None:
+    """ONEKERNEL_ATTN_SPLIT as an int, None when unset or empty. Raises InputError unless it is a power of two >= 16
+    (the kernels' key blocks divide it)."""
+    text = SPLIT_ENV.strip()
+    if not text:
+        return None
+    n = int(text) if text.isdecimal() else 0
+    if n < 16 or n & (n - 1):
+        raise InputError(f"ONEKERNEL_ATTN_SPLIT must be a power of two >= 16 (a measurement switch), got {text!r:.40}; "
+                         "unset it for ops.attention.choose_split's split")
+    return n
 
 
 @triton.jit
@@ -187,7 +202,8 @@ ATTN_MERGE = OpKind(
 
 def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: int = 128,
                  group: int = 1) -> tuple[int, int]:
-    """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) whose per-sequence tile count Hkv*NSPLIT at full
+    """(SPLIT, NSPLIT): the smallest SPLIT in (64, 128, 256) (WIDE_SPLITS, from 32, for a ``group`` of more than
+    WIDE_GROUP query heads per KV head; below) whose per-sequence tile count Hkv*NSPLIT at full
     context is <= W waves of ``n_sms`` (else 256); W = SPLIT_WAVES_SMALL_HD (2) for ``head_dim`` <= 64 and caches
     of more than SMALL_HD_FROM (2048) positions, else SPLIT_WAVES (4). Small splits keep SMs busy at short context,
     big ones cut the per-tile latency chain (and the merges) at long context. So caches of <= 2048 positions keep
@@ -197,10 +213,11 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     ``group`` = Hq / Hkv: a group of more than WIDE_GROUP (4) query heads per KV head may also take SPLIT 32
     (WIDE_SPLITS). A tile's work grows with the group, and such a group runs the streaming kernel's CUDA-core
     attention (the tensor-core one takes at most 4 heads), whose warps walk their quarter of the split in blocks of
-    4096 / (group x head_dim) positions: 4 per block at Llama-3.1-70B's 8 heads and head_dim 128, so SPLIT 64 is 4
-    dependent blocks per warp, SPLIT 32 two. Measured on the H200 (run 41, call 397, ``ONEKERNEL_ATTN_SPLIT``, rank 0's
-    shard run alone, context 512, megakernel ms at B = 1 / 8): Llama-3.1-70B at TP=8 (8 heads on 1 KV head) SPLIT 64
-    6.028 / 6.694, 32 5.748 / 6.327, 16 5.903 / 6.621 (16: 33 splits for the last tile to merge); Llama-3.1-8B at TP=8
+    at most 4096 products (exec.stream_smem.attn_bn): 4 positions at Llama-3.1-70B's 8 heads and head_dim 128, so
+    SPLIT 64 is 4 dependent blocks per warp, SPLIT 32 two. Measured on the H200 (run 41, call 397,
+    ``ONEKERNEL_ATTN_SPLIT``, rank 0's shard run alone, a full cache of 512 positions, megakernel ms at B = 1 / 8):
+    Llama-3.1-70B at TP=8 (8 heads on 1 KV head) SPLIT 64 6.028 / 6.694, 32 5.748 / 6.327, 16 5.903 / 6.621 (16: 32
+    splits for the last tile to merge); Llama-3.1-8B at TP=8
     (4 heads on 1) 1.189 / 1.404, 1.121 / 1.413, 1.161 / 1.437 and at TP=4 (4 on 2) 1.401 / 1.563, 1.388 / 1.700,
     1.444 / 1.827. So groups of 4 or fewer heads keep 64.
 
@@ -232,7 +249,8 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
 
     q [B, Hq, hd] (RoPE applied), k_cache/v_cache [B, Hkv, S, hd] (model dtype; this step's k/v already at row
     seq_lens[b]), seq_lens int32 [B]. ``split`` overrides :func:`choose_split` (a multiple of 16; ``n_sm`` is
-    its SM count). Raises ValueError unless Hq % Hkv == 0 and hd is a power of two >= 16.
+    its SM count), as ONEKERNEL_ATTN_SPLIT does when ``split`` is None (InputError unless a power of two >= 16).
+    Raises ValueError unless Hq % Hkv == 0 and hd is a power of two >= 16.
     Task costs at full context (every split full): bytes = R*hd*e (q) + 2*rows*hd*e (K, V) + 4 (seq_len) +
     R*(hd+1)*4 (partials), flops = 4*R*rows*hd (QK^T and PV) + 5*R*rows (softmax), rows = KV rows in the split,
     R = Hq/Hkv, e = element size."""
@@ -242,7 +260,7 @@ def add_attn_partial(graph: Graph, name: str, q: Buffer, k_cache: Buffer, v_cach
         raise ValueError(f"{name}: attention needs Hq % Hkv == 0, a power-of-two head_dim >= 16 and caches "
                          f"[B, Hkv, S, hd] (got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape})")
     R = HQ // HKV
-    split = split or SPLIT_ENV or None
+    split = split or split_override()
     SPLIT, NSPLIT = choose_split(HKV, S, n_sm, HD, R) if split is None else (split, -(-S // split))
     e = q.nbytes // (B * HQ * HD)
     o_part = graph.add_buffer(f"{name}.o_part", (B, HQ, NSPLIT, HD), torch.float32, "scratch")
