@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         if a.shard:  # a config name (a file's model loads on the GPU below)
             shard_config(get_config(a.model), *a.shard)
         if not torch.cuda.is_available():
-            raise OneKernelError("stream_profile profiles the streaming megakernel on a CUDA GPU; this machine has none")
+            raise OneKernelError("stream_profile profiles the streaming megakernel on a CUDA GPU; "
+                                 "this machine has none")
     except (OneKernelError, ValueError) as e:
         print(f"stream_profile: {e}", file=sys.stderr)
         sys.exit(2)

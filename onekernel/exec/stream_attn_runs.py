@@ -8,8 +8,9 @@ step iff s * SPLIT <= seq_lens[b] (the position this step writes), so a sequence
 s <= seq_lens[b] // SPLIT and every other split's partial is (O = 0, lse = -inf), which adds exactly nothing to the
 flash-decoding merge (Dao et al., 2023; ops/attention.py).
 
-Where the cache holds at least SKIP_MIN_SPLITS splits per KV head (``skip_dead``: 1024 positions at SPLIT 64, 512 at the SPLIT 32 of groups of more than 4 heads; the
-folded merge; runs of at most 64 tiles; ``STREAM_ATTN_SKIP=1`` at any cache length, ``=0`` never):
+Where the cache holds at least SKIP_MIN_SPLITS splits per KV head (``skip_dead``: 1024 positions at SPLIT 64, 512
+at the SPLIT 32 of groups of more than 4 heads; the folded merge; runs of at most 64 tiles; ``STREAM_ATTN_SKIP=1`` at
+any cache length, ``=0`` never):
 
 * a run walks only its live tiles, in run order (``live_mask`` once before the dependency wait; the loop carries the
   mask of the tiles it has not finished, whose lowest bit, ``first_live``, is the current tile), and writes no
