@@ -14,7 +14,8 @@
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
 # 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 397: the split-KV size of
-# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit); 399: SPLIT 32 at 4096.
+# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit); 399: SPLIT 32 at 4096;
+# 400: SPLIT 128 there.
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -208,6 +209,19 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 300 shard-70b-tp8 python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --modes $M \
         --out "$W/shard/shard-70b-tp8.json"
+    ;;
+400) # session 41 (~1.5 min, one H200): the 70B TP=8 shard in a full 4096 cache at SPLIT 64 (choose_split's) and 128
+    # (call 399: 32 lost 25% there; 37% of the floor at batch 8), batch 1 and 8, each its own process after warm-ups
+    mkdir -p "$W/split" /tmp/warm
+    sb="python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --context 4096 --modes megakernel"
+    for sp in 64 128; do
+        (timeout 120 env ONEKERNEL_ATTN_SPLIT=$sp $sb --steps 2 --out /tmp/warm/70b-4096-$sp.json \
+            >"$W/warm-70b-4096-$sp.log" 2>&1) &
+    done
+    wait
+    for sp in 64 128; do
+        step 50 shard-70b-4096-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --out "$W/split/70b-tp8-4096-split$sp.json"
+    done
     ;;
 399) # session 41 (~2.5 min, one H200): SPLIT 32 for wide groups beyond the measured 512 positions, and its dead-tile
     # skip (on from 16 splits): the 70B TP=8 shard's megakernel in a full cache of 4096 positions at SPLIT 64 and 32
