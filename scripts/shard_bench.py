@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--batch needs comma-separated positive integers, got {a.batch!r:.40}")
         if a.context < 1 or a.steps < 1:
             raise ValueError(f"--context and --steps must be positive, got {a.context} and {a.steps}")
-        if not Path(a.out).parent.is_dir():
-            raise ValueError(f"--out {a.out!r:.80}: its folder does not exist")
+        if not Path(a.out).parent.is_dir() or Path(a.out).is_dir():
+            raise ValueError(f"--out {a.out!r:.80}: needs a file name in a folder that exists")
         shard_config(get_config(a.model), a.tp, a.rank)
         if not torch.cuda.is_available():
             raise OneKernelError("shard_bench times a step on a CUDA GPU; this machine has none")

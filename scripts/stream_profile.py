@@ -3,7 +3,8 @@
     python scripts/stream_profile.py --out DIR [--model llama-3.2-1b] [--batch 1] [--context 512] [--gemv fma|mma]
                                      [--shard TP,RANK]
 
-Runs a few steps with ``profile=True`` (``exec.stream_runner``), then per op of layer 1 and the LM head: when
+Runs a few steps with ``profile=True`` (``exec.stream_runner``) in the benchmark's cache (``--context`` positions,
+each step writing the last, as ``onekernel bench``), then per op of layer 1 and the LM head: when
 its first task started, when its last task's dependencies were satisfied, when its last task ended (us from
 the step's first stamp), the median task time (end - dependencies satisfied) and the median publish (the task's
 last CTA barrier and release add, of which the barrier; stream_device); per op kind over all
@@ -68,27 +69,30 @@ def main(argv: list[str] | None = None) -> None:
     from onekernel.errors import OneKernelError
     from onekernel.models.config import get_config
 
-    try:  # the command line first (any machine), then the GPU: one line and exit code 2
-        if a.batch < 1 or a.context < 1:
-            raise ValueError(f"--batch and --context must be positive, got {a.batch} and {a.context}")
+    try:  # the command line first (any machine), then the GPU and the model: one line and exit code 2
+        if a.batch < 1 or a.context < 1 or (a.workers is not None and a.workers < 1):
+            raise ValueError(f"--batch, --context and --workers must be positive, got {a.batch}, {a.context} and "
+                             f"{a.workers}")
         if a.shard:  # a config name (a file's model loads on the GPU below)
             shard_config(get_config(a.model), *a.shard)
         if not torch.cuda.is_available():
             raise OneKernelError("stream_profile profiles the streaming megakernel on a CUDA GPU; "
                                  "this machine has none")
+        if a.shard:
+            from tp_common import shard_as_model
+
+            tp, rank = a.shard
+            model = shard_as_model(a.model, tp, rank)
+            a.model = f"{a.model}-tp{tp}.{rank}"
+        else:
+            model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
     except (OneKernelError, ValueError) as e:
         print(f"stream_profile: {e}", file=sys.stderr)
         sys.exit(2)
-    if a.shard:
-        from tp_common import shard_as_model
-
-        tp, rank = a.shard
-        model = shard_as_model(a.model, tp, rank)
-        a.model = f"{a.model}-tp{tp}.{rank}"
-    else:
-        model = load_model(a.model, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=0)
-    cache = KVCache(model.config, a.batch, a.context + 64, torch.bfloat16, "cuda")
-    cache.seq_lens.fill_(a.context)
+    # the benchmark's cache (bench.modes.bench_modes): CONTEXT positions, each step writing the last, so the same
+    # split-KV tiles (before session 41: CONTEXT + 64 positions, writing position CONTEXT)
+    cache = KVCache(model.config, a.batch, a.context, torch.bfloat16, "cuda")
+    cache.seq_lens.fill_(a.context - 1)
     r = make_step_runner("megakernel", model, cache, backend="gluon", profile=True, use_cuda_graph=False,
                          n_workers=a.workers, gemv=a.gemv)
     tok = torch.zeros(a.batch, dtype=torch.int32, device="cuda")

@@ -132,17 +132,20 @@ def test_choose_split():
     assert choose_split(8, 2113, head_dim=64) == (128, 17)
     assert choose_split(3, 4096, head_dim=64) == (64, 64)       # 192 tiles
     assert choose_split(8, 8192, n_sms=264, head_dim=64) == (128, 64)
-    # groups of more than 4 query heads per KV head also take 32 up to 16 splits (Llama-3.1-70B: 8 heads a KV head)
+    # groups of more than 4 query heads per KV head also take 32 up to 16 tiles a sequence (Llama-3.1-70B: 8 heads a
+    # KV head)
     assert choose_split(1, 512, group=8) == (32, 16)            # its TP=8 shard: 1 KV head
-    assert choose_split(8, 512, group=8) == (32, 16)            # TP=1: 128 tiles
-    assert choose_split(1, 513, group=8) == (64, 9)             # 17 splits of 32: past the bound
+    assert choose_split(2, 256, group=8) == (32, 8)             # 16 tiles
+    assert choose_split(2, 512, group=8) == (64, 8)             # TP=4: 32 tiles of 32, past the bound
+    assert choose_split(8, 512, group=8) == (64, 8)             # TP=1
+    assert choose_split(1, 513, group=8) == (64, 9)             # 17 splits of 32
     assert choose_split(1, 4096, group=8) == (64, 64)           # 32 lost at 4096 positions (call 399)
     assert choose_split(8, 4225, group=8) == (128, 34)          # the 4-wave bound as for any group
     assert choose_split(1, 512, group=4) == choose_split(1, 512) == (64, 8)   # 4 heads: as before
     assert choose_split(8, 8192, group=8) == (128, 64)
     for hq, hd, S, (split, nsplit) in ((32, 64, 4096, (128, 32)), (32, 128, 4096, (64, 64)),
-                                       (64, 128, 512, (32, 16)), (32, 128, 512, (64, 8))):
-        g = attention_graph(1, hq, 8, hd, S)  # the graph's attention op takes its model's rule
+                                       (8, 128, 512, (32, 16)), (64, 128, 512, (64, 8)), (32, 128, 512, (64, 8))):
+        g = attention_graph(1, hq, 1 if hq == 8 else 8, hd, S)  # the graph's attention op takes its model's rule
         partial = next(o for o in g.ops if o.kind.name == "attn_partial")
         assert (partial.params["SPLIT"], partial.params["NSPLIT"]) == (split, nsplit), (hq, hd)
     with pytest.raises(ValueError, match="Hq % Hkv"):

@@ -39,16 +39,18 @@ def test_shard_bench_without_a_gpu(tmp_path, capsys):
     assert "CUDA GPU" in capsys.readouterr().err
 
 
-def test_shard_bench_out_folder_must_exist(tmp_path, capsys):
-    assert shard_bench.main(["--model", "llama-3.1-8b", "--tp", "2", "--out", str(tmp_path / "no" / "r.json")]) == 2
-    assert "--out" in capsys.readouterr().err
+def test_shard_bench_out_must_be_a_file_in_a_folder(tmp_path, capsys):
+    for out in (tmp_path / "no" / "r.json", tmp_path):
+        assert shard_bench.main(["--model", "llama-3.1-8b", "--tp", "2", "--out", str(out)]) == 2
+        assert "--out" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,words,one_line", [
     (["--shard", "8"], ["TP,RANK"], False), (["--shard", "8,x"], ["TP,RANK"], False),   # argparse's usage + error
     (["--shard", "\u00b2,0"], ["TP,RANK"], False),
     (["--shard", "3,0"], ["heads"], True), (["--shard", "2,5"], ["rank"], True),
-    (["--shard", "2,0", "--batch", "0"], ["--batch"], True), (["--model", "nope", "--shard", "2,0"], ["nope"], True)])
+    (["--shard", "2,0", "--batch", "0"], ["--batch"], True), (["--model", "nope", "--shard", "2,0"], ["nope"], True),
+    (["--shard", "2,0", "--workers", "0"], ["--workers"], True)])
 def test_stream_profile_shard_refuses_bad_input(args, words, one_line, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         stream_profile.main(["--out", str(tmp_path), "--model", "llama-3.1-8b"] + args)

@@ -16,11 +16,11 @@ from onekernel.models.config import get_config
 from onekernel.models.decode_graph import decode_graph
 
 
-def _cuda_step(monkeypatch, cfg, batch=1):
-    """The bf16 decode graph of ``cfg`` (cache of 1024 positions, the model's GEMV path) and a step stand-in on a
+def _cuda_step(monkeypatch, cfg, batch=1, seq=1024):
+    """The bf16 decode graph of ``cfg`` (cache of ``seq`` positions, the model's GEMV path) and a step stand-in on a
     Hopper device for ``stream_support.unsupported``."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
-    g, _, _ = decode_graph(cfg, batch, 1024, torch.bfloat16)
+    g, _, _ = decode_graph(cfg, batch, seq, torch.bfloat16)
     return g, SimpleNamespace(graph=g, device=SimpleNamespace(type="cuda"), batch=batch)
 
 
@@ -40,6 +40,23 @@ def test_attention_blocks_tile_each_warps_quarter(name, monkeypatch):
         groups = sp.acc_groups(rg, rp, at["HD"])
         assert groups * 4 * sp.MMA_ROWS * rg * 4 >= 32 * rp * at["HD"] and groups >= sp.mma_groups(rg)
         assert sp.mma_smem(ck, rg, 1, rp, at["HD"]) == sp.MMA_ROWS * ck * 2 + groups * 4 * sp.MMA_ROWS * rg * 4
+
+
+@pytest.mark.parametrize("seq,split", [(512, 32), (513, 64), (4096, 64)])
+def test_wide_group_takes_split_32_on_a_short_cache(seq, split, monkeypatch):
+    """Llama-3.1-70B's TP=8 shard (8 query heads on 1 KV head): SPLIT 32 in the benchmark's cache of 512 positions
+    (ops.attention.choose_split: at most 16 tiles a sequence), 64 past it; the CUDA-core attention (the tensor-core
+    one takes at most 4 heads) with each warp's quarter of the split in whole blocks of at most 4096 products."""
+    from onekernel.dist.sharding import shard_config
+    cfg = shard_config(get_config("llama-3.1-70b"), 8, 0).config
+    g, step = _cuda_step(monkeypatch, cfg, seq=seq)
+    assert unsupported(step) is None
+    at = next(op.params for op in g.ops if op.kind.name == "attn_partial")
+    assert (at["SPLIT"], at["NSPLIT"]) == (split, -(-seq // split))
+    bn = sp.attn_bn(at["SPLIT"], 8, at["HD"])
+    assert (at["SPLIT"] // 4) % bn == 0 and 8 * bn * at["HD"] <= 4096
+    _, ck, rg, _ = chunk_shape(g)
+    assert sp.attn_tc_bufs(ck, at["HD"], at["SPLIT"], at["HQ"], at["HKV"], rg, True) == 0
 
 
 @pytest.mark.parametrize("name,gemv,want", [("smollm2-135m", "mma", 512), ("smollm2-135m", "fma", 256),

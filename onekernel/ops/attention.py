@@ -45,8 +45,8 @@ from onekernel.ops.tiling import region
 BLOCK_N = 32  # KV rows per inner iteration (H200 bf16: 96 regs, 43 KiB smem; 64 needs 78 KiB and was slower)
 SPLITS = (64, 128, 256)
 # groups of more than WIDE_GROUP query heads per KV head (Llama-3.1-70B's 8) also take SPLIT 32 while it makes at most
-# WIDE_MAX_SPLITS splits per KV head (choose_split)
-WIDE_GROUP, WIDE_SPLITS, WIDE_MAX_SPLITS = 4, (32, 64, 128, 256), 16
+# WIDE_MAX_TILES tiles per sequence, Hkv x NSPLIT (choose_split)
+WIDE_GROUP, WIDE_SPLITS, WIDE_MAX_TILES = 4, (32, 64, 128, 256), 16
 # choose_split: at most this many waves of SMs of tiles per sequence at full context, for head dims <= 64 / above
 SPLIT_WAVES_SMALL_HD, SPLIT_WAVES = 2, 4
 SMALL_HD_FROM = 2048  # the 2-wave bound applies to caches longer than this (measured at 4096)
@@ -61,7 +61,7 @@ def split_override() -> int | None:
     text = SPLIT_ENV.strip()
     if not text:
         return None
-    n = int(text) if text.isdecimal() else 0
+    n = int(text) if text.isdecimal() and len(text) <= 6 else 0
     if n < 16 or n & (n - 1):
         raise InputError(f"ONEKERNEL_ATTN_SPLIT must be a power of two >= 16 (a measurement switch), got {text!r:.40}; "
                          "unset it for ops.attention.choose_split's split")
@@ -212,8 +212,8 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     waves); for 8 KV heads SPLIT 64 then holds up to 2048 positions at head dim <= 64, 4224 above.
 
     ``group`` = Hq / Hkv: a group of more than WIDE_GROUP (4) query heads per KV head may also take SPLIT 32
-    (WIDE_SPLITS) where that makes at most WIDE_MAX_SPLITS (16) splits, i.e. caches of up to 512 positions. A tile's
-    work grows with the group, and such a group runs the streaming kernel's CUDA-core
+    (WIDE_SPLITS) where that makes at most WIDE_MAX_TILES (16) tiles per sequence, Hkv x NSPLIT (one KV head: caches
+    of up to 512 positions, the TP=8 shard of Llama-3.1-70B, where it was timed). A tile's work grows with the group, and such a group runs the streaming kernel's CUDA-core
     attention (the tensor-core one takes at most 4 heads), whose warps walk their quarter of the split in blocks of
     at most 4096 products (exec.stream_smem.attn_bn): 4 positions at Llama-3.1-70B's 8 heads and head_dim 128, so
     SPLIT 64 is 4 dependent blocks per warp, SPLIT 32 two. Measured on the H200 (run 41, call 397,
@@ -223,7 +223,8 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     (4 heads on 1) 1.189 / 1.404, 1.121 / 1.413, 1.161 / 1.437 and at TP=4 (4 on 2) 1.401 / 1.563, 1.388 / 1.700,
     1.444 / 1.827. So groups of 4 or fewer heads keep 64. In a full cache of 4096 positions (call 399) the 70B shard's
     SPLIT 32 lost: 8.214 / 14.609 against 6.572 / 11.797 at 64 (128 splits of 32 for the last tile to merge, and
-    twice the warp merges), hence the bound; between 16 and 128 splits nothing was timed.
+    twice the warp merges), hence the bound; between 16 and 128 tiles nothing was timed, nor the 70B model's 2-8 KV
+    heads (TP=1-4), which keep 64 at 512 positions.
 
     Never depends on the batch size: the split fixes the flash-decoding merge order, so a B-dependent split
     would make a sequence's output depend on how many other sequences share the step (batch invariance).
@@ -241,7 +242,7 @@ def choose_split(n_kv_heads: int, max_seq_len: int, n_sms: int = 132, head_dim: 
     waves = SPLIT_WAVES_SMALL_HD if head_dim <= 64 and max_seq_len > SMALL_HD_FROM else SPLIT_WAVES
     for split in (WIDE_SPLITS if group > WIDE_GROUP else SPLITS):
         nsplit = -(-max_seq_len // split)
-        if split < SPLITS[0] and nsplit > WIDE_MAX_SPLITS:
+        if split < SPLITS[0] and n_kv_heads * nsplit > WIDE_MAX_TILES:
             continue
         if n_kv_heads * nsplit <= waves * n_sms:
             return split, nsplit
