@@ -52,11 +52,13 @@ def load_shard(name: str, n: int, rank: int, dev, dtype):
     return model, TPGroup(shard)
 
 
-def shard_as_model(name: str, tp: int, rank: int):
+def shard_as_model(name: str, tp: int, rank: int, seed: int = 0, layers: int | None = None):
     """Rank ``rank``'s shard of config ``name`` at tensor-parallel size ``tp`` as a plain LoadedModel on the GPU: the
-    shard's config (``dist.sharding.shard_config``) with random bf16 weights of its shapes (seed 0), for the
-    single-GPU runners (which refuse a ShardedModel): its step is the rank's without the all-reduces. Raises what
-    ``shard_config`` raises."""
+    shard's config (``dist.sharding.shard_config``; its first ``layers`` layers when given, as tests/test_stream_gpu.py
+    takes two) with random bf16 weights of its shapes (``seed``), for the single-GPU runners (which refuse a
+    ShardedModel): its step is the rank's without the all-reduces. Raises what ``shard_config`` raises."""
+    import dataclasses
+
     import torch
 
     from onekernel.dist.sharding import shard_config
@@ -66,4 +68,6 @@ def shard_as_model(name: str, tp: int, rank: int):
     from onekernel.models.tokenizer import Tokenizer
 
     cfg = shard_config(get_config(name), tp, rank).config
-    return LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", 0), Tokenizer.byte_level(), cfg.name)
+    if layers is not None:
+        cfg = dataclasses.replace(cfg, n_layers=layers)
+    return LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", seed), Tokenizer.byte_level(), cfg.name)

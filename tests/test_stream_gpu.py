@@ -1,6 +1,9 @@
 """The streaming (Gluon) megakernel on a Hopper GPU against the PyTorch reference and the Triton megakernel
 (the interpreter-tested path), and its bitwise batch invariance, with CUDA-core (gemv="fma") and tensor-core
 (gemv="mma") GEMV bodies. Skipped without a CUDA sm_90 GPU."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -56,19 +59,14 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed)
 
 def _model(name: str, seed: int):
     """A random bf16 model on the GPU: a named config, or "NAME/tpN": two layers of rank 0's shard of NAME at TP=N
-    as a model of its own (scripts/tp_common.shard_as_model, fewer layers)."""
+    as a model of its own (scripts/tp_common.shard_as_model, as scripts/shard_bench.py times it)."""
     if "/tp" not in name:
         return load_model(name, random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed)
-    import dataclasses
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from tp_common import shard_as_model
 
-    from onekernel.dist.sharding import shard_config
-    from onekernel.models.config import get_config
-    from onekernel.models.load import LoadedModel
-    from onekernel.models.random_init import random_weights
-    from onekernel.models.tokenizer import Tokenizer
     base, tp = name.split("/tp")
-    cfg = dataclasses.replace(shard_config(get_config(base), int(tp), 0).config, n_layers=2)
-    return LoadedModel(cfg, random_weights(cfg, torch.bfloat16, "cuda", seed), Tokenizer.byte_level(), cfg.name)
+    return shard_as_model(base, int(tp), 0, seed=seed, layers=2)
 
 
 @pytest.mark.parametrize("name,gemv", [("llama-3.2-1b", "mma"), ("smollm2-135m", None)])
