@@ -13,9 +13,10 @@
 # 90 + 91 (kind nvidia-h200-x2, back to back): session 10's final commit.
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
-# 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 397: the split-KV size of
-# the few-KV-head shards (session 41); 398: session 41's final table (395's, at one commit); 399: SPLIT 32 at 4096;
-# 400: SPLIT 128 there.
+# 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 398: session 41's final
+# table (395's, at one commit); 400: SPLIT 64 against 128 at 4096 (written, not run). 397 (the split-KV size of the
+# few-KV-head shards, ONEKERNEL_ATTN_SPLIT) and 399 (SPLIT 32 at 4096, the 70B dead-splits test), session 41: in git
+# history (`git show 32fad19:scripts/gpu_call.sh`).
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
 # the warps splitting each split's positions: kept) and 122 (its K/V two blocks ahead, the merge's one-round-trip rows:
 # no gain): session 12's measurements, in git history (`git show 269d585:scripts/gpu_call.sh`, `git show 4eabe69:...`).
@@ -223,24 +224,6 @@ case "$1" in
         step 50 shard-70b-4096-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --out "$W/split/70b-tp8-4096-split$sp.json"
     done
     ;;
-399) # session 41 (~2.5 min, one H200): SPLIT 32 for wide groups beyond the measured 512 positions, and its dead-tile
-    # skip (on from 16 splits): the 70B TP=8 shard's megakernel in a full cache of 4096 positions at SPLIT 64 and 32
-    # (batch 1 and 8, each its own process after parallel warm-ups), and the dead-splits GPU test on the 70B shard's
-    # shape at 512 positions (16 splits of 32: the skip on, as in the benchmark's cache)
-    mkdir -p "$W/split" /tmp/warm
-    sb="python3 scripts/shard_bench.py --model llama-3.1-70b --tp 8 --batch 1,8 --context 4096 --modes megakernel"
-    for sp in 64 32; do
-        (timeout 150 env ONEKERNEL_ATTN_SPLIT=$sp $sb --steps 2 --out /tmp/warm/70b-4096-$sp.json \
-            >"$W/warm-70b-4096-$sp.log" 2>&1) &
-    done
-    (timeout 150 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "70b" -p no:cacheprovider \
-        -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    log "warm-ups: $(ls /tmp/warm/*.json 2>/dev/null | wc -l) of 2 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
-    for sp in 64 32; do
-        step 60 shard-70b-4096-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --out "$W/split/70b-tp8-4096-split$sp.json"
-    done
-    ;;
 398) # session 41 (~5 min, one H200): run 41's final table at one commit: 395's shards again (Llama-3.1-8B rank 0 of 2,
     # unchanged kernels; Llama-3.1-70B rank 0 of 8 with choose_split's SPLIT 32 for its 8-head groups), batch 1 and 8,
     # the four modes; the 70B-shard GPU test (2 layers, the default split); the 70B shard's profile at batch 1
@@ -262,42 +245,6 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 60 profile-70b-tp8-shard python3 scripts/stream_profile.py --model llama-3.1-70b --shard 8,0 --batch 1 \
         --out "$W/profile"
-    ;;
-397) # session 41 (~8 min, one H200): the split-KV size of the few-KV-head shards (ONEKERNEL_ATTN_SPLIT; 396: Llama-3.1-70B's
-    # TP=8 shard spends 13.4 us a layer in attention, 9 tiles of 64 positions, 4 blocks of 4 per warp): SPLIT 64 (today),
-    # 32 and 16 on the 70B TP=8 shard (graph and megakernel) and the Llama-3.1-8B TP=8 / TP=4 shards (megakernel),
-    # batch 1 and 8, each its own process after parallel warm-ups; the 70B-shard GPU test (2 layers) at each split;
-    # the 70B shard's profile at SPLIT 16
-    mkdir -p "$W/split" "$W/profile" /tmp/warm
-    sb="python3 scripts/shard_bench.py --batch 1,8"
-    for sp in 64 32 16; do
-        (timeout 200 env ONEKERNEL_ATTN_SPLIT=$sp $sb --model llama-3.1-70b --tp 8 --modes graph,megakernel --steps 2 \
-            --out /tmp/warm/70b-$sp.json >"$W/warm-70b-$sp.log" 2>&1) &
-        for t in 8 4; do
-            (timeout 200 env ONEKERNEL_ATTN_SPLIT=$sp $sb --model llama-3.1-8b --tp $t --modes megakernel --steps 2 \
-                --out /tmp/warm/8b-tp$t-$sp.json >"$W/warm-8b-tp$t-$sp.log" 2>&1) &
-        done
-    done
-    wait
-    log "warm-ups: $(ls /tmp/warm/*.json 2>/dev/null | wc -l) of 9 wrote"
-    for sp in 64 32 16; do
-        step 90 test-70b-split$sp env ONEKERNEL_ATTN_SPLIT=$sp TRITON_INTERPRET=0 python3 -m pytest -q \
-            tests/test_stream_gpu.py -k "70b" -p no:cacheprovider -rfE
-    done
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    for sp in 64 32 16; do
-        step 80 shard-70b-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --model llama-3.1-70b --tp 8 \
-            --modes graph,megakernel --out "$W/split/70b-tp8-split$sp.json"
-    done
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    for t in 8 4; do
-        for sp in 64 32 16; do
-            step 40 shard-8b-tp$t-split$sp env ONEKERNEL_ATTN_SPLIT=$sp $sb --model llama-3.1-8b --tp $t \
-                --modes megakernel --out "$W/split/8b-tp$t-split$sp.json"
-        done
-    done
-    step 60 profile-70b-split16 env ONEKERNEL_ATTN_SPLIT=16 python3 scripts/stream_profile.py --model llama-3.1-70b \
-        --shard 8,0 --batch 1 --out "$W/profile"
     ;;
 396) # session 40 (~5 min, one H200): where the time of one TP rank's step goes without its all-reduces
     # (scripts/stream_profile.py --shard): Llama-3.1-70B's rank 0 of 8 (395: 6.02 ms against a 4.09 ms floor at batch
