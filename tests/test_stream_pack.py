@@ -219,7 +219,7 @@ CFGK = dataclasses.replace(CFG8, name="stream-test-k", ffn_dim=1536, n_layers=2)
 def test_stream_k_tasks_reproduce_every_gemv(batch, workers, seed, monkeypatch):
     """Stream-K (exec.stream_splitk, STREAM_SPLIT_K=1): every qkv_rope and gate_up op is cut in its (unit, k-chunk)
     sequence. Emulated here as stream_mma.gemv_mma walks a task (its record's F_U0, F_NU, F_KS, F_KE: a first
-    piece from KS, blocks of whole units, a last piece to KE; written again from the kernel) and as
+    piece from KS, a last piece to KE, then blocks of whole units; written again from the kernel) and as
     stream_combine.split_piece stores and combines pieces (slot 2 F_IDX + piece; the unit's pieces from the record's
     W and T; the last of them sums the slots): every output row made exactly once, exactly W @ x; each task streams
     T / W k-chunks (+-1) of each of its unit's chunk groups; every arrival counter reaches its piece count."""
@@ -262,9 +262,8 @@ def test_stream_k_tasks_reproduce_every_gemv(batch, workers, seed, monkeypatch):
         hs = int(ks > 0 or (nu == 1 and ke < nkb))
         ts = int(nu > 1 and ke < nkb)
         out = []
-        blocks = [(u0, u0 + 1, ks, ke if nu == 1 else nkb, 0)] * hs
+        blocks = [(u0, u0 + 1, ks, ke if nu == 1 else nkb, 0)] * hs + [(u0 + nu - 1, u0 + nu, 0, ke, 1)] * ts
         blocks += [(ub, min(ub + ub_n, u0 + nu - ts), 0, nkb, -1) for ub in range(u0 + hs, u0 + nu - ts, ub_n)]
-        blocks += [(u0 + nu - 1, u0 + nu, 0, ke, 1)] * ts
         for ub, ue, k0, k1, piece in blocks:
             o, groups, wg = block(o, kind, op, ub, ue, k0, k1, nkb)
             if piece < 0:

@@ -61,9 +61,9 @@ def test_default_rule_on_the_models_shapes(name, tp, want):
 
 @pytest.mark.parametrize("units,nkb,workers", [(80, 16, 132), (224, 16, 132), (3, 2, 5), (7, 5, 7), (192, 2, 132)])
 def test_runs_are_equal_and_every_piece_has_one_slot(units, nkb, workers):
-    """Task w's positions [p_w, p_{w+1}) differ in length by at most one; its pieces cover them in order (whole
-    units' blocks between at most two cut units); each cut unit's pieces, in k order, are unit_slots' slots, each
-    slot written by exactly one piece."""
+    """Task w's positions [p_w, p_{w+1}) differ in length by at most one; its pieces (at most two cut units, streamed
+    first, then its whole units) cover them exactly once; each cut unit's pieces, in k order, are unit_slots'
+    slots, each slot written by exactly one piece."""
     tasks = split_tasks(units, nkb, workers)
     total, lens, writer = units * nkb, [], {}
     pos = 0
@@ -76,7 +76,8 @@ def test_runs_are_equal_and_every_piece_has_one_slot(units, nkb, workers):
             if slot >= 0:
                 assert 2 * w + slot not in writer
                 writer[2 * w + slot] = a
-        assert cover == list(range(pos, pos + len(cover)))
+        assert sorted(cover) == list(range(pos, pos + len(cover)))
+        assert [p[4] for p in pieces(u0, nu, ks, ke, nkb)] in ([], [-1], [0], [1], [0, 1], [0, -1], [1, -1], [0, 1, -1])
         pos += len(cover)
         lens.append(len(cover))
     assert pos == total and max(lens) - min(lens) <= 1

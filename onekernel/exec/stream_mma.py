@@ -319,22 +319,23 @@ def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf,
         z = t_b * 0
         ps = (z, z, z)
         epi = (t_b - t_in) << 32
-    if SPLITK:  # stream-K pieces (exec.stream_splitk.pieces): the first unit from KS, whole units, the last to KE
-        ks = gl.load(rec + F_KS)
+    if SPLITK:  # stream-K (exec.stream_splitk.pieces): the first unit's piece from KS, the last unit's to KE, then
+        ks = gl.load(rec + F_KS)  # the whole units
         ke = gl.load(rec + F_KE)
         hs = ((ks > 0) | ((nu == 1) & (ke < nkb))).to(gl.int32)
         ts = ((nu > 1) & (ke < nkb)).to(gl.int32)
         nfb = (nu - hs - ts + UB - 1) // UB
-        for blk in range(hs + nfb + ts):
-            tail = blk >= hs + nfb
-            ub = gl.where(blk < hs, u0, gl.where(tail, u0 + nu - 1, u0 + hs + (blk - hs) * UB))
-            ue = gl.where((blk < hs) | tail, ub + 1, gl.minimum(ub + UB, u0 + nu - ts))
-            k0 = gl.where(blk < hs, ks, 0)
-            k1 = gl.where(tail | ((blk < hs) & (nu == 1)), ke, nkb)
-            piece = gl.where(blk < hs, 0, gl.where(tail, 1, -1))
+        for blk in range(hs + ts + nfb):
+            head = blk < hs
+            tail = (blk >= hs) & (blk < hs + ts)
+            ub = gl.where(head, u0, gl.where(tail, u0 + nu - 1, u0 + hs + (blk - hs - ts) * UB))
+            ue = gl.where(head | tail, ub + 1, gl.minimum(ub + UB, u0 + nu - ts))
+            k0 = gl.where(head, ks, 0)
+            k1 = gl.where(tail | (head & (nu == 1)), ke, nkb)
+            piece = gl.where(head, 0, gl.where(tail, 1, -1))
             ok, i, pre, ps, epi, best, barg, ssq = _block(
                 kind, rec, a, base_f, base_i, ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ok, i, err, t, ps,
-                epi, best, barg, ssq, ub, ue, k0, k1, blk + 1 < hs + nfb + ts, piece, nkb, gpu, isr, isq, res, out, q, kc, vc,
+                epi, best, barg, ssq, ub, ue, k0, k1, blk + 1 < hs + ts + nfb, piece, nkb, gpu, isr, isq, res, out, q, kc, vc,
                 pos, inv_freq, r, bm, b64, N, pdelta, B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, PROFILE,
                 QKN, NSS, PUSH, NR, ASYNC, DIRECT, AL, SPLITK)
     else:

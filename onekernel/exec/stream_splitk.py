@@ -5,8 +5,8 @@ in its (unit, k-chunk) sequence instead, so every worker streams the same number
 
 The op's T = units x NKB positions (position u * NKB + kb: unit u's k-chunk kb, each of the unit's chunk groups)
 go to its W tasks in equal runs: task w takes [p_w, p_{w+1}), p_w = floor(w T / W). A unit cut between tasks is a
-*split unit*; each task holds at most two pieces of one (its first unit from k-chunk KS, its last up to KE), and
-stores that piece's fp32 sums [groups, B, RG] in its own slot of the op's partials buffer (2 w: the first unit's,
+*split unit*; each task holds at most two pieces of one (its first unit from k-chunk KS, its last up to KE: it streams
+them before its whole units), and stores each piece's fp32 sums [groups, B, RG] in its own slot of the op's partials buffer (2 w: the first unit's,
 2 w + 1: the last one's). Each piece then adds one to the unit's arrival counter; the task that brings it to the
 unit's piece count sums the pieces' slots in k order (the same fixed order whoever arrives last, so a step's bits do
 not depend on timing) and runs the unit's epilogue (exec.stream_combine). The device finds a unit's pieces from
@@ -60,16 +60,18 @@ def split_tasks(units: int, nkb: int, n_workers: int) -> list[tuple[int, int, in
 def pieces(u0: int, nu: int, ks: int, ke: int, nkb: int) -> list[tuple[int, int, int, int, int]]:
     """The task's work in stream order as (first unit, end unit, k0, k1, slot): -1 for whole units, else which of its
     two partials slots (0: its first unit's piece, 1: its last's) a split unit's piece goes to. The device's
-    ``stream_mma.gemv_mma`` walks the same list (head piece, whole units, tail piece)."""
+    ``stream_mma.gemv_mma`` walks the same list: the pieces first (its first unit's, then its last unit's), then the
+    whole units. So a cut unit's pieces are all done early in their tasks, and the one that combines them waits for
+    their slots (L2 round trips) while the loader keeps streaming the task's whole units, not at the op's end."""
     hs = ks > 0 or (nu == 1 and ke < nkb)
     ts = nu > 1 and ke < nkb
     out = []
     if hs:
         out.append((u0, u0 + 1, ks, ke if nu == 1 else nkb, 0))
-    if u0 + hs < u0 + nu - ts:
-        out.append((u0 + hs, u0 + nu - ts, 0, nkb, -1))
     if ts:
         out.append((u0 + nu - 1, u0 + nu, 0, ke, 1))
+    if u0 + hs < u0 + nu - ts:
+        out.append((u0 + hs, u0 + nu - ts, 0, nkb, -1))
     return out
 
 
