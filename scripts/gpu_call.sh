@@ -231,7 +231,8 @@ case "$1" in
     # on 132 workers). GPU tests (the 70B shard shape, the forced split on Llama-3.2-1B and the 8B TP=8 shard, the
     # counters' rewind with gate_up cut) beside the warm-ups; then each its own process: megakernel and pdl (which
     # runs on the same bodies) with the rule against STREAM_SPLIT_K=0 on the 70B TP=8 shard (A B A B) and the 8B TP=8
-    # shard, batch 1 and 8; 398's shard table at this commit; the 70B shard's profile at batch 1 (per op)
+    # shard, batch 1 and 8, and the megakernel of SmolLM2-135M (the default model: the rule cuts its gate_up, 96 units
+    # of 2 k-chunks) at batch 1, 8 and 16, A B A B; 398's shard table at this commit; the 70B shard's profile at batch 1 (per op)
     mkdir -p "$W/splitk" "$W/shard" "$W/profile" /tmp/warm
     sb="python3 scripts/shard_bench.py --batch 1,8"
     for sk in auto 0; do
@@ -239,13 +240,15 @@ case "$1" in
             --out /tmp/warm/70b-$sk.json >"$W/warm-70b-$sk.log" 2>&1) &
         (timeout 200 env STREAM_SPLIT_K=$sk $sb --model llama-3.1-8b --tp 8 --modes pdl,megakernel --steps 2 \
             --out /tmp/warm/8b-tp8-$sk.json >"$W/warm-8b-tp8-$sk.log" 2>&1) &
+        (timeout 200 env STREAM_SPLIT_K=$sk python3 -m onekernel.cli bench --model smollm2-135m --random-weights \
+            --batch 1,8,16 --modes megakernel --steps 2 --out /tmp/warm/smol-$sk >"$W/warm-smol-$sk.log" 2>&1) &
     done
     (timeout 200 $sb --model llama-3.1-8b --tp 2 --modes graph,pdl,megakernel --steps 2 --out /tmp/warm/8b-tp2.json \
         >"$W/warm-8b-tp2.log" 2>&1) &
     (timeout 230 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "70b or stream_k or rewind" \
         -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
     wait
-    log "warm-ups: $(ls /tmp/warm/*.json 2>/dev/null | wc -l) of 5 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
+    log "warm-ups: $(ls /tmp/warm/*.json /tmp/warm/smol-*/*.json 2>/dev/null | wc -l) of 7 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
     tar -czf "$OUT/results.tgz" -C "$W" .
     for r in 1 2; do
         for sk in auto 0; do
@@ -257,6 +260,12 @@ case "$1" in
     for sk in auto 0; do
         step 40 sk-8b-tp8-$sk env STREAM_SPLIT_K=$sk $sb --model llama-3.1-8b --tp 8 --modes pdl,megakernel \
             --out "$W/splitk/8b-tp8-$sk.json"
+    done
+    for r in 1 2; do
+        for sk in auto 0; do
+            step 40 sk-smol-$sk-$r env STREAM_SPLIT_K=$sk $bench/splitk/smol-$sk-$r --model smollm2-135m \
+                --random-weights --batch 1,8,16 --modes megakernel --steps 50
+        done
     done
     tar -czf "$OUT/results.tgz" -C "$W" .
     M="torch+graph,graph,pdl,megakernel"

@@ -67,8 +67,8 @@ def _check_gluon(name, batch, gemv, seed):
 @pytest.mark.parametrize("name,batch", [("llama-3.2-1b", 8), ("llama-3.1-8b/tp8", 3)])
 def test_stream_k_pieces(name, batch, seed, monkeypatch):
     """STREAM_SPLIT_K=1: every tensor-core qkv_rope and gate_up op cut in its (unit, k-chunk) sequence
-    (exec.stream_splitk; Llama-3.2-1B's 2 k-chunks a unit, the Llama-3.1-8B TP=8 shard's 4 with 96 qkv units on 132
-    workers), the pieces summed by the last to arrive (exec.stream_combine): the same checks as above, against the
+    (exec.stream_splitk; Llama-3.2-1B's 2 k-chunks a unit; the Llama-3.1-8B TP=8 shard's 24 qkv units of 16 k-chunks on
+    132 workers, up to 7 pieces a unit), the pieces summed by the last to arrive (exec.stream_combine): the same checks as above, against the
     reference and the Triton megakernel, each row bitwise its batch-1 run."""
     from onekernel.exec import stream_splitk
     monkeypatch.setattr(stream_splitk, "SPLIT_K", "1")
@@ -209,15 +209,15 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, split, seed):
     tests/test_executors.py): with a rewind after every second step, six steps of SmolLM2-135M (tensor cores, batch
     3; launched, and replayed from a CUDA graph) give every step's logits and tokens bitwise equal to a runner that
     never rewinds, from the same cache and tokens; the counters are zero and the epoch 1 exactly after a rewind.
-    ``split``: gate_up cut stream-K (STREAM_SPLIT_K=1, exec.stream_splitk; 48 units of 3 k-chunks on 132 workers),
-    whose arrival counters return to zero after every step."""
+    ``split``: gate_up cut stream-K (exec.stream_splitk; 96 units of 2 k-chunks on 132 workers, as the default rule
+    cuts it; without: STREAM_SPLIT_K=0), whose arrival counters return to zero after every step."""
     from onekernel.exec import persistent
     from onekernel.exec.stream_runner import StreamMegakernelRunner
     from onekernel.runtime.kv_cache import KVCache
     from onekernel.runtime.runners import make_step_runner
 
     from onekernel.exec import stream_splitk
-    monkeypatch.setattr(stream_splitk, "SPLIT_K", "1" if split else "auto")
+    monkeypatch.setattr(stream_splitk, "SPLIT_K", "1" if split else "0")
     model = load_model("smollm2-135m", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
     cache, _ = random_decode_state(model, 3, 96, [40, 7, 61], seed)
     g = torch.Generator().manual_seed(seed)
@@ -245,7 +245,7 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, split, seed):
                 assert (r.epoch.item() == 1) == rewound, (i, r.epoch.item())
                 assert (int(r.ev_cnt.abs().sum()) == 0) == rewound and (r.done.item() == 0) == rewound, i
             arrive = [v for n, v in r.scratch.items() if n.startswith("stream.arrive.sk.")]
-            assert len(arrive) == (model.config.n_layers if split else 0)  # gate_up's (qkv: 90 positions, too few)
+            assert len(arrive) == (model.config.n_layers if split else 0)  # gate_up's (qkv: 60 units, 120 positions)
             assert all(int(v.abs().sum()) == 0 for v in arrive), f"step {i}: a stream-K counter is not back at 0"
             c.seq_lens += 1
         runs[every] = out

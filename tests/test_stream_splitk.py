@@ -42,7 +42,9 @@ def _split_kinds(plan):
 @pytest.mark.parametrize("name,tp,want", [
     ("llama-3.1-70b", 8, {"qkv_rope", "gate_up"}),   # CK 512 (down's K 3584): 80 qkv units, 224 gate_up units
     ("llama-3.1-70b", 4, {"qkv_rope"}),              # CK 1024, RG 8: 320 qkv units (1.24x); gate_up 896 (1.03x)
-    ("llama-3.1-8b", 8, {"qkv_rope", "gate_up"}),    # 96, 224
+    ("llama-3.1-8b", 8, {"qkv_rope", "gate_up"}),    # CK 256: 24 qkv units of 16 k-chunks, 56 gate_up units
+    ("smollm2-135m", 1, {"gate_up"}),                # CK 512: 96 gate_up units of 2 k-chunks (1.375x); qkv: 60
+                                                     # units, 120 positions, fewer than the workers
     ("llama-3.1-8b", 2, set()),                      # 384, 896: the largest task streams 1.03x the mean
     ("llama-3.1-8b", 1, set()),                      # 768, 1792
     ("llama-3.2-1b", 1, set()),                      # 384, 1024

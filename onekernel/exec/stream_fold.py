@@ -23,13 +23,16 @@ def fold_fits(src: Graph, n_workers: int) -> bool:
     return -(-run // at.params["NSPLIT"]) + 1 <= MAX_GROUPS
 
 
-def fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]], virtual: set[str] | None = None) -> list[list[int]]:
+def fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]], virtual: set[str] | None = None,
+                    raw: list[list[int]] | None = None) -> list[list[int]]:
     """Dependencies of ``g`` (``full`` without its virtual ops, the same ops and tasks otherwise, in order) from
     those of ``full``: a dependency on a virtual task becomes one on every task that task depended on, transitively
     reduced again. The virtual ops (names; default: the attn_merge ops) are the folded merges and the combines of
     stream-K GEMVs ("<op>.combine", exec.stream_splitk): whichever of a split unit's tasks arrives last writes the
     unit's rows, so each of them also inherits what the combine waited for besides them (an earlier reader of the
-    rows it overwrites). ScheduleError if a virtual task depends on another virtual task."""
+    rows it overwrites), taken from ``raw`` (the unreduced dependencies, default ``deps``: in the reduced ones a
+    combine's edge to such a reader is gone when one of its tasks already waits for it, and the others would not
+    inherit it). ScheduleError if a virtual task depends on another virtual task."""
     if virtual is None:
         virtual = {op.name for op in full.ops if op.kind.name == "attn_merge"}
     fmap, ops = {}, iter(g.ops)
@@ -43,8 +46,9 @@ def fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]], virtual: set[s
             continue
         base = op.name[: -len(".combine")]
         for v in op.task_ids:
-            mine = [p for p in deps[v] if p in fmap and full.ops[full.tasks[p].op].name == base]
-            others = {fmap[p] for p in deps[v] if p in fmap and p not in mine}
+            src = (raw or deps)[v]
+            mine = [p for p in src if p in fmap and full.ops[full.tasks[p].op].name == base]
+            others = {fmap[p] for p in src if p in fmap and p not in mine}
             for p in mine:
                 out[fmap[p]].update(others)
     for a, b in fmap.items():

@@ -169,7 +169,8 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
                     writes.append(Region(cache, ((0, B), (hh, hh + 1), (0, S), (lo, hi))))
         return reads, writes
     n = p["N"]
-    lo, hi = u0 * rg, min(u1 * rg, n)
+    lo = u0 * rg
+    hi = max(lo, min(u1 * rg, n))  # (a stream-K task of no whole unit past the last row: empty, not inverted)
     if kind == sd.K_RESID.value:
         reads.append(Region(a["res"], ((0, B), (lo, hi))))
         ss = [Region(a["ss"], ((0, B), (idx, idx + 1)))] if "ss" in a else []
@@ -308,7 +309,8 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 if fold and op.kind.name == "attn_merge":
                     virtual.add(op.name)
                 full.add_op(op, tasks)
-            deps = fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)), virtual)
+            raw = derive_dependencies(full)  # (a combine's readers before it: from the unreduced dependencies)
+            deps = fold_merge_deps(full, g, transitive_reduction(raw), virtual, raw)
         else:
             deps = transitive_reduction(derive_dependencies(g))
         remote = derive_remote_dependencies(g)
