@@ -14,8 +14,9 @@
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
 # 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 398: session 41's final
-# table (395's, at one commit); 400: SPLIT 64 against 128 at 4096 (written, not run). 401: session 42's stream-K GEMV
-# tasks (tests, A/B, the shard table); 402 re-runs the README's tables (run 37's recipe, 356 + 358) at its commit. 397 (the split-KV size of the
+# table (395's, at one commit); 400: SPLIT 64 against 128 at 4096 (written in session 41, run in session 42). 401
+# (session 42: stream-K GEMV tasks against STREAM_SPLIT_K=0; slower, not kept) is on branch s42-streamk (`git show
+# c32889b:scripts/gpu_call.sh`, the code there). 397 (the split-KV size of the
 # few-KV-head shards, ONEKERNEL_ATTN_SPLIT) and 399 (SPLIT 32 at 4096, the 70B dead-splits test), session 41: in git
 # history (`git show 32fad19:scripts/gpu_call.sh`).
 # 120 (the loader's L2 prefetch and attention's dead-block skip: both slower; branch s12-measure), 121 (attention with
@@ -199,81 +200,6 @@ case "$1" in
     tar -czf "$OUT/results.tgz" -C "$W" .
     step 120 tp-sm-study python3 scripts/tp_sm_study.py --model llama-3.1-8b --batches 1 --ks 0,2,4,8,16 \
         --ar-tiles fit --steps 100 --out "$W/tp"
-    ;;
-402) # session 42 (~9.5 min, one H200, at once after 401): the README's single-GPU tables again at this commit (the
-    # streaming kernel's record layout and GEMV block loop changed; run 37's recipe, 356 + 358 in one call, without
-    # the replays and invariance runs: the GPU tests of 401 check each row against its batch-1 run): Llama-3.2-1B
-    # (batch 1-16, every mode and both PyTorch baselines), SmolLM2-135M (batch 1-16; torch.compile at 8), Llama-3.1-8B
-    # (batch 1-16) and Qwen3-8B (batch 1 and 8), each table one process after parallel warm-ups
-    mkdir -p "$W/bench" /tmp/warm
-    B1="--model llama-3.2-1b --random-weights" S0="--model smollm2-135m --random-weights"
-    B8="--model llama-3.1-8b --random-weights" Q8="--model qwen3-8b --random-weights"
-    MK="graph,pdl,pdl-triton,megakernel" MT="torch+graph,torch+compile" SM="torch+graph,graph,pdl,megakernel"
-    M8="torch+graph,graph,pdl,pdl-triton,megakernel"
-    WARM_S=200 warm 1b $B1 --batch 1,2,4,8,16 --modes $MK
-    WARM_S=200 warm 1b-t $B1 --batch 1,2,4,8,16 --modes $MT
-    WARM_S=200 warm smol $S0 --batch 1,2,4,8,16 --modes $SM
-    WARM_S=200 warm 8b-a $B8 --batch 1,2,4 --modes $M8
-    WARM_S=200 warm 8b-b $B8 --batch 8,16 --modes $M8
-    WARM_S=200 warm q8 $Q8 --batch 1,8 --modes $M8
-    wait
-    checked 6
-    step 200 bench-1b $bench/bench $B1 --batch 1,2,4,8,16 --modes $MT,$MK --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 60 bench-smol $bench/bench $S0 --batch 1,2,4,8,16 --modes $SM --steps 50
-    step 100 bench-8b $bench/bench $B8 --batch 1,2,4,8,16 --modes $M8 --steps 50
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 80 bench-qwen3-8b $bench/bench $Q8 --batch 1,8 --modes $M8 --steps 50
-    step 40 bench-smol-tc $bench/bench $S0 --batch 8 --modes torch+compile --steps 50
-    ;;
-401) # session 42 (~8 min, one H200): stream-K GEMV tasks (exec.stream_splitk; STREAM_SPLIT_K=auto cuts qkv_rope and
-    # gate_up where whole units leave the largest task >= 1.1x the mean: the 70B TP=8 shard's 80 qkv units of 16 chunks
-    # on 132 workers). GPU tests (the 70B shard shape, the forced split on Llama-3.2-1B and the 8B TP=8 shard, the
-    # counters' rewind with gate_up cut) beside the warm-ups; then each its own process: megakernel and pdl (which
-    # runs on the same bodies) with the rule against STREAM_SPLIT_K=0 on the 70B TP=8 shard (A B A B) and the 8B TP=8
-    # shard, batch 1 and 8, and the megakernel of SmolLM2-135M (the default model: the rule cuts its gate_up, 96 units
-    # of 2 k-chunks) at batch 1, 8 and 16, A B A B; 398's shard table at this commit; the 70B shard's profile at batch 1 (per op)
-    mkdir -p "$W/splitk" "$W/shard" "$W/profile" /tmp/warm
-    sb="python3 scripts/shard_bench.py --batch 1,8"
-    for sk in auto 0; do
-        (timeout 200 env STREAM_SPLIT_K=$sk $sb --model llama-3.1-70b --tp 8 --modes graph,pdl,megakernel --steps 2 \
-            --out /tmp/warm/70b-$sk.json >"$W/warm-70b-$sk.log" 2>&1) &
-        (timeout 200 env STREAM_SPLIT_K=$sk $sb --model llama-3.1-8b --tp 8 --modes pdl,megakernel --steps 2 \
-            --out /tmp/warm/8b-tp8-$sk.json >"$W/warm-8b-tp8-$sk.log" 2>&1) &
-        (timeout 200 env STREAM_SPLIT_K=$sk python3 -m onekernel.cli bench --model smollm2-135m --random-weights \
-            --batch 1,8,16 --modes megakernel --steps 2 --out /tmp/warm/smol-$sk >"$W/warm-smol-$sk.log" 2>&1) &
-    done
-    (timeout 200 $sb --model llama-3.1-8b --tp 2 --modes graph,pdl,megakernel --steps 2 --out /tmp/warm/8b-tp2.json \
-        >"$W/warm-8b-tp2.log" 2>&1) &
-    (timeout 230 env TRITON_INTERPRET=0 python3 -m pytest -q tests/test_stream_gpu.py -k "70b or stream_k or rewind" \
-        -p no:cacheprovider -rfE >"$W/gpu-tests.log" 2>&1) &
-    wait
-    log "warm-ups: $(ls /tmp/warm/*.json /tmp/warm/smol-*/*.json 2>/dev/null | wc -l) of 7 wrote; tests: $(tail -n 1 "$W/gpu-tests.log")"
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    for r in 1 2; do
-        for sk in auto 0; do
-            step 60 sk-70b-$sk-$r env STREAM_SPLIT_K=$sk $sb --model llama-3.1-70b --tp 8 --modes pdl,megakernel \
-                --out "$W/splitk/70b-tp8-$sk-$r.json"
-        done
-    done
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    for sk in auto 0; do
-        step 40 sk-8b-tp8-$sk env STREAM_SPLIT_K=$sk $sb --model llama-3.1-8b --tp 8 --modes pdl,megakernel \
-            --out "$W/splitk/8b-tp8-$sk.json"
-    done
-    for r in 1 2; do
-        for sk in auto 0; do
-            step 40 sk-smol-$sk-$r env STREAM_SPLIT_K=$sk $bench/splitk/smol-$sk-$r --model smollm2-135m \
-                --random-weights --batch 1,8,16 --modes megakernel --steps 50
-        done
-    done
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    M="torch+graph,graph,pdl,megakernel"
-    step 100 shard-8b-tp2 $sb --model llama-3.1-8b --tp 2 --modes $M --out "$W/shard/shard-8b-tp2.json"
-    step 100 shard-70b-tp8 $sb --model llama-3.1-70b --tp 8 --modes $M --out "$W/shard/shard-70b-tp8.json"
-    tar -czf "$OUT/results.tgz" -C "$W" .
-    step 60 profile-70b-tp8-shard python3 scripts/stream_profile.py --model llama-3.1-70b --shard 8,0 --batch 1 \
-        --out "$W/profile"
     ;;
 395) # session 40 (~8 min, one H200): one TP rank's step without its all-reduces (scripts/shard_bench.py): the rank
     # shard of Llama-3.1-8B at TP=2 (issue 13's 0.60x target: 2.37 ms against run 37's 3.942 ms TP=1 megakernel) and of

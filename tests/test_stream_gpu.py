@@ -26,13 +26,7 @@ def test_gluon_matches_reference_and_is_batch_invariant(name, batch, gemv, seed)
     megakernel it is compared with runs the same gemv path. Qwen3-0.6B: the per-head q/k RMSNorm pass
     (stream_epilogue.qk_norm_head) after each qkv task, whose units are whole heads. "llama-3.1-70b/tp8": two
     layers of Llama-3.1-70B's rank-0 shard at TP=8 (hidden 8192, 8 query heads on 1 KV head: CK 512 and the
-    CUDA-core attention with 8 heads per warp, ops.attention.choose_split's short splits; its qkv_rope and gate_up
-    cut stream-K, exec.stream_splitk)."""
-    _check_gluon(name, batch, gemv, seed)
-
-
-def _check_gluon(name, batch, gemv, seed):
-    """test_gluon_matches_reference_and_is_batch_invariant's checks; returns the Gluon runner's constants."""
+    CUDA-core attention with 8 heads per warp, ops.attention.choose_split's short splits)."""
     model = _model(name, seed % 1000)
     lens = [300, 217, 45] if batch == 3 else torch.randint(1, 400, (batch,), generator=torch.Generator().manual_seed(
         seed)).tolist()
@@ -61,18 +55,6 @@ def _check_gluon(name, batch, gemv, seed):
         one.v.copy_(cache.v[:, i:i + 1])
         alone = step_on_copy(model, "megakernel", one, tokens[i:i + 1], backend="gluon", gemv=gemv)[0]
         assert torch.equal(alone[0], glu[0][i]), f"row {i} differs from its batch-1 run"
-    return glu[3].consts
-
-
-@pytest.mark.parametrize("name,batch", [("llama-3.2-1b", 8), ("llama-3.1-8b/tp8", 3)])
-def test_stream_k_pieces(name, batch, seed, monkeypatch):
-    """STREAM_SPLIT_K=1: every tensor-core qkv_rope and gate_up op cut in its (unit, k-chunk) sequence
-    (exec.stream_splitk; Llama-3.2-1B's 2 k-chunks a unit; the Llama-3.1-8B TP=8 shard's 24 qkv units of 16 k-chunks on
-    132 workers, up to 7 pieces a unit), the pieces summed by the last to arrive (exec.stream_combine): the same checks as above, against the
-    reference and the Triton megakernel, each row bitwise its batch-1 run."""
-    from onekernel.exec import stream_splitk
-    monkeypatch.setattr(stream_splitk, "SPLIT_K", "1")
-    assert _check_gluon(name, batch, "mma", seed)["SPLITK"]
 
 
 def _model(name: str, seed: int):
@@ -202,22 +184,18 @@ def test_norm_bf16_is_rnd_to_the_bit():
     assert torch.equal(hw.view(torch.int16), (y.bfloat16().float() * g.float()).bfloat16().view(torch.int16))
 
 
-@pytest.mark.parametrize("graph,split", [(False, False), (True, False), (False, True)])
-def test_counters_rewind_on_the_gpu(monkeypatch, graph, split, seed):
+@pytest.mark.parametrize("graph", [False, True])
+def test_counters_rewind_on_the_gpu(monkeypatch, graph, seed):
     """The streaming megakernel rewinds its event counters, done counter and epoch every REWIND_EVERY steps
     (persistent.PersistentRunner.rewind, between two steps in stream order; tested in the interpreter in
     tests/test_executors.py): with a rewind after every second step, six steps of SmolLM2-135M (tensor cores, batch
     3; launched, and replayed from a CUDA graph) give every step's logits and tokens bitwise equal to a runner that
-    never rewinds, from the same cache and tokens; the counters are zero and the epoch 1 exactly after a rewind.
-    ``split``: gate_up cut stream-K (exec.stream_splitk; 96 units of 2 k-chunks on 132 workers, as the default rule
-    cuts it; without: STREAM_SPLIT_K=0), whose arrival counters return to zero after every step."""
+    never rewinds, from the same cache and tokens; the counters are zero and the epoch 1 exactly after a rewind."""
     from onekernel.exec import persistent
     from onekernel.exec.stream_runner import StreamMegakernelRunner
     from onekernel.runtime.kv_cache import KVCache
     from onekernel.runtime.runners import make_step_runner
 
-    from onekernel.exec import stream_splitk
-    monkeypatch.setattr(stream_splitk, "SPLIT_K", "1" if split else "0")
     model = load_model("smollm2-135m", random_weights=True, dtype=torch.bfloat16, device="cuda", seed=seed % 1000)
     cache, _ = random_decode_state(model, 3, 96, [40, 7, 61], seed)
     g = torch.Generator().manual_seed(seed)
@@ -231,7 +209,6 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, split, seed):
         c.seq_lens.copy_(cache.seq_lens)
         r = make_step_runner("megakernel", model, c, gemv="mma", use_cuda_graph=graph)
         assert isinstance(r, StreamMegakernelRunner) and (every > 2 or r._rewind_steps() == 2)
-        assert r.plan.consts["SPLITK"] == split
         out = []
         for i, t in enumerate(tokens, start=1):
             r.tensors[r.bound.logits].fill_(float("nan"))
@@ -244,9 +221,6 @@ def test_counters_rewind_on_the_gpu(monkeypatch, graph, split, seed):
                 rewound = i % 2 == 0
                 assert (r.epoch.item() == 1) == rewound, (i, r.epoch.item())
                 assert (int(r.ev_cnt.abs().sum()) == 0) == rewound and (r.done.item() == 0) == rewound, i
-            arrive = [v for n, v in r.scratch.items() if n.startswith("stream.arrive.sk.")]
-            assert len(arrive) == (model.config.n_layers if split else 0)  # gate_up's (qkv: 60 units, 120 positions)
-            assert all(int(v.abs().sum()) == 0 for v in arrive), f"step {i}: a stream-K counter is not back at 0"
             c.seq_lens += 1
         runs[every] = out
     for i, ((a, ta), (b, tb)) in enumerate(zip(runs[1 << 20], runs[2])):

@@ -7,15 +7,12 @@ here from exec/stream_device.py, not taken from the planner) and compared with `
 and activations: a wrong unit split, chunk order, padding or row mapping changes some output row.
 The device code itself runs on a GPU only (tests/test_stream_gpu.py).
 """
-import dataclasses
-
 import pytest
 import torch
 
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_pack import pack_weights
 from onekernel.exec.stream_plan import CHUNK_ELEMS, make_plan
-from onekernel.exec.stream_records import records
 from onekernel.exec.stream_support import chunk_cols
 from test_stream_plan import CFG, CFG8, CFGQ, _step
 
@@ -209,76 +206,3 @@ def test_runners_of_one_model_share_one_stream_while_they_hold_it(seed):
     del a, b
     gc.collect()
     assert len(_STREAMS) == n - 2, "a stream no runner holds must be freed"
-
-
-# CFG8 with an FFN width of 1536: CK 512, so qkv_rope and gate_up (K = 1024) have two k-chunks a unit, down three
-CFGK = dataclasses.replace(CFG8, name="stream-test-k", ffn_dim=1536, n_layers=2)
-
-
-@pytest.mark.parametrize("batch,workers", [(1, 7), (2, 12), (3, 100), (1, 132)])
-def test_stream_k_tasks_reproduce_every_gemv(batch, workers, seed, monkeypatch):
-    """Stream-K (exec.stream_splitk, STREAM_SPLIT_K=1): every qkv_rope and gate_up op is cut in its (unit, k-chunk)
-    sequence. Emulated here as stream_mma.gemv_mma walks a task (its record's F_U0, F_NU, F_KS, F_KE: a first
-    piece from KS, a last piece to KE, then blocks of whole units; written again from the kernel) and as
-    stream_combine.split_piece stores and combines pieces (slot 2 F_IDX + piece; the unit's pieces from the record's
-    W and T; the last of them sums the slots): every output row made exactly once, exactly W @ x; each task streams
-    T / W k-chunks (+-1) of each of its unit's chunk groups; every arrival counter reaches its piece count."""
-    from onekernel.exec import stream_splitk
-    from onekernel.exec.stream_base import mma_weight_bases
-    monkeypatch.setattr(stream_splitk, "SPLIT_K", "1")
-    step, W = _step(batch, seed, workers=workers, cfg=CFGK, gemv="mma")
-    plan = make_plan(step, W)
-    assert plan.consts["SPLITK"] and plan.consts["CK"] == 512
-    packed, off = pack_weights(plan, step.tensors)
-    qrec, _ = records(plan)
-    rec_of = {row[sd.F_TASK.value]: row for row in qrec[:-1].tolist()}
-    c = plan.consts
-    rg, ck, gb = c["RG"], c["CK"], c["GB"]
-    co = _slot_coords(mma_weight_bases(ck, rg), CHUNK_ELEMS)
-    rows_of, cols_of = co[:, 2], co[:, 0] * (ck // 4) + co[:, 1]
-    slots, arrived, split_ops = {}, {}, set()
-
-    def block(o, kind, op, ub, ue, k0, k1, nkb):
-        groups = [rows for u in range(ub, ue) for rows in _device_rows(kind, u, op.params, rg)]
-        wg = [torch.zeros((rg, nkb * ck), dtype=torch.float64) for _ in groups]
-        for kb in range(k0, k1):
-            for j in range(len(groups)):
-                wg[j][rows_of, kb * ck + cols_of] = packed[o].reshape(-1).double()
-                o += 1
-        return o, groups, wg
-
-    def decode(o, t, op, kind):
-        r = rec_of[t]
-        u0, nu, ks, ke, nkb = (r[f.value] for f in (sd.F_U0, sd.F_NU, sd.F_KS, sd.F_KE, sd.F_NKB))
-        w_, T = r[sd.F_SKW.value], r[sd.F_SKT.value]
-        gpu = 2 if kind == sd.K_GATEUP.value else 1
-        ub_n = gb // gpu
-        if T == 0:  # a task of whole units
-            assert (ks, ke) == (0, nkb)
-        else:
-            split_ops.add(op.index)
-            p0, p1 = (r[sd.F_IDX.value] * T) // w_, ((r[sd.F_IDX.value] + 1) * T) // w_
-            assert (u0 * nkb + ks, (u0 + nu - 1) * nkb + ke) == (p0, p1) and p1 - p0 in (T // w_, -(-T // w_))
-        hs = int(ks > 0 or (nu == 1 and ke < nkb))
-        ts = int(nu > 1 and ke < nkb)
-        out = []
-        blocks = [(u0, u0 + 1, ks, ke if nu == 1 else nkb, 0)] * hs + [(u0 + nu - 1, u0 + nu, 0, ke, 1)] * ts
-        blocks += [(ub, min(ub + ub_n, u0 + nu - ts), 0, nkb, -1) for ub in range(u0 + hs, u0 + nu - ts, ub_n)]
-        for ub, ue, k0, k1, piece in blocks:
-            o, groups, wg = block(o, kind, op, ub, ue, k0, k1, nkb)
-            if piece < 0:
-                out += zip(groups, wg)
-                continue
-            slot = 2 * r[sd.F_IDX.value] + piece
-            assert (op.index, slot) not in slots
-            slots[op.index, slot] = wg
-            n = arrived[op.index, ub] = arrived.get((op.index, ub), 0) + 1
-            w0, w1 = ((ub * nkb + 1) * w_ - 1) // T, ((ub + 1) * nkb * w_ - 1) // T
-            if n == w1 - w0 + 1:  # the last piece: every piece's slot in k order
-                parts = [slots[op.index, 2 * w + int(ub != ((w * T) // w_) // nkb)] for w in range(w0, w1 + 1)]
-                out += zip(groups, [sum(p[j] for p in parts) for j in range(len(groups))])
-        return o, out
-
-    _check_stream(plan, step, off, seed, decode)
-    kinds = {plan.kinds[oi] for oi in split_ops}
-    assert kinds == {sd.K_QKV.value, sd.K_GATEUP.value}, kinds

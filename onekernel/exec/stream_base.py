@@ -33,7 +33,7 @@ K_EMBED, K_RESID, K_GATEUP, K_QKV, K_LMHEAD, K_ATTN, K_MERGE, K_ARGMAX, K_ALLRED
 # Record fields (int32 [n_positions + 1, REC]); the per-op buffer offsets are in argtab (16-byte units).
 (F_KIND, F_OP, F_TASK, F_SIGNAL, F_WB, F_WE, F_EV0, F_EX0, F_TILE, F_U0, F_NU, F_K, F_NKB, F_N,
  F_IDX) = (_c(i) for i in range(15))
-REC = _c(20)
+REC = _c(16)
 # Tensor parallel (read only when the kernel's constexpr TP is on): F_SYS = 1 when another rank waits on the
 # task's signal (a system-scope release); an all-reduce task (no GEMV units) keeps its remote waits
 # rwl[F_RWB:F_RWE] = (event, expected, peer rank) in the unit fields, and in F_N whether it adds a residual.
@@ -43,9 +43,6 @@ F_RWB, F_RWE, F_RES = F_U0, F_NU, F_N
 # (exec.stream_plan.SS_PARTIALS): a residual task stores its outputs' per-row sums of squares at column F_IDX of its
 # op's "ss" buffer; an RMSNorm'd task takes its rstd from its producer's (stream_stage.rstd_partials)
 F_SS = F_TILE
-# Stream-K GEMV tasks (exec.stream_splitk): the first unit's first k-chunk KS and the last unit's end KE (0 and NKB for
-# a task of whole units), and the op's task count W and positions T (units x NKB; 0 when the op is not split)
-F_KS, F_KE, F_SKW, F_SKT = _c(16), _c(17), _c(18), _c(19)
 # the "ss" buffer's slot in a GEMV op's arguments (exec.stream_plan.ROLES, which asserts them): after each kind's own
 # buffers; gate_up and the residual GEMV at SS_ARG (the kernel: stream_epilogue.ss_buffer)
 SS_ARG, SS_ARG_LM, SS_ARG_QKV = _c(3), _c(5), _c(9)

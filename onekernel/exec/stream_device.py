@@ -86,7 +86,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
               EPS: gl.constexpr, SM_SCALE: gl.constexpr, MMA: gl.constexpr, GB: gl.constexpr, rwl, peer_off,
               TP: gl.constexpr, NR: gl.constexpr, ARD: gl.constexpr, NTA: gl.constexpr, ACCG: gl.constexpr,
               FOLD: gl.constexpr, NGP: gl.constexpr, ATTN_TC: gl.constexpr, QKN: gl.constexpr, NSS: gl.constexpr,
-              PUSH: gl.constexpr, SPLITK: gl.constexpr):
+              PUSH: gl.constexpr):
     """4 warps: the worker's queue positions qoff[wid]:qoff[wid+1] in order (module doc). MMA: GEMV tasks on
     the tensor cores (gemv_mma; xbuf is then the staged activation tile, zeroed here once). TP: all-reduce
     tasks, remote waits, system-scope signals (stream_megakernel); PUSH: producers read by peers push their rows
@@ -154,7 +154,7 @@ def _consumer(ring, bars, xbuf, rbuf, accbuf, qrec, qoff, qbeg, qend, wl, argtab
             if MMA:
                 ok, i = gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, xbuf, rbuf, accbuf, ok, i, err, B, BP,
                                  KXB, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, D, PROFILE,
-                                 prof + (n_prof + t) * 4, QKN, NSS, peer_off + 2 * NR, PUSH, NR, SPLITK)
+                                 prof + (n_prof + t) * 4, QKN, NSS, peer_off + 2 * NR, PUSH, NR)
             else:
                 ok, i = gemv_fma(kind, rec, a, base_t, base_f, base_i, ring, bars, xbuf, ok, i, err, B, BP, XB, KXB,
                                  RG, CK, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, NT, EPS, AL, peer_off + 2 * NR, PUSH, NR)
@@ -202,8 +202,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                       NTA: gl.constexpr = 1, ACCG: gl.constexpr = 8, FOLD: gl.constexpr = False,
                       NGP: gl.constexpr = 2, FIRST: gl.constexpr = True,
                       LAST: gl.constexpr = True, PDL: gl.constexpr = False, ATTN_TC: gl.constexpr = 0,
-                      QKN: gl.constexpr = False, NSS: gl.constexpr = 0, PUSH: gl.constexpr = False,
-                      SPLITK: gl.constexpr = False):
+                      QKN: gl.constexpr = False, NSS: gl.constexpr = 0, PUSH: gl.constexpr = False):
     """Grid (n_workers,), one CTA per SM, all co-resident. w_ptr: the packed weight stream (model dtype, 16-byte
     aligned; stream_pack: [chunks, RG, CK], 16 KB per chunk, contiguous); worker w streams chunks
     chunk_off[w]:chunk_off[w+1].
@@ -237,10 +236,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
     once (``griddepcontrol.launch_dependents``), so its loader streams weights while the previous kernel's last
     tasks run; the dependency waits on the event counters order the tasks as in the megakernel; the FIRST kernel
     of a step waits for the previous step to complete before reading the epoch, and every kernel waits for its
-    predecessor before it exits (the step's kernels complete in order).
-
-    SPLITK (a plan with stream-K GEMV ops, exec.stream_splitk): the tensor-core GEMV tasks walk their pieces and the
-    split units' last pieces combine them (exec.stream_combine); off, the kernel is the one without them."""
+    predecessor before it exits (the step's kernels complete in order)."""
     wid = gl.program_id(0)
     n_workers = gl.num_programs(0)
     if PDL:  # a step's first kernel waits for the previous step's last (the epoch, the tokens); the next may launch
@@ -277,7 +273,7 @@ def stream_megakernel(w_ptr, qrec, qoff, wl, argtab, chunk_off, ev_cnt, epoch_pt
                      base_f, base_i, wid,
                      epoch, n_chunks, PROFILE, B, BP, XB, KXB, RG, CK, SLOTS, BARS, WAIT_NS, MAXA, V, D, HQ, HKV, HD, S,
                      SPLIT, NSPLIT, RP, BN, NSP2, CHM, BD, NT, EPS, SM_SCALE, MMA, GB, rwl, peer_off, TP, NR, ARD,
-                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN, NSS, PUSH, SPLITK)),
+                     NTA, ACCG, FOLD, NGP, ATTN_TC, QKN, NSS, PUSH)),
         (_loader, (w_ptr, ring, bars, err, c0, n_chunks, SLOTS, BARS, WAIT_NS)),
     ], [1], [24])
     if PDL:  # complete only after the previous kernel: the step's kernels complete in order

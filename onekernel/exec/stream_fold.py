@@ -23,42 +23,24 @@ def fold_fits(src: Graph, n_workers: int) -> bool:
     return -(-run // at.params["NSPLIT"]) + 1 <= MAX_GROUPS
 
 
-def fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]], virtual: set[str] | None = None,
-                    raw: list[list[int]] | None = None) -> list[list[int]]:
-    """Dependencies of ``g`` (``full`` without its virtual ops, the same ops and tasks otherwise, in order) from
-    those of ``full``: a dependency on a virtual task becomes one on every task that task depended on, transitively
-    reduced again. The virtual ops (names; default: the attn_merge ops) are the folded merges and the combines of
-    stream-K GEMVs ("<op>.combine", exec.stream_splitk): whichever of a split unit's tasks arrives last writes the
-    unit's rows, so each of them also inherits what the combine waited for besides them (an earlier reader of the
-    rows it overwrites), taken from ``raw`` (the unreduced dependencies, default ``deps``: in the reduced ones a
-    combine's edge to such a reader is gone when one of its tasks already waits for it, and the others would not
-    inherit it). ScheduleError if a virtual task depends on another virtual task."""
-    if virtual is None:
-        virtual = {op.name for op in full.ops if op.kind.name == "attn_merge"}
+def fold_merge_deps(full: Graph, g: Graph, deps: list[list[int]]) -> list[list[int]]:
+    """Dependencies of ``g`` (``full`` without its attn_merge ops, the same ops and tasks otherwise, in order)
+    from those of ``full``: a dependency on a merge task becomes one on every task the merge depended on (its
+    attention tasks), transitively reduced again. ScheduleError if a merge depends on another merge."""
     fmap, ops = {}, iter(g.ops)
     for op in full.ops:
-        if op.name not in virtual:
+        if op.kind.name != "attn_merge":
             for a, b in zip(op.task_ids, next(ops).task_ids):
                 fmap[a] = b
-    out: list[set[int]] = [set() for _ in g.tasks]
-    for op in full.ops:
-        if not op.name.endswith(".combine") or op.name not in virtual:
-            continue
-        base = op.name[: -len(".combine")]
-        for v in op.task_ids:
-            src = (raw or deps)[v]
-            mine = [p for p in src if p in fmap and full.ops[full.tasks[p].op].name == base]
-            others = {fmap[p] for p in src if p in fmap and p not in mine}
-            for p in mine:
-                out[fmap[p]].update(others)
+    out: list[list[int]] = [[] for _ in g.tasks]
     for a, b in fmap.items():
-        ds = out[b]
+        ds = set()
         for p in deps[a]:
             if p in fmap:
                 ds.add(fmap[p])
             elif any(q not in fmap for q in deps[p]):
-                raise ScheduleError(f"streaming plan: virtual task {p} depends on another virtual task; it cannot be "
-                                    f"folded")
+                raise ScheduleError(f"streaming plan: merge task {p} depends on another merge task; it cannot be folded")
             else:
                 ds.update(fmap[q] for q in deps[p])
-    return transitive_reduction([sorted(d) for d in out])
+        out[b] = sorted(ds)
+    return transitive_reduction(out)

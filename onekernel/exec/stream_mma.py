@@ -14,10 +14,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from onekernel.exec.stream_base import (F_IDX, F_KE, F_KS, F_SS, F_SYS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
+from onekernel.exec.stream_base import (F_IDX, F_SS, F_SYS, K_GATEUP, K_LMHEAD, K_QKV, K_RESID, MMA_CHAINS, barrier, mma_async_a,
                                         mma_direct_a, mma_shared_layouts, mma_split, now, push_rows, smem_addr, view,
                                         wait_bounded, warp_release)
-from onekernel.exec.stream_combine import split_piece
 from onekernel.exec.stream_epilogue import (gateup_out, lm_out, qk_norm_head, qkv_buffers, qkv_out, rope_cos_sin,
                                            ss_buffer)
 from onekernel.exec.stream_stage import copy_a, load_a, raw_a, rstd16, rstd_partials, stack, stage_layout, store_a
@@ -54,11 +53,10 @@ def _next_chunk(ring, ready0, empty0, ok, i, ps, err, t, SP: gl.constexpr, KS: g
 
 
 @gluon.jit
-def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, k0, k1, more, ok, i, err, t, ps, B: gl.constexpr,
+def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, nkb, more, ok, i, err, t, ps, B: gl.constexpr,
                RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr,
                WAIT_NS: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, PROFILE: gl.constexpr):
-    """One k-major block of ng <= GB chunk groups over k-chunks [k0, k1) (stream order: for kb, for each group; k0 > 0
-    only for a stream-K task's first piece, so the next block always starts at k-chunk 0): per kb the activation
+    """One k-major block of ng <= GB chunk groups (stream order: for kb, for each group): per kb the activation
     tile is staged once (store_a, CTA barriers around it) from the loads ``pre`` issued during the previous
     tile's chunks (registers; with ASYNC, cp.async copies into rbuf and the norm weights in registers; with DIRECT,
     cp.async copies into abuf itself, RMSNorm in place, the next tile's copies issued once every warp holds operand
@@ -90,7 +88,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, k0, k1, mo
             accs = accs + (z,)
         else:
             accs = accs + (gl.sum(gl.reshape(z, [SP, 4, 16, RG]), axis=0),)
-    for kb in range(k0, k1):
+    for kb in range(nkb):
         if PROFILE:
             t_a = now()
         if ASYNC:
@@ -106,8 +104,8 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, k0, k1, mo
             barrier()  # every warp's operand A read before the copies overwrite abuf
             if PROFILE:
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
-            if (kb + 1 < k1) | more:  # no wrap-around copy: abuf is attention's between GEMV tasks
-                pre = copy_a(abuf, x, nw, K, gl.where(kb + 1 < k1, kb + 1, 0), norm, B, CK)
+            if (kb + 1 < nkb) | more:  # no wrap-around copy: abuf is attention's between GEMV tasks
+                pre = copy_a(abuf, x, nw, K, gl.where(kb + 1 < nkb, kb + 1, 0), norm, B, CK)
         else:
             if ASYNC:
                 store_a(abuf, raw_a(rbuf, pre, B, CK), rs, norm, B, CK)
@@ -118,7 +116,7 @@ def _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ng, k0, k1, mo
                 ps = (ps[0] + (now() - t_a), ps[1], ps[2] + 1)
             # the next tile's loads fly during this tile's chunks: tile kb + 1, or tile 0 of the next block (a
             # block's tiles depend on kb only); the last block's wrap-around load is an unused L2 read
-            nxt = gl.where(kb + 1 < k1, kb + 1, 0)
+            nxt = gl.where(kb + 1 < nkb, kb + 1, 0)
             if ASYNC:
                 pre = copy_a(rbuf, x, nw, K, nxt, norm, B, CK)
             else:
@@ -163,37 +161,94 @@ def _acc_of(accbuf, g, BP: gl.constexpr, RG: gl.constexpr, AL: gl.constexpr):
 
 
 @gluon.jit
-def _block(kind, rec, a, base_f, base_i, ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ok, i, err, t, ps, epi, best,
-           barg, ssq, ub, ue, k0, k1, more, piece, nkb, gpu, isr, isq, res, out, q, kc, vc, pos, inv_freq, r, bm, b64, N,
-           pdelta, B: gl.constexpr, BP: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr, GB: gl.constexpr,
-           SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-           HD: gl.constexpr, S: gl.constexpr, PROFILE: gl.constexpr, QKN: gl.constexpr, NSS: gl.constexpr,
-           PUSH: gl.constexpr, NR: gl.constexpr, ASYNC: gl.constexpr, DIRECT: gl.constexpr, AL: gl.constexpr,
-           SPLITK: gl.constexpr):
-    """One block of gemv_mma: units [ub, ue) over k-chunks [k0, k1) by _mma_block (``more``: a block follows in the
-    task), then their epilogues; with SPLITK a ``piece`` >= 0 (a stream-K task's first (0) or last (1) unit, cut:
-    exec.stream_splitk) goes to stream_combine.split_piece instead, whose last arrival runs the unit's epilogue.
-    Returns the loop's state (ok, i, pre, ps, epi, best, barg, ssq: gemv_mma's)."""
-    dt: gl.constexpr = q.dtype.element_ty
+def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
+             B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
+             GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
+             HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
+             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False, NSS: gl.constexpr = 0,
+             pdelta=None, PUSH: gl.constexpr = False, NR: gl.constexpr = 1):
+    """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
+    (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
+    epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
+    (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
+    (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
+    round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the
+    runner's ``prof_sub``) = ns staging activation tiles, ns waiting on ring slots, ns in the epilogues (from the
+    block's end to its outputs' stores) + (ns from the body's start to its first block: the operand pointers and the
+    rstd pass) << 32, tiles staged + (ns of the staging spent waiting for the tiles' loads, before their first
+    barrier) << 16; the rest of the task's time (prof: end - ready) is the fields, the chunks' ldmatrix / MMA and
+    the release. PUSH (tensor parallel): a residual task whose signal a peer waits on (F_SYS) also stores its
+    outputs into every peer's pool (stream_base.push_rows over ``pdelta``)."""
+    dt: gl.constexpr = base_t.dtype.element_ty
+    AL: gl.constexpr = _mma_out_layout(RG)
+    if PROFILE:
+        t_in = now()
+    t, u0, nu, K, nkb, N, x, nw = gt
+    norm = (kind != K_RESID).to(gl.int32)
+    gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
+    UB = GB // gpu                              # units per block
+    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (one 4-row
+    # quad: at CK = 1024 up to batch 4), else (ASYNC) as cp.async copies into rbuf (batch 5-8: 8 rows), above
+    # batch 8 (DIRECT) into abuf itself (stream_base.mma_async_a, mma_direct_a). The first tile's loads fly during
+    # the rstd pass
+    ASYNC: gl.constexpr = mma_async_a(B, CK)
+    DIRECT: gl.constexpr = mma_direct_a(B, CK)
+    if DIRECT:  # the tiles go straight to abuf (no raw tile)
+        pre = copy_a(abuf, x, nw, K, 0, norm, B, CK)
+    elif ASYNC:
+        pre = copy_a(rbuf, x, nw, K, 0, norm, B, CK)
+    else:
+        pre = load_a(x, nw, K, 0, norm, B, CK)
+    bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
+    r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
+    bm = bidx[:, None] < B
+    b64 = bidx.to(gl.int64)[:, None]
+    isq = kind == K_QKV
+    isr = kind == K_RESID
+    q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B, isq)
+    res = base_t + gl.load(a + 1) * 8
+    out = base_t + gl.load(a + 2) * 8
+    if NSS > 0:  # RMSNorm partials (stream_plan.SS_PARTIALS): a residual task writes them, a normed one reads them
+        ssf = gl.load(rec + F_SS)
+        ssb = ss_buffer(kind, a, base_f)
+    if norm != 0:
+        if NSS > 0:
+            if ssf != 0:  # x's producer summed its rows' squares: NSS partials a row, not the rows themselves
+                rs = rstd_partials(ssb, K, B, NSS, CK, EPS)
+            else:
+                rs = rstd16(x, K, B, CK, EPS, D)
+        else:
+            rs = rstd16(x, K, B, CK, EPS, D)
+    else:
+        rs = rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
     CH: gl.constexpr = HD // RG
     P: gl.constexpr = RG // 2
-    # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
-    pf = ()
-    for j in gl.static_range(GB):
-        u = ub + j
-        offs = b64 * N + (u * RG + r)[None, :]
-        m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
-        pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
-                    gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
-    ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, k0, k1, more, ok,
-                                i, err, t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, DIRECT, PROFILE)
-    if PROFILE:
-        t_e = now()
-    barrier()  # every warp's partials in accbuf
-    whole = True
-    if SPLITK:
-        whole = piece < 0
-    if whole:
+    best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
+    barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
+    ssq = gl.zeros([BP], gl.float32, gl.SliceLayout(1, AL))  # a residual task's rows' sums of squares (NSS)
+    ps = (0, 0, 0)
+    epi = 0
+    if PROFILE:  # the time before the first block (operand pointers, the rstd pass): above bit 32 of sub[2]
+        t_b = now()
+        z = t_b * 0
+        ps = (z, z, z)
+        epi = (t_b - t_in) << 32
+    for ub in range(u0, u0 + nu, UB):
+        ue = gl.minimum(ub + UB, u0 + nu)
+        # the block's epilogue operands (masked to the kind that uses them): residual rows, RoPE frequencies
+        pf = ()
+        for j in gl.static_range(GB):
+            u = ub + j
+            offs = b64 * N + (u * RG + r)[None, :]
+            m = bm & ((u * RG + r) < N)[None, :] & (u < ue)
+            pf = pf + ((gl.load(res + offs, mask=m & isr, other=0.0, cache_modifier=".cg"),
+                        gl.load(inv_freq + (u % CH) * P + (r % P), mask=isq & (u < ue), other=0.0)),)
+        ok, i, pre, ps = _mma_block(ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, (ue - ub) * gpu, nkb,
+                                    ue < u0 + nu, ok, i, err, t, ps, B, RG, CK, GB, SLOTS, BARS, WAIT_NS, ASYNC, DIRECT,
+                                    PROFILE)
+        if PROFILE:
+            t_e = now()
+        barrier()  # every warp's partials in accbuf
         if kind == K_RESID:
             if PUSH:
                 sysf = gl.load(rec + F_SYS)
@@ -233,119 +288,8 @@ def _block(kind, rec, a, base_f, base_i, ring, abuf, rbuf, accbuf, x, nw, K, rs,
             logits = base_f + gl.load(a + 2) * 4
             for u in range(ub, ue):
                 best, barg = lm_out(_acc_of(accbuf, u - ub, BP, RG, AL), u, r, b64, bm, N, logits, best, barg, dt, RG)
-    if SPLITK:
-        if piece >= 0:
-            split_piece(kind, rec, a, base_f, base_i, _acc_of(accbuf, 0, BP, RG, AL), _acc_of(accbuf, 1, BP, RG, AL),
-                        ub, 2 * gl.load(rec + F_IDX) + piece, nkb, pf[0][1], r, bm, b64, pos, q, kc, vc, out, N, B, BP,
-                        RG, HQ, HKV, HD, S, AL)
-    if PROFILE:
-        epi = epi + (now() - t_e)
-    return ok, i, pre, ps, epi, best, barg, ssq
-
-
-@gluon.jit
-def gemv_mma(kind, gt, rec, a, base_t, base_f, base_i, ring, abuf, rbuf, accbuf, ok, i, err,
-             B: gl.constexpr, BP: gl.constexpr, KXB: gl.constexpr, RG: gl.constexpr, CK: gl.constexpr,
-             GB: gl.constexpr, SLOTS: gl.constexpr, BARS: gl.constexpr, WAIT_NS: gl.constexpr, HQ: gl.constexpr,
-             HKV: gl.constexpr, HD: gl.constexpr, S: gl.constexpr, NT: gl.constexpr, EPS: gl.constexpr,
-             D: gl.constexpr, PROFILE: gl.constexpr, sub, QKN: gl.constexpr = False, NSS: gl.constexpr = 0,
-             pdelta=None, PUSH: gl.constexpr = False, NR: gl.constexpr = 1, SPLITK: gl.constexpr = False):
-    """One GEMV task on the tensor cores (gemv="mma"): the units of stream_fma.gemv_fma in k-major blocks of GB chunk groups
-    (GB / 2 units for gate_up; stream_pack.mma_chunk_order), each block's sums by _mma_block, then the same
-    epilogues as gemv_fma per unit of the block (sums read back by _acc_of). ``gt``: the task's fields
-    (stream_epilogue.gemv_task), loaded by the caller before its dependency wait. Every load of the epilogues
-    (residual rows, positions, RoPE frequencies) is issued before the block whose sums they meet, so no L2
-    round trip follows the last chunk but the stores. PROFILE: ``sub`` (int64 [4], the task's row of the
-    runner's ``prof_sub``) = ns staging activation tiles, ns waiting on ring slots, ns in the epilogues (from the
-    block's end to its outputs' stores) + (ns from the body's start to its first block: the operand pointers and the
-    rstd pass) << 32, tiles staged + (ns of the staging spent waiting for the tiles' loads, before their first
-    barrier) << 16; the rest of the task's time (prof: end - ready) is the fields, the chunks' ldmatrix / MMA and
-    the release. PUSH (tensor parallel): a residual task whose signal a peer waits on (F_SYS) also stores its
-    outputs into every peer's pool (stream_base.push_rows over ``pdelta``)."""
-    dt: gl.constexpr = base_t.dtype.element_ty
-    AL: gl.constexpr = _mma_out_layout(RG)
-    if PROFILE:
-        t_in = now()
-    t, u0, nu, K, nkb, N, x, nw = gt
-    norm = (kind != K_RESID).to(gl.int32)
-    gpu = 1 + (kind == K_GATEUP).to(gl.int32)   # chunk groups per unit
-    UB = GB // gpu                              # units per block
-    # each activation tile's loads fly during the previous tile's chunks: in registers where they fit (one 4-row
-    # quad: at CK = 1024 up to batch 4), else (ASYNC) as cp.async copies into rbuf (batch 5-8: 8 rows), above
-    # batch 8 (DIRECT) into abuf itself (stream_base.mma_async_a, mma_direct_a). The first tile's loads fly during
-    # the rstd pass
-    ASYNC: gl.constexpr = mma_async_a(B, CK)
-    DIRECT: gl.constexpr = mma_direct_a(B, CK)
-    kf = 0  # the first block's first k-chunk: a stream-K task's KS (exec.stream_splitk; 0 when it starts a unit)
-    if SPLITK:
-        kf = gl.load(rec + F_KS)
-    if DIRECT:  # the tiles go straight to abuf (no raw tile)
-        pre = copy_a(abuf, x, nw, K, kf, norm, B, CK)
-    elif ASYNC:
-        pre = copy_a(rbuf, x, nw, K, kf, norm, B, CK)
-    else:
-        pre = load_a(x, nw, K, kf, norm, B, CK)
-    bidx = gl.arange(0, BP, layout=gl.SliceLayout(1, AL))
-    r = gl.arange(0, RG, layout=gl.SliceLayout(0, AL))
-    bm = bidx[:, None] < B
-    b64 = bidx.to(gl.int64)[:, None]
-    isq = kind == K_QKV
-    isr = kind == K_RESID
-    q, kc, vc, pos, inv_freq = qkv_buffers(a, base_t, base_f, base_i, bidx, B, isq)
-    res = base_t + gl.load(a + 1) * 8
-    out = base_t + gl.load(a + 2) * 8
-    if NSS > 0:  # RMSNorm partials (stream_plan.SS_PARTIALS): a residual task writes them, a normed one reads them
-        ssf = gl.load(rec + F_SS)
-        ssb = ss_buffer(kind, a, base_f)
-    if norm != 0:
-        if NSS > 0:
-            if ssf != 0:  # x's producer summed its rows' squares: NSS partials a row, not the rows themselves
-                rs = rstd_partials(ssb, K, B, NSS, CK, EPS)
-            else:
-                rs = rstd16(x, K, B, CK, EPS, D)
-        else:
-            rs = rstd16(x, K, B, CK, EPS, D)
-    else:
-        rs = rstd16(x, K, 0, CK, EPS, D)       # zeros, no loads
-    CH: gl.constexpr = HD // RG
-    P: gl.constexpr = RG // 2
-    best = gl.full([BP], float("-inf"), gl.float32, gl.SliceLayout(1, AL))
-    barg = gl.zeros([BP], gl.int32, gl.SliceLayout(1, AL))
-    ssq = gl.zeros([BP], gl.float32, gl.SliceLayout(1, AL))  # a residual task's rows' sums of squares (NSS)
-    ps = (0, 0, 0)
-    epi = 0
-    if PROFILE:  # the time before the first block (operand pointers, the rstd pass): above bit 32 of sub[2]
-        t_b = now()
-        z = t_b * 0
-        ps = (z, z, z)
-        epi = (t_b - t_in) << 32
-    if SPLITK:  # stream-K (exec.stream_splitk.pieces): the first unit's piece from KS, the last unit's to KE, then
-        ks = gl.load(rec + F_KS)  # the whole units
-        ke = gl.load(rec + F_KE)
-        hs = ((ks > 0) | ((nu == 1) & (ke < nkb))).to(gl.int32)
-        ts = ((nu > 1) & (ke < nkb)).to(gl.int32)
-        nfb = (nu - hs - ts + UB - 1) // UB
-        for blk in range(hs + ts + nfb):
-            head = blk < hs
-            tail = (blk >= hs) & (blk < hs + ts)
-            ub = gl.where(head, u0, gl.where(tail, u0 + nu - 1, u0 + hs + (blk - hs - ts) * UB))
-            ue = gl.where(head | tail, ub + 1, gl.minimum(ub + UB, u0 + nu - ts))
-            k0 = gl.where(head, ks, 0)
-            k1 = gl.where(tail | (head & (nu == 1)), ke, nkb)
-            piece = gl.where(head, 0, gl.where(tail, 1, -1))
-            ok, i, pre, ps, epi, best, barg, ssq = _block(
-                kind, rec, a, base_f, base_i, ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ok, i, err, t, ps,
-                epi, best, barg, ssq, ub, ue, k0, k1, blk + 1 < hs + ts + nfb, piece, nkb, gpu, isr, isq, res, out, q, kc, vc,
-                pos, inv_freq, r, bm, b64, N, pdelta, B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, PROFILE,
-                QKN, NSS, PUSH, NR, ASYNC, DIRECT, AL, SPLITK)
-    else:
-        for ub in range(u0, u0 + nu, UB):
-            ue = gl.minimum(ub + UB, u0 + nu)
-            ok, i, pre, ps, epi, best, barg, ssq = _block(
-                kind, rec, a, base_f, base_i, ring, abuf, rbuf, accbuf, x, nw, K, rs, norm, pre, ok, i, err, t, ps,
-                epi, best, barg, ssq, ub, ue, 0, nkb, ue < u0 + nu, -1, nkb, gpu, isr, isq, res, out, q, kc, vc, pos, inv_freq,
-                r, bm, b64, N, pdelta, B, BP, RG, CK, GB, SLOTS, BARS, WAIT_NS, HQ, HKV, HD, S, PROFILE, QKN, NSS, PUSH,
-                NR, ASYNC, DIRECT, AL, SPLITK)
+        if PROFILE:
+            epi = epi + (now() - t_e)
     if QKN:  # Qwen3 (stream_plan: a qkv task holds whole heads): each q / k head's RMSNorm, then RoPE
         if kind == K_QKV:
             if PROFILE:  # counted with the epilogues

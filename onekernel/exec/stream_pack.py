@@ -13,7 +13,6 @@ import torch
 from onekernel.exec import stream_base as sd
 from onekernel.exec.stream_base import MMA_WARPS, mma_weight_bases
 from onekernel.exec.stream_plan import MAXA, ROLES, StreamPlan
-from onekernel.exec.stream_splitk import chunk_order
 
 
 def layout_coords(bases: tuple, shape: tuple) -> torch.Tensor:
@@ -72,22 +71,18 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
         gpu = 2 if plan.kinds[oi] == sd.K_GATEUP.value else 1
         for t in op.task_ids:
             u0, nu = plan.units[t]
-            ks, ke = plan.ksplit[t][:2]
-            per_task[t] = (oi, u0, nu, ks, ke, nkb, gpu)
+            per_task[t] = (oi, u0 * gpu, (u0 + nu) * gpu, nkb)
     dst, src, off = {}, {}, [0]
     for q in plan.schedule.queues:  # each task's chunks: where they go in the stream, which of its op's they are
         o = off[-1]
         for t in q:
             if t not in per_task:
                 continue
-            oi, u0, nu, ks, ke, nkb, gpu = per_task[t]
-            if mma:  # (stream-K tasks: exec.stream_splitk; a task of whole units is mma_chunk_order's blocks)
-                order = chunk_order(u0, nu, ks, ke, nkb, gpu, c["GB"])
-            else:
-                order = np.arange(u0 * gpu * nkb, (u0 + nu) * gpu * nkb, dtype=np.int64)
-            n = len(order)
+            oi, g0, g1, nkb = per_task[t]
+            n = (g1 - g0) * nkb
             dst.setdefault(oi, []).append(np.arange(o, o + n, dtype=np.int64))
-            src.setdefault(oi, []).append(order)
+            src.setdefault(oi, []).append(mma_chunk_order(g0, g1, nkb, c["GB"]) if mma
+                                          else np.arange(g0 * nkb, g1 * nkb, dtype=np.int64))
             o += n
         off.append(o)
     w0 = next(iter(plan.weight_of.values()))
@@ -106,9 +101,8 @@ def pack_weights(plan: StreamPlan, tensors: dict) -> tuple[torch.Tensor, torch.T
 
 def scratch_tensors(plan: StreamPlan, device) -> dict:
     """The plan's own buffers, which the step does not hold: the LM head's per-task partials stream.pmax / pidx
-    and the stream-K partials stream.skp.* (-1), and the arrival counters stream.arrive.* of attention (FOLD) and of
-    the stream-K units (zero, and zero again after each step's last arrival: stream_attn._arrive_and_merge,
-    stream_combine.split_piece)."""
+    (-1) and attention's arrival counters stream.arrive.* (FOLD; zero, and zero again after each step's last
+    arrival: stream_attn._arrive_and_merge)."""
     g = plan.graph
     return {n: torch.full(b.shape, 0 if n.startswith("stream.arrive.") else -1, dtype=b.dtype, device=device)
             for n, b in g.buffers.items() if n.startswith("stream.")}

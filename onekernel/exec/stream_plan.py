@@ -50,9 +50,7 @@ import torch
 from onekernel.errors import InputError, ScheduleError
 from onekernel.exec import host_cache
 from onekernel.exec import stream_base as sd
-from onekernel.exec.stream_combine import SKP_ARG, SKP_ARG_QKV
 from onekernel.exec.stream_fold import FOLD, fold_fits, fold_merge_deps
-from onekernel.exec.stream_splitk import split_tasks, split_wanted, unit_slots
 from onekernel.exec.stream_records import decode_products, encode_products, records, remote_wait_list
 from onekernel.exec.stream_support import GEMV_KINDS, OTHER_KINDS, chunk_shape, gemv_k
 from onekernel.graph.deps import (derive_dependencies, derive_remote_dependencies, events_and_order,
@@ -70,10 +68,9 @@ OP_EVENTS = os.environ.get("STREAM_OP_EVENTS", "1") == "1"
 # ops whose graph tiles are grouped into runs of consecutive tiles, one task per worker (a batch of 8 has 576
 # attention tiles for Llama-3.2-1B: one task each cost ~5 us of record loads, waits and signals per tile)
 GROUPED_KINDS = ("attn_partial", "attn_merge")
-# (skp, ska: a stream-K op's partials and arrival counters, exec.stream_splitk; the kernel's stream_combine.SKP_ARG*)
 ROLES = {sd.K_EMBED.value: ("tokens", "table", "out"), sd.K_RESID.value: ("x", "res", "out", "ss"),
-         sd.K_GATEUP.value: ("x", "nw", "out", "ss", "skp", "ska"),
-         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn", "ss", "skp", "ska"),
+         sd.K_GATEUP.value: ("x", "nw", "out", "ss"),
+         sd.K_QKV.value: ("x", "nw", "q", "k_cache", "v_cache", "seq_lens", "inv_freq", "qn", "kn", "ss"),
          sd.K_LMHEAD.value: ("x", "nw", "logits", "pmax", "pidx", "ss"),
          sd.K_ATTN.value: ("q", "k_cache", "v_cache", "seq_lens", "o_part", "lse_part", "out", "arrive"),
          sd.K_MERGE.value: ("o_part", "lse_part", "out"), sd.K_ARGMAX.value: ("pmax", "pidx", "out"),
@@ -82,7 +79,6 @@ MAXA = max(len(r) for r in ROLES.values())
 # the kernel finds a GEMV op's RMSNorm partials at these argument slots (stream_epilogue.ss_buffer)
 assert [ROLES[k.value].index("ss") for k in (sd.K_RESID, sd.K_GATEUP, sd.K_QKV, sd.K_LMHEAD)] == \
     [sd.SS_ARG.value, sd.SS_ARG.value, sd.SS_ARG_QKV.value, sd.SS_ARG_LM.value]
-assert [ROLES[k.value].index("skp") for k in (sd.K_GATEUP, sd.K_QKV)] == [SKP_ARG.value, SKP_ARG_QKV.value]
 # RMSNorm partials (gemv="mma"): a residual GEMV whose output an RMSNorm'd GEMV reads stores each task's per-row sums of
 # squares of its rounded outputs (stream.ss.<op> fp32 [B, tasks]); the reader sums them in one fixed order for its rstd
 # instead of re-reading the [B, D] rows (docs/DESIGN.md, "RMSNorm partials"). Measured (run 36, calls 348-352, the
@@ -120,8 +116,6 @@ class StreamPlan:
     weight_of: dict = field(default_factory=dict)    # op index -> weight buffer name
     tables: dict = field(default_factory=dict)       # "qrec", "wl", "rwl": records(plan), remote_wait_list(plan)
     cache_hit: bool = False                          # events, schedule and tables came from exec.host_cache
-    ksplit: list = field(default_factory=list)       # per task: (KS, KE, W, T) of GEMV tasks (exec.stream_splitk;
-                                                     # (0, NKB, 0, 0) unless the op is split), (0, 0, 0, 0) otherwise
 
 
 def _units(kind: int, op: Op, rg: int) -> tuple[int, torch.Tensor, str]:
@@ -169,8 +163,7 @@ def _gemv_regions(kind: int, op: Op, g: Graph, rows: list, u0: int, u1: int, rg:
                     writes.append(Region(cache, ((0, B), (hh, hh + 1), (0, S), (lo, hi))))
         return reads, writes
     n = p["N"]
-    lo = u0 * rg
-    hi = max(lo, min(u1 * rg, n))  # (a stream-K task of no whole unit past the last row: empty, not inverted)
+    lo, hi = u0 * rg, min(u1 * rg, n)
     if kind == sd.K_RESID.value:
         reads.append(Region(a["res"], ((0, B), (lo, hi))))
         ss = [Region(a["ss"], ((0, B), (idx, idx + 1)))] if "ss" in a else []
@@ -198,8 +191,7 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     g = Graph(buffers=dict(src.buffers), meta=dict(src.meta))
     g.add_buffer("stream.pmax", (B, nt), torch.float32, "scratch")
     g.add_buffer("stream.pidx", (B, nt), torch.int32, "scratch")
-    kinds, units, group_rows, weight_of, entries, ksplit, combines = [], [], {}, {}, [], [], []
-    mma = g.meta.get("gemv") == "mma"
+    kinds, units, group_rows, weight_of, entries = [], [], {}, {}, []
     merges = {op.args["o_part"]: op for op in src.ops if op.kind.name == "attn_merge"}
     ss_of, nss = _ss_partials(src, n_workers, rg)
     for op in src.ops:
@@ -234,19 +226,14 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 ch = op.params["HD"] // rg                          # (stream_epilogue.qk_norm_head) sums a head
                 bounds = [((w * (nu // ch)) // n_workers) * ch for w in range(n_workers + 1)]
             rows_l = rows.tolist() if kind == sd.K_QKV.value else None  # only qkv reads rows per unit
-            if split_wanted(kind, op.params, nu, nkb, n_workers, mma):
-                tasks, combine = _split_op(kind, new, g, rows_l, nu, nkb, n_workers, rg, gpu, units, ksplit)
-                combines.append((len(entries), combine))
-            else:
-                for j in range(n_workers):
-                    u0, u1 = bounds[j], bounds[j + 1]
-                    if u1 == u0:
-                        continue
-                    reads, writes = _gemv_regions(kind, new, g, rows_l, u0, u1, rg, len(tasks))
-                    nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
-                    tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
-                    units.append((u0, u1 - u0))
-                    ksplit.append((0, nkb, 0, 0))
+            for j in range(n_workers):
+                u0, u1 = bounds[j], bounds[j + 1]
+                if u1 == u0:
+                    continue
+                reads, writes = _gemv_regions(kind, new, g, rows_l, u0, u1, rg, len(tasks))
+                nb = (u1 - u0) * gpu * nkb * CHUNK_ELEMS * 2
+                tasks.append(Task(-1, len(tasks), tuple(reads), tuple(writes), nb, B * nb))  # 2 flops per element
+                units.append((u0, u1 - u0))
             new.params.update(NKB=nkb, KG=k)
             group_rows[len(g.ops)] = rows
             weight_of[len(g.ops)] = wname
@@ -264,7 +251,6 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 tasks.append(Task(-1, len(tasks), reads, writes, sum(t.bytes for t in run),
                                   sum(t.flops for t in run)))
                 units.append((run[0].tile, len(run)))
-                ksplit.append((0, 0, 0, 0))
         else:
             kind = OTHER_KINDS[name]
             tasks = []
@@ -274,9 +260,9 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                     reads = (g.buffers["stream.pmax"].full(), g.buffers["stream.pidx"].full())
                 tasks.append(Task(-1, t.tile, tuple(reads), tuple(writes), t.bytes, t.flops))
                 units.append((0, 0))
-                ksplit.append((0, 0, 0, 0))
-        entries.append((Op(new.name, new.kind, dict(new.args), dict(new.params)),
-                        [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops) for t in tasks]))
+        if fold:
+            entries.append((Op(new.name, new.kind, dict(new.args), dict(new.params)),
+                            [Task(-1, t.tile, t.reads, t.writes, t.bytes, t.flops) for t in tasks]))
         g.add_op(new, tasks)
         kinds.append(kind)
     attn = next(op for op in src.ops if op.kind.name == "attn_partial").params
@@ -287,30 +273,24 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
     hd, r = attn["HD"], attn["HQ"] // attn["HKV"]
     rp = pow2_ceil(r)
     bn = attn_bn(attn["SPLIT"], rp, hd)
+    mma = g.meta.get("gemv") == "mma"
     xb = 0 if mma else xbuf_rows(B, kxb, ck)
     consts = dict(B=B, BP=pow2_ceil(B), XB=xb, KXB=kxb, RG=rg, CK=ck, SLOTS=_slots(xb, kxb, ck, rg, mma, B, rp, hd), MAXA=MAXA,
                   V=emb["V"], D=emb["D"], HQ=attn["HQ"], HKV=attn["HKV"], HD=hd, S=attn["S"], SPLIT=attn["SPLIT"],
                   NSPLIT=attn["NSPLIT"], RP=rp, BN=bn, NSP2=merge["NSP2"],
                   CHM=merge["CH"], BD=emb["BLOCK_D"], NT=nt, EPS=float(lm.params["EPS"]),
                   SM_SCALE=float(attn["SM_SCALE"]), MMA=mma, GB=mma_groups(rg), ACCG=acc_groups(rg, rp, hd), **_tp_consts(g, kinds, emb["D"]),
-                  FOLD=fold, SPLITK=bool(combines), NGP=ngp, NSS=nss, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops),
+                  FOLD=fold, NGP=ngp, NSS=nss, QKN=any(bool(op.params.get("QK_NORM")) for op in src.ops),
                   ATTN_TC=attn_tc_bufs(ck, hd, attn["SPLIT"], attn["HQ"], attn["HKV"], rg, mma),
                   NTA=pow2_ceil(max(n for (_, n), t in zip(units, g.tasks)
                                     if kinds[t.op] == sd.K_ATTN.value)))
 
-    for at, combine in reversed(combines):  # each split op's combine tasks right after it (virtual: stream_fold)
-        entries.insert(at + 1, combine)
-
     def compute():  # dependencies, events, schedule (validated) and records: what exec.host_cache keeps
-        if fold or combines:  # from the plan with its merge and combine tasks (module doc), their dependencies
-            full = Graph(buffers=dict(g.buffers), meta=dict(g.meta))  # moved to their consumers
-            virtual = {c[0].name for _, c in combines}
+        if fold:  # from the plan with its merge tasks (module doc), their dependencies moved to their consumers
+            full = Graph(buffers=dict(g.buffers), meta=dict(g.meta))
             for op, tasks in entries:
-                if fold and op.kind.name == "attn_merge":
-                    virtual.add(op.name)
                 full.add_op(op, tasks)
-            raw = derive_dependencies(full)  # (a combine's readers before it: from the unreduced dependencies)
-            deps = fold_merge_deps(full, g, transitive_reduction(raw), virtual, raw)
+            deps = fold_merge_deps(full, g, transitive_reduction(derive_dependencies(full)))
         else:
             deps = transitive_reduction(derive_dependencies(g))
         remote = derive_remote_dependencies(g)
@@ -335,51 +315,19 @@ def make_plan(step, n_workers: int, fold: bool | None = None) -> StreamPlan:
                 load[w] += max(g.tasks[t].bytes, 1)
         schedule = Schedule(queues, n_workers, "stream")
         validate(schedule, g, sched_deps)
-        plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of, ksplit=ksplit)
+        plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
         return (events, schedule, *records(plan), remote_wait_list(plan))
 
     n = len(g.tasks)
     ev_mode = "op" if OP_EVENTS else "tile"  # tensor parallel keeps tile events (graph.deps.events_and_order)
-    units_arr = np.concatenate([np.asarray(units, dtype=np.int64).reshape(-1, 2),
-                                np.asarray(ksplit, dtype=np.int64).reshape(-1, 4)], 1)
+    units_arr = np.asarray(units, dtype=np.int64).reshape(-1, 2)
     (events, schedule, qrec, wl, rwl), hit = host_cache.cached(
         "stream", g, compute, encode_products, lambda a: decode_products(a, n), n_workers=n_workers,
         kinds=tuple(kinds), units=hashlib.sha256(units_arr.tobytes()).hexdigest(), events=ev_mode)
-    plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of, ksplit=ksplit)
+    plan = StreamPlan(g, kinds, schedule, events, units, consts, group_rows, weight_of)
     plan.tables = {"qrec": qrec, "wl": wl, "rwl": rwl}
     plan.cache_hit = hit
     return plan
-
-
-def _split_op(kind: int, op: Op, g: Graph, rows: list, nu: int, nkb: int, n_workers: int, rg: int, gpu: int,
-              units: list, ksplit: list) -> tuple[list[Task], tuple[Op, list[Task]]]:
-    """The stream-K tasks of GEMV op ``op`` (exec.stream_splitk; appends their units and (KS, KE, W, T) to ``units``
-    and ``ksplit``) and its virtual combine op: one task per split unit, reading its pieces' partials slots and
-    writing the unit's rows (make_plan folds them into their consumers' dependencies, stream_fold). A task's regions
-    list its whole units' rows and its two slots of the partials buffer stream.skp.<op> fp32 [2 W, 2, B, RG]; the
-    arrival counters stream.arrive.sk.<op> int32 [units] start at zero (stream_pack.scratch_tensors)."""
-    B = g.buffers[op.args["x"]].shape[0]
-    total = nu * nkb
-    skp = g.add_buffer(f"stream.skp.{op.name}", (2 * n_workers, 2, B, rg), torch.float32, "scratch").name
-    op.args.update(skp=skp, ska=g.add_buffer(f"stream.arrive.sk.{op.name}", (nu,), torch.int32, "scratch").name)
-    rest = ((0, 2), (0, B), (0, rg))
-    tasks, split = [], set()
-    for w, (u0, n, ks, ke) in enumerate(split_tasks(nu, nkb, n_workers)):
-        hs = int(ks > 0 or (n == 1 and ke < nkb))
-        ts = int(n > 1 and ke < nkb)
-        split.update([u0] * hs + [u0 + n - 1] * ts)
-        reads, writes = _gemv_regions(kind, op, g, rows, u0 + hs, u0 + n - ts, rg, w)
-        nb = (((n - 1) * nkb + ke - ks) * gpu) * CHUNK_ELEMS * 2
-        writes = tuple(writes) + (Region(skp, ((2 * w, 2 * w + 2),) + rest),)
-        tasks.append(Task(-1, w, tuple(reads), writes, nb, B * nb))
-        units.append((u0, n))
-        ksplit.append((ks, ke, n_workers, total))
-    ctasks = []
-    for i, u in enumerate(sorted(split)):
-        slots = unit_slots(u, nkb, total, n_workers)
-        ctasks.append(Task(-1, i, (Region(skp, ((min(slots), max(slots) + 1),) + rest),),
-                           tuple(_gemv_regions(kind, op, g, rows, u, u + 1, rg, 0)[1]), 0, 0))
-    return tasks, (Op(f"{op.name}.combine", op.kind, {}, {}), ctasks)
 
 
 def _ss_partials(src: Graph, n_workers: int, rg: int) -> tuple[dict, int]:

@@ -31,7 +31,6 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
                 rec[sd.F_EV0.value], rec[sd.F_EX0.value] = waits[0], ev.expected[waits[0]]
             rec[sd.F_TILE.value] = task.tile
             rec[sd.F_U0.value], rec[sd.F_NU.value] = plan.units[t]
-            rec[sd.F_KS.value], rec[sd.F_KE.value], rec[sd.F_SKW.value], rec[sd.F_SKT.value] = plan.ksplit[t]
             if "NKB" in op.params:
                 rec[sd.F_K.value], rec[sd.F_NKB.value] = op.params["KG"], op.params["NKB"]
                 rec[sd.F_N.value] = op.params.get("N", 0)
@@ -55,12 +54,11 @@ def records(plan: StreamPlan) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fingerprint(plan: StreamPlan, extra: tuple = ()) -> int:
     """A 63-bit hash of what every rank must share to wait on each other's counters (as
-    ``MegakernelRunner.fingerprint``): the task kinds, units and stream-K pieces, queues, events (signals, waits, expected counts,
+    ``MegakernelRunner.fingerprint``): the task kinds, units, queues, events (signals, waits, expected counts,
     system-scope signals), the events of the remote waits (without the peer ranks, which differ by rank) and the
     kernel constants, and ``extra`` (the runner's own choices the ranks must share: the push all-reduce)."""
     ev = plan.events
-    parts = (tuple(plan.kinds), tuple(plan.units), tuple(plan.ksplit), tuple(map(tuple, plan.schedule.queues)),
-             tuple(ev.signal),
+    parts = (tuple(plan.kinds), tuple(plan.units), tuple(map(tuple, plan.schedule.queues)), tuple(ev.signal),
              tuple(map(tuple, ev.waits)), tuple(ev.expected), tuple(ev.sys_signal),
              tuple(tuple(sorted({e for _, e in rw})) for rw in ev.remote_waits), sorted(plan.consts.items()), extra)
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1

@@ -31,15 +31,13 @@ from onekernel.exec.stream_runner import StreamMegakernelRunner
 
 
 def task_chunks(plan: StreamPlan) -> dict[int, int]:
-    """Weight chunks each GEMV task streams (stream_pack.pack_weights: chunk groups per unit x its k-chunks: units
-    x NKB, or a stream-K task's (NU - 1) x NKB + KE - KS, exec.stream_splitk)."""
+    """Weight chunks each GEMV task streams (stream_pack.pack_weights: units x chunk groups per unit x k-chunks)."""
     out = {}
     for oi in plan.group_rows:
         op = plan.graph.ops[oi]
         gpu = 2 if plan.kinds[oi] == K_GATEUP.value else 1
         for t in op.task_ids:
-            ks, ke = plan.ksplit[t][:2]
-            out[t] = ((plan.units[t][1] - 1) * op.params["NKB"] + ke - ks) * gpu
+            out[t] = plan.units[t][1] * gpu * op.params["NKB"]
     return out
 
 
