@@ -14,8 +14,8 @@
 # 390 + 391 + 392 (kind nvidia-h200-x2, back to back): issue 13's whole two-GPU run (session 39, not yet run);
 # 385: the one-shot all-reduce kernels on one H200, each run alone (written in session 39, run in session 40).
 # 395: one TP rank's step without its all-reduces on one H200 (session 40); 396: its profile; 398: session 41's final
-# table (395's, at one commit); 400: SPLIT 64 against 128 at 4096 (written in session 41, run in session 42). 401
-# (session 42: stream-K GEMV tasks against STREAM_SPLIT_K=0; slower, not kept) is on branch s42-streamk (`git show
+# table (395's, at one commit); 400: SPLIT 64 against 128 at 4096 (written in session 41; not run yet). 401
+# (session 42: stream-K GEMV tasks against STREAM_SPLIT_K=0; slower, not kept) is in git history (`git show
 # c32889b:scripts/gpu_call.sh`, the code there). 397 (the split-KV size of the
 # few-KV-head shards, ONEKERNEL_ATTN_SPLIT) and 399 (SPLIT 32 at 4096, the 70B dead-splits test), session 41: in git
 # history (`git show 32fad19:scripts/gpu_call.sh`).
